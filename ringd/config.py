@@ -1,0 +1,347 @@
+"""Configuration: locate, load and validate ``ring.yaml`` into frozen dataclasses.
+
+Every error is a :class:`ConfigError` whose message names the file and the key
+(``ring.run_budget``, ``agents.web.stall_threshold`` ...). Defaults here are
+identical to the shipped ``config/ring.yaml`` (a test checks that).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Tuple
+
+MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
+
+
+class ConfigError(Exception):
+    """A configuration or roster problem; the CLI prints it on one line and exits 78."""
+
+
+def excerpt(value: Any, limit: int = 40) -> str:
+    """A short, single-line rendering of untrusted input for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class AgentOverride:
+    run_budget: Optional[float] = None
+    stall_threshold: Optional[float] = None
+    cwd: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RingSettings:
+    run_budget: float = 3600
+    stall_threshold: float = 4200
+    heartbeat_interval: float = 10
+    lap_pause: float = 0
+    tempfail_exit_code: int = 75
+    backoff_initial: float = 60
+    backoff_max: float = 3600
+    keep_logs: int = 50
+    quarantine_after: int = 3
+    quarantine_cooloff: float = 86400
+    roster: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    poll_interval: float = 300
+    stale_after: float = 300
+    restart_sec: float = 5
+    start_limit_burst: int = 5
+    start_limit_interval: float = 600
+    restart_command: Optional[Tuple[str, ...]] = None
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    command: Optional[Tuple[str, ...]] = None
+    failures_in_a_row: int = 5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The effective budget/threshold of one agent after overrides."""
+    run_budget: float
+    stall_threshold: float
+
+
+@dataclass(frozen=True)
+class Config:
+    ring: RingSettings = field(default_factory=RingSettings)
+    agents: Mapping[str, AgentOverride] = field(default_factory=dict)
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    path: Optional[Path] = None            # None: built-in defaults
+    warnings: Tuple[str, ...] = ()
+
+    def limits_for(self, agent: str) -> Limits:
+        o = self.agents.get(agent) or AgentOverride()
+        return Limits(
+            run_budget=o.run_budget if o.run_budget is not None else self.ring.run_budget,
+            stall_threshold=o.stall_threshold if o.stall_threshold is not None else self.ring.stall_threshold,
+        )
+
+    def cwd_for(self, agent: str) -> Optional[str]:
+        o = self.agents.get(agent)
+        return o.cwd if o else None
+
+    def roster_path(self, state_dir: Path) -> Path:
+        if self.ring.roster:
+            p = Path(self.ring.roster).expanduser()
+            if not p.is_absolute():
+                base = self.path.parent if self.path else Path.cwd()
+                p = base / p
+            return p
+        return state_dir / "ring.txt"
+
+
+# --- locations -------------------------------------------------------------
+
+def resolve_state_dir(option: Optional[str]) -> Path:
+    """``--state`` > ``$RING_STATE`` > ``./STATE``, made absolute (agents and
+    process matching rely on one canonical spelling)."""
+    raw = option or os.environ.get("RING_STATE") or "STATE"
+    return Path(os.path.abspath(os.path.expanduser(raw)))
+
+
+def resolve_config_path(option: Optional[str]) -> Optional[Path]:
+    """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None."""
+    raw = option or os.environ.get("RING_CONFIG")
+    if raw:
+        return Path(os.path.abspath(os.path.expanduser(raw)))
+    default = Path("config/ring.yaml")
+    return default.absolute() if default.is_file() else None
+
+
+def check_not_writable_by_others(path: Path, what: str) -> None:
+    """Refuse files that group or others may write (sshd StrictModes)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(st.st_mode)
+        raise ConfigError(
+            f"{path}: {what} is writable by group or others (mode {mode:04o}); "
+            f"anyone who can write it can run commands as this user. Fix: chmod go-w {path}")
+
+
+# --- YAML without aliases ----------------------------------------------------
+
+def _safe_yaml(text: str, path: Path) -> Any:
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        # yaml.safe_load still expands aliases; a "billion laughs" document is
+        # a few hundred bytes. A config never needs them, so refuse outright.
+        def compose_node(self, parent, index):  # type: ignore[override]
+            if self.check_event(yaml.AliasEvent):
+                ev = self.peek_event()
+                raise ConfigError(f"{path}: line {ev.start_mark.line + 1}: "
+                                  f"YAML aliases (*{excerpt(ev.anchor, 20)[1:-1]}) are not allowed")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: {where}invalid YAML: {excerpt(problem, 80)[1:-1]}") from None
+
+
+# --- validation ------------------------------------------------------------
+
+def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: must be a number of seconds, got {excerpt(value)}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"{key}: must be a finite number, got {excerpt(value)}")
+    if value < 0 or (value == 0 and not allow_zero):
+        need = "zero or more" if allow_zero else "greater than zero"
+        raise ConfigError(f"{key}: must be {need}, got {excerpt(value)}")
+    return float(value) if isinstance(value, float) else value
+
+
+def _integer(key: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be an integer, got {excerpt(value)}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum}, got {excerpt(value)}")
+    return value
+
+
+def _argv(key: str, value: Any) -> Optional[Tuple[str, ...]]:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
+        raise ConfigError(f"{key}: must be null or a non-empty list of strings (an argv), got {excerpt(value)}")
+    return tuple(value)
+
+
+def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping, got {excerpt(value)}")
+    for k in value:
+        if not isinstance(k, str):
+            raise ConfigError(f"{key}: keys must be strings, got {excerpt(k)}")
+    return value
+
+
+def _unknown(section: str, given: Mapping[str, Any], known: set) -> None:
+    for k in given:
+        if k not in known:
+            raise ConfigError(f"{section}.{k}: unknown key (known: {', '.join(sorted(known))})")
+
+
+_RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial",
+                   "backoff_max", "quarantine_cooloff"}
+
+
+def _ring(raw: Mapping[str, Any]) -> RingSettings:
+    known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
+             "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs",
+             "quarantine_after", "quarantine_cooloff", "roster"}
+    _unknown("ring", raw, known)
+    values: dict = {}
+    for k, v in raw.items():
+        key = f"ring.{k}"
+        if k in _RING_DURATIONS:
+            values[k] = _number(key, v)
+        elif k == "lap_pause":
+            values[k] = _number(key, v, allow_zero=True)
+        elif k == "tempfail_exit_code":
+            values[k] = _integer(key, v, minimum=1)
+            if values[k] > 255:
+                raise ConfigError(f"{key}: must be an exit code between 1 and 255, got {excerpt(v)}")
+        elif k == "keep_logs":
+            values[k] = _integer(key, v, minimum=1)
+        elif k == "quarantine_after":
+            values[k] = _integer(key, v, minimum=0)
+        elif k == "roster":
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
+            values[k] = v
+    ring = RingSettings(**values)
+    if ring.stall_threshold <= ring.run_budget:
+        raise ConfigError(f"ring.stall_threshold: must be greater than ring.run_budget "
+                          f"({ring.stall_threshold} <= {ring.run_budget})")
+    if ring.backoff_max < ring.backoff_initial:
+        raise ConfigError(f"ring.backoff_max: must be at least ring.backoff_initial "
+                          f"({ring.backoff_max} < {ring.backoff_initial})")
+    return ring
+
+
+def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOverride]:
+    from .roster import NAME_RE  # one definition of a valid name
+    out = {}
+    for name, spec in raw.items():
+        section = f"agents.{name}"
+        if not NAME_RE.fullmatch(name):
+            raise ConfigError(f"agents: {excerpt(name)} is not a valid agent name")
+        spec = _mapping(section, spec)
+        _unknown(section, spec, {"run_budget", "stall_threshold", "cwd"})
+        values: dict = {}
+        for k in ("run_budget", "stall_threshold"):
+            if k in spec:
+                values[k] = _number(f"{section}.{k}", spec[k])
+        if "cwd" in spec:
+            if not isinstance(spec["cwd"], str) or not spec["cwd"]:
+                raise ConfigError(f"{section}.cwd: must be a directory path, got {excerpt(spec['cwd'])}")
+            values["cwd"] = spec["cwd"]
+        o = AgentOverride(**values)
+        budget = o.run_budget if o.run_budget is not None else ring.run_budget
+        stall = o.stall_threshold if o.stall_threshold is not None else ring.stall_threshold
+        if stall <= budget:
+            key = f"{section}.stall_threshold" if o.stall_threshold is not None else f"{section}.run_budget"
+            raise ConfigError(f"{key}: stall_threshold must be greater than run_budget "
+                              f"for agent {name} ({stall} <= {budget})")
+        out[name] = o
+    return out
+
+
+def _watch(raw: Mapping[str, Any]) -> WatchSettings:
+    known = {"poll_interval", "stale_after", "restart_sec", "start_limit_burst",
+             "start_limit_interval", "restart_command"}
+    _unknown("watch", raw, known)
+    values: dict = {}
+    for k, v in raw.items():
+        key = f"watch.{k}"
+        if k in ("poll_interval", "stale_after", "start_limit_interval"):
+            values[k] = _number(key, v)
+        elif k == "restart_sec":
+            values[k] = _number(key, v, allow_zero=True)
+        elif k == "start_limit_burst":
+            values[k] = _integer(key, v, minimum=1)
+        elif k == "restart_command":
+            values[k] = _argv(key, v)
+    return WatchSettings(**values)
+
+
+def _alerts(raw: Mapping[str, Any]) -> AlertSettings:
+    _unknown("alerts", raw, {"command", "failures_in_a_row"})
+    values: dict = {}
+    if "command" in raw:
+        values["command"] = _argv("alerts.command", raw["command"])
+    if "failures_in_a_row" in raw:
+        values["failures_in_a_row"] = _integer("alerts.failures_in_a_row", raw["failures_in_a_row"], minimum=1)
+    return AlertSettings(**values)
+
+
+def parse_config(data: Any, path: Optional[Path] = None) -> Config:
+    """Validate an already-parsed YAML document (None = empty = all defaults)."""
+    top = _mapping("(top level)", data)
+    for k in top:
+        if k not in ("ring", "agents", "watch", "alerts"):
+            raise ConfigError(f"{k}: unknown top-level key (known: agents, alerts, ring, watch)")
+    ring = _ring(_mapping("ring", top.get("ring")))
+    agents = _agents(_mapping("agents", top.get("agents")), ring)
+    watch = _watch(_mapping("watch", top.get("watch")))
+    alerts = _alerts(_mapping("alerts", top.get("alerts")))
+    warnings = []
+    if watch.start_limit_interval < watch.start_limit_burst * watch.restart_sec:
+        warnings.append(
+            f"watch.start_limit_interval ({watch.start_limit_interval}) is shorter than "
+            f"start_limit_burst x restart_sec ({watch.start_limit_burst} x {watch.restart_sec}): "
+            f"the start limit can never trigger")
+    return Config(ring=ring, agents=agents, watch=watch, alerts=alerts, path=path,
+                  warnings=tuple(warnings))
+
+
+def load_config(path: Optional[Path]) -> Config:
+    """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
+    if path is None:
+        return Config()
+    check_not_writable_by_others(path, "config file")
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(MAX_CONFIG_BYTES + 1)
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: config file is a directory") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    if len(blob) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: config file is not UTF-8 text (byte {e.start})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: config file contains NUL bytes")
+    data = _safe_yaml(text, path)
+    try:
+        return parse_config(data, path)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def with_ring(config: Config, **changes: Any) -> Config:
+    """A copy with some ``ring`` settings changed (tests and benchmarks)."""
+    return replace(config, ring=replace(config.ring, **changes))

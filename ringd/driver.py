@@ -1,0 +1,269 @@
+"""The driver loop, ``ringd run``: lock, reap, then forever: reload the roster,
+pick the next agent, take its turn (run / skip / pass), beat, pause after a lap.
+
+Every wait is one ``Wakeups.wait`` call with a timeout equal to the next thing
+due, so an idle driver costs nothing.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import proctree
+from .config import Config, ConfigError, load_config
+from .heartbeat import Heartbeat, Notifier, read_heartbeat
+from .hop import Context, Hop, HopResult
+from .journal import Journal, JournalError
+from .policy import turn_decision
+from .reaper import reap
+from .roster import RosterSource, next_index
+from .wakeup import Wakeups
+
+EXIT_OK = 0
+EXIT_LOCKED = 75     # EX_TEMPFAIL: another driver holds the lock
+EXIT_CONFIG = 78     # EX_CONFIG
+LOCK_FILE = "ringd.lock"
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    sys.stderr.write(f"{stamp} ringd[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()
+
+
+class Refused(Exception):
+    """The driver cannot start: message and exit code."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create a missing state dir 0700; refuse one others may write."""
+    if not state_dir.exists():
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise Refused(f"{state_dir}: cannot create state dir: {e.strerror}", EXIT_CONFIG) from None
+    st = os.stat(state_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{state_dir}: state dir is not a directory", EXIT_CONFIG)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Refused(f"{state_dir}: state dir is writable by group or others "
+                      f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EXIT_CONFIG)
+
+
+def lock_holder_pid(lock_path: Path) -> Optional[int]:
+    """Who holds the flock on ``lock_path``: /proc/locks on Linux, else the heartbeat."""
+    try:
+        ino = os.stat(lock_path).st_ino
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].split(":")[-1] == str(ino):
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    hb = read_heartbeat(lock_path.parent)
+    return hb.get("pid") if hb else None
+
+
+def acquire_lock(state_dir: Path):
+    """Exclusive kernel lock on ``ringd.lock`` (released if we die). Never the
+    soft (file-existence) fallback: a stale soft lock would outlive a crash."""
+    from filelock import Timeout, UnixFileLock
+    path = state_dir / LOCK_FILE
+    lock = UnixFileLock(str(path), timeout=0, mode=0o600)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = lock_holder_pid(path)
+        raise Refused(f"{path}: another driver holds the lock"
+                      f"{f' (pid {holder})' if holder else ''}", EXIT_LOCKED) from None
+    except OSError as e:
+        raise Refused(f"{path}: cannot lock: {e.strerror}", EXIT_CONFIG) from None
+    return lock
+
+
+class Driver:
+    def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config,
+                 roster: RosterSource, journal: Journal, *, once: bool = False,
+                 agent_umask: int = 0o022, logger: Callable[[str], None] = log):
+        self.state_dir = state_dir
+        self.config_path = config_path
+        self.roster = roster
+        self.once = once
+        self.log = logger
+        self.notifier = Notifier()
+        self.wakeups = Wakeups()
+        self.ctx = Context(state_dir=state_dir, config=config, journal=journal,
+                           heartbeat=Heartbeat(state_dir, self.notifier), notifier=self.notifier,
+                           wakeups=self.wakeups, roster_dir=roster.path.parent, log=logger,
+                           roster_error=roster.error, agent_umask=agent_umask)
+
+    # --- helpers -------------------------------------------------------------
+    @property
+    def config(self) -> Config:
+        return self.ctx.config
+
+    def sleep(self, seconds: float) -> None:
+        """Pause (lap pause, idle) while beating; returns early on a signal."""
+        end = time.monotonic() + seconds
+        while not self.ctx.stop_requested:
+            now = time.monotonic()
+            if now >= end:
+                return
+            self.ctx.beat()
+            timeout = min(end - now, self.config.ring.heartbeat_interval)
+            sigs, _ = self.wakeups.wait(timeout)
+            if self._on_idle_signals(sigs):
+                return
+
+    def _on_idle_signals(self, sigs) -> bool:
+        if signal.SIGCHLD in sigs:
+            proctree.reap_zombie_children()
+        if signal.SIGTERM in sigs or signal.SIGINT in sigs:
+            self.ctx.stop_requested = True
+        if signal.SIGHUP in sigs:
+            self.ctx.reload_requested = True
+        return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
+
+    def reload(self, force: bool = False) -> None:
+        if force and self.config_path is not None:
+            try:
+                self.ctx.config = load_config(self.config_path)
+                self.log(f"config reloaded from {self.config_path}")
+            except ConfigError as e:
+                self.log(f"config error, keeping the running config: {e}")
+        if self.roster.refresh(force=force):
+            if self.roster.error:
+                self.log(f"roster error, keeping the last good roster: {self.roster.error}")
+            else:
+                self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
+            self.ctx.roster_error = self.roster.error
+            self.ctx.journal.set_meta("roster_error", self.roster.error)
+
+    # --- the loop ------------------------------------------------------------
+    def run(self) -> int:
+        ctx = self.ctx
+        journal = ctx.journal
+        journal.set_meta("roster_error", self.roster.error)
+        last = journal.last_run()
+        cursor_name = last.agent if last else None
+        cursor_pos = last.position if last else None
+        turns_left = len(self.roster.agents) if self.once else None
+        passes = 0          # turns in a row that started nothing (all backing off)
+        prev_index = None
+        ctx.beat()
+        self.notifier.notify("READY=1")
+        self.notifier.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
+        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
+        while not ctx.stop_requested:
+            if turns_left is not None and turns_left <= 0:
+                break
+            self.reload(force=ctx.reload_requested)
+            ctx.reload_requested = False
+            agents = self.roster.agents
+            index = next_index([a.name for a in agents], cursor_name, cursor_pos)
+            if prev_index is not None and index <= prev_index:
+                ctx.lap += 1
+                if self.config.ring.lap_pause > 0 and not self.once:
+                    self.sleep(self.config.ring.lap_pause)
+                    if ctx.stop_requested:
+                        break
+            prev_index = index
+            agent = agents[index]
+            cursor_name, cursor_pos = agent.name, index
+            if turns_left is not None:
+                turns_left -= 1
+            took = self.take_turn(agent, index)
+            passes = 0 if took else passes + 1
+            if passes >= len(agents) and not self.once:
+                self.wait_for_backoff()
+                passes = 0
+        self.shutdown()
+        return EXIT_OK
+
+    def take_turn(self, agent, index: int) -> bool:
+        """Run, skip or pass one agent. Returns False when it passed silently."""
+        ctx = self.ctx
+        state = ctx.journal.agent_state(agent.name)
+        decision, reason = turn_decision(state, time.time(), agent.text)
+        if decision == "pass":
+            return False
+        if decision == "skip":
+            ctx.journal.record_skip(agent.name, index, reason or "skipped", "operator",
+                                    agent_update=lambda con: ctx.journal.update_agent(
+                                        con, agent.name, skip_requested=0))
+            self.log(f"{agent.name}: turn skipped ({reason})")
+            return True
+        ctx.notifier.notify(f"STATUS=lap {ctx.lap}: running {agent.name}")
+        try:
+            Hop(ctx, agent, index).run()
+        except (sqlite3.Error, OSError) as e:
+            # The journal could not record the run, so it was not started (or not
+            # closed): say why and try again after a breath, never a silent run.
+            self.log(f"{agent.name}: journal or state dir failure, run not recorded: {e}")
+            self.sleep(min(5.0, max(1.0, self.config.ring.heartbeat_interval)))
+        ctx.beat()
+        return True
+
+    def wait_for_backoff(self) -> None:
+        """Every agent is backing off or quarantined: sleep until the first one is due."""
+        states = self.ctx.journal.agent_states()
+        now = time.time()
+        dues = [s[k] for s in states.values() for k in ("backoff_until", "quarantined_until")
+                if s.get(k) is not None and s[k] > now]
+        delay = (min(dues) - now) if dues else self.config.ring.heartbeat_interval
+        self.log(f"nothing to run: every agent is backing off; next in {delay:.1f}s")
+        self.sleep(delay)
+
+    def shutdown(self) -> None:
+        self.notifier.notify("STOPPING=1")
+        self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
+        self.log("driver stopped")
+
+
+def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
+               logger: Callable[[str], None] = log) -> int:
+    """``ringd run``: returns the process exit code. Errors are one line on stderr."""
+    try:
+        config = load_config(config_path)
+        for w in config.warnings:
+            logger(f"warning: {w}")
+        prepare_state_dir(state_dir)
+        caller_umask = os.umask(0o077)  # journal, heartbeat, logs: 0600 whatever the umask
+        roster = RosterSource(config.roster_path(state_dir))
+        roster.refresh(force=True)
+        if roster.error:
+            raise Refused(roster.error, EXIT_CONFIG)
+        lock = acquire_lock(state_dir)
+    except ConfigError as e:
+        logger(f"configuration error: {e}")
+        return EXIT_CONFIG
+    except Refused as e:
+        logger(str(e))
+        return e.code
+    try:
+        journal = Journal.open(state_dir)
+    except JournalError as e:
+        logger(str(e))
+        lock.release()
+        return EXIT_CONFIG
+    proctree.set_child_subreaper()
+    try:
+        reap(journal, state_dir, config, lock_held=True, log=logger)
+        driver = Driver(state_dir, config_path, config, roster, journal, once=once,
+                        agent_umask=caller_umask, logger=logger)
+        return driver.run()
+    finally:
+        journal.close()
+        lock.release()

@@ -1,0 +1,175 @@
+"""State files others read: atomic JSON writes, the driver's heartbeat, staleness,
+process identity (pid + start time) and sd_notify.
+
+``write_json_atomic`` is the one way any daemon here publishes a file: temp file
+(O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+HEARTBEAT_FILE = "ringd.heartbeat"
+
+
+def iso(ts: Optional[float]) -> Optional[str]:
+    """Epoch seconds -> ISO 8601 UTC ('2026-12-01T06:14:20.123456+00:00')."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def parse_iso(text: Any) -> Optional[float]:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
+    """Write JSON so a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    blob = (json.dumps(data, sort_keys=True) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, blob)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Optional[Dict[str, Any]]:
+    """The JSON object in ``path``, or None if missing, unreadable or corrupt."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(64 * 1024)
+        data = json.loads(blob)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- process identity ------------------------------------------------------
+
+def process_start_time(pid: Optional[int]) -> Optional[float]:
+    """The kernel's start time of ``pid`` (psutil create_time), None if gone or a zombie."""
+    if not pid or pid <= 0:
+        return None
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def same_process(pid: Optional[int], start_time: Optional[float]) -> bool:
+    """True when ``pid`` is alive (not a zombie) and is the process that started at
+    ``start_time`` - a recycled pid never matches."""
+    if start_time is None:
+        return False
+    actual = process_start_time(pid)
+    return actual is not None and abs(actual - float(start_time)) < 0.05
+
+
+# --- the heartbeat -----------------------------------------------------------
+
+def heartbeat_path(state_dir: Path) -> Path:
+    return state_dir / HEARTBEAT_FILE
+
+
+def read_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
+    return read_json(heartbeat_path(state_dir))
+
+
+def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
+    """Seconds since the heartbeat's ``at`` (negative if it is from the future)."""
+    if not hb:
+        return None
+    at = hb.get("at_epoch")
+    if not isinstance(at, (int, float)):
+        at = parse_iso(hb.get("at"))
+    return None if at is None else now - at
+
+
+def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
+                     heartbeat_interval: float) -> str:
+    """Pure: ``ok`` | ``stale`` | ``dead`` | ``stopped`` from a heartbeat, whether its
+    process is alive, and a clock.
+
+    - no heartbeat, or a clean stop recorded in it: ``stopped``
+    - process gone without a clean stop: ``dead``
+    - heartbeat older than 2 x interval (or unreadable time): ``stale``
+    """
+    if not hb or hb.get("stopped"):
+        return "stopped"
+    if not alive:
+        return "dead"
+    age = heartbeat_age(hb, now)
+    if age is None or age > 2 * heartbeat_interval:
+        return "stale"
+    return "ok"
+
+
+def heartbeat_alive(hb: Optional[Dict[str, Any]]) -> bool:
+    """Is the process that wrote this heartbeat still the same live process?"""
+    if not hb:
+        return False
+    return same_process(hb.get("pid"), hb.get("pid_start"))
+
+
+class Heartbeat:
+    """The driver's heartbeat writer (also the sd_notify speaker)."""
+
+    def __init__(self, state_dir: Path, notifier: "Notifier"):
+        self.path = heartbeat_path(state_dir)
+        self.notifier = notifier
+        self.pid = os.getpid()
+        self.pid_start = process_start_time(self.pid) or time.time()
+        self.started_at = time.time()
+        self.seq = 0
+
+    def beat(self, *, lap: int, agent: Optional[str], run_id: Optional[int],
+             run_pid: Optional[int] = None, run_started_at: Optional[float] = None,
+             stopped: bool = False, extra: Optional[Dict[str, Any]] = None) -> None:
+        now = time.time()
+        self.seq += 1
+        data = {
+            "pid": self.pid, "pid_start": self.pid_start,
+            "started_at": iso(self.started_at), "at": iso(now), "at_epoch": now,
+            "lap": lap, "agent": agent, "run_id": run_id, "run_pid": run_pid,
+            "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped,
+        }
+        if extra:
+            data.update(extra)
+        write_json_atomic(self.path, data)
+        if not stopped:
+            self.notifier.notify("WATCHDOG=1")
+
+
+class Notifier:
+    """sd_notify when NOTIFY_SOCKET is set; silent otherwise."""
+
+    def __init__(self) -> None:
+        self._n = None
+        if os.environ.get("NOTIFY_SOCKET"):
+            import sdnotify
+            self._n = sdnotify.SystemdNotifier()
+
+    @property
+    def enabled(self) -> bool:
+        return self._n is not None
+
+    def notify(self, message: str) -> None:
+        if self._n is not None:
+            self._n.notify(message)

@@ -1,0 +1,265 @@
+"""One hop: run one agent to its end and close its journal row.
+
+Start (row ``running`` first, then the process), then sleep until something
+happens: the agent exits, the budget (SIGTERM to the group), the stall
+threshold (SIGKILL to the whole tree), an operator skip, a driver stop, or a
+heartbeat is due. However the run ends, nothing it started survives it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import proctree
+from .config import Config
+from .heartbeat import Heartbeat, Notifier
+from .journal import Journal
+from .policy import after_run, classify
+from .roster import Agent, resolve_program
+from .wakeup import Wakeups
+
+SKIP_GRACE = 0.5   # s between SIGTERM and SIGKILL when an operator skips (ring moves on within 1 s)
+STOP_GRACE = 3.0   # s between SIGTERM and SIGKILL when the driver itself stops
+
+
+@dataclass
+class Context:
+    """What a hop needs from the driver (kept small so a hop is easy to follow)."""
+    state_dir: Path
+    config: Config
+    journal: Journal
+    heartbeat: Heartbeat
+    notifier: Notifier
+    wakeups: Wakeups
+    roster_dir: Path
+    log: Callable[[str], None]
+    agent_umask: int = 0o022
+    lap: int = 1
+    stop_requested: bool = False
+    reload_requested: bool = False
+    roster_error: Optional[str] = None
+    on_run_end: Optional[Callable[["HopResult"], None]] = None
+
+    @property
+    def state_key(self) -> str:
+        return str(self.state_dir)
+
+    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None,
+             run_pid: Optional[int] = None, run_started_at: Optional[float] = None) -> None:
+        self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
+                            run_started_at=run_started_at,
+                            extra={"roster_error": self.roster_error})
+
+
+@dataclass
+class HopResult:
+    run_id: int
+    agent: str
+    status: str
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    reason: Optional[str] = None
+    duration: float = 0.0
+    closed: bool = True  # False: someone else (operator, reaper) closed the row first
+
+
+@dataclass
+class _Ending:
+    """How the run is being ended, once we started ending it."""
+    kind: Optional[str] = None          # None | "stall" | "skip" | "stop"
+    kill_at: Optional[float] = None     # monotonic time of the SIGKILL
+    termed_at_budget: bool = False
+    reason: Optional[str] = None
+
+
+def open_log(state_dir: Path, agent: str, run_id: int) -> "tuple[int, str]":
+    """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
+    local user planted in the state dir."""
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    base = os.open(state_dir, flags_dir)
+    try:
+        for part in ("logs", agent):
+            try:
+                os.mkdir(part, 0o700, dir_fd=base)
+            except FileExistsError:
+                pass
+            nxt = os.open(part, flags_dir, dir_fd=base)
+            os.close(base)
+            base = nxt
+        fd = os.open(f"{run_id}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=base)
+    finally:
+        os.close(base)
+    return fd, str(state_dir / "logs" / agent / f"{run_id}.log")
+
+
+def prune_logs(state_dir: Path, agent: str, keep: int) -> None:
+    """Keep the newest ``keep`` run logs of an agent (by run id)."""
+    folder = state_dir / "logs" / agent
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    ids = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
+    for old in ids[:-keep] if keep > 0 else ids:
+        try:
+            os.unlink(folder / f"{old}.log")
+        except OSError:
+            pass
+
+
+class Hop:
+    def __init__(self, ctx: Context, agent: Agent, position: int):
+        self.ctx = ctx
+        self.agent = agent
+        self.position = position
+        self.limits = ctx.config.limits_for(agent.name)
+
+    # --- the run ---------------------------------------------------------------
+    def run(self) -> HopResult:
+        ctx, name = self.ctx, self.agent.name
+        started = time.time()
+        run_id = ctx.journal.start_run(name, self.position, run_budget=self.limits.run_budget,
+                                       stall_threshold=self.limits.stall_threshold,
+                                       driver_pid=ctx.heartbeat.pid, driver_start=ctx.heartbeat.pid_start,
+                                       now=started)
+        try:
+            log_fd, log_path = open_log(ctx.state_dir, name, run_id)
+        except OSError as e:
+            return self._close_error(run_id, f"cannot open run log: {proctree.errno_reason(e)}")
+        try:
+            child = self._spawn(run_id, started, log_fd, log_path)
+        except OSError as e:
+            os.write(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {proctree.errno_reason(e)}\n".encode())
+            ctx.journal.set_log_path(run_id, log_path)
+            return self._close_error(run_id, f"cannot start: {proctree.errno_reason(e)}")
+        finally:
+            os.close(log_fd)
+        ctx.log(f"run {run_id}: {name} started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
+        ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
+        try:
+            status_word, ending = self._wait(run_id, child, started)
+        finally:
+            child.close()
+        exit_code, sig = proctree.decode_status(status_word)
+        status = classify(exit_code, sig, ended_by=ending.kind, termed_at_budget=ending.termed_at_budget,
+                          tempfail_exit_code=ctx.config.ring.tempfail_exit_code)
+        source = "operator" if ending.kind == "skip" else "driver"
+        return self._close(run_id, status, source, exit_code, sig, ending.reason)
+
+    def _spawn(self, run_id: int, started: float, log_fd: int, log_path: str) -> proctree.Child:
+        ctx = self.ctx
+        env = proctree.clean_env(os.environ, {
+            "RING_AGENT": self.agent.name,
+            "RING_RUN_ID": str(run_id),
+            "RING_RUN_BUDGET": f"{self.limits.run_budget:g}",
+            "RING_DEADLINE": f"{started + self.limits.run_budget:.3f}",
+            "RING_STATE": ctx.state_key,
+        })
+        cwd = ctx.config.cwd_for(self.agent.name) or str(ctx.roster_dir)
+        argv = resolve_program(self.agent.argv, ctx.roster_dir)
+        return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=log_fd, umask=ctx.agent_umask)
+
+    def _wait(self, run_id: int, child: proctree.Child, started: float) -> "tuple[int, _Ending]":
+        """Sleep on events until the agent's leader has exited; then end the rest of
+        its tree and reap the leader. Returns (wait status, how it ended)."""
+        ctx = self.ctx
+        t0 = time.monotonic()
+        term_at = t0 + self.limits.run_budget
+        stall_at = t0 + self.limits.stall_threshold
+        ending = _Ending()
+        next_beat = t0  # beat at once so status shows the new run
+        hb_interval = ctx.config.ring.heartbeat_interval
+        while proctree.peek_exit(child.pid) is None:
+            now = time.monotonic()
+            if now >= next_beat:
+                ctx.beat(self.agent.name, run_id, child.pid, started)
+                next_beat = now + hb_interval
+            if ending.kill_at is not None and now >= ending.kill_at:
+                break  # grace over (stall, skip or stop): kill the tree below
+            if now >= stall_at and ending.kind is None:
+                ending.kind, ending.reason = "stall", f"no exit {self.limits.stall_threshold:g}s after start"
+                ending.kill_at = now
+                ctx.log(f"run {run_id}: {self.agent.name} stalled; SIGKILL to its whole process tree")
+                break
+            if now >= term_at and not ending.termed_at_budget and ending.kind is None:
+                ending.termed_at_budget = True
+                ending.reason = f"run budget of {self.limits.run_budget:g}s reached"
+                ctx.log(f"run {run_id}: {self.agent.name} reached its budget; SIGTERM to its process group")
+                proctree.signal_group(child.pid, signal.SIGTERM)
+            deadlines = [next_beat, stall_at]
+            if not ending.termed_at_budget:
+                deadlines.append(term_at)
+            if ending.kill_at is not None:
+                deadlines.append(ending.kill_at)
+            sigs, _ = ctx.wakeups.wait(min(deadlines) - time.monotonic(), fds=[child.pidfd])
+            self._on_signals(sigs, run_id, child, ending)
+        # Whatever happened, nothing of this run may survive it. The leader is
+        # kept as an unreaped zombie meanwhile so its group id cannot be reused.
+        proctree.signal_process(child.pid, child.start_time, signal.SIGKILL)
+        killed = proctree.kill_run(ctx.state_key, run_id, child.pid, keep_unreaped=[child.pid])
+        if killed:
+            ctx.log(f"run {run_id}: killed {killed} leftover process(es) of {self.agent.name}")
+        _, status_word = os.waitpid(child.pid, 0)
+        child.popen.returncode = os.waitstatus_to_exitcode(status_word)  # we reaped it, not Popen
+        proctree.reap_zombie_children()
+        return status_word, ending
+
+    def _on_signals(self, sigs, run_id: int, child: proctree.Child, ending: _Ending) -> None:
+        ctx = self.ctx
+        if signal.SIGCHLD in sigs:
+            proctree.reap_zombie_children(keep=[child.pid])  # orphans re-parented to us
+        if signal.SIGHUP in sigs:
+            ctx.reload_requested = True
+        if (signal.SIGTERM in sigs or signal.SIGINT in sigs) and ending.kind != "stop":
+            ctx.stop_requested = True
+            self._begin_end(child, ending, "stop", STOP_GRACE, "driver stopping")
+            ctx.log(f"run {run_id}: stopping {self.agent.name}: the driver is shutting down")
+        if signal.SIGUSR1 in sigs and ending.kind is None:
+            if ctx.journal.agent_state(self.agent.name).get("skip_requested"):
+                self._begin_end(child, ending, "skip", SKIP_GRACE, "skipped by operator")
+                ctx.log(f"run {run_id}: {self.agent.name} skipped by operator")
+
+    @staticmethod
+    def _begin_end(child: proctree.Child, ending: _Ending, kind: str, grace: float, reason: str) -> None:
+        ending.kind, ending.reason = kind, reason
+        ending.kill_at = time.monotonic() + grace
+        proctree.signal_group(child.pid, signal.SIGTERM)
+        proctree.signal_group(child.pid, signal.SIGCONT)
+
+    # --- closing ------------------------------------------------------------------
+    def _close_error(self, run_id: int, reason: str) -> HopResult:
+        self.ctx.log(f"run {run_id}: {self.agent.name} could not start: {reason}")
+        return self._close(run_id, "error", "driver", None, None, reason)
+
+    def _close(self, run_id: int, status: str, source: str, exit_code: Optional[int],
+               sig: Optional[int], reason: Optional[str]) -> HopResult:
+        ctx = self.ctx
+        now = time.time()
+
+        def update_agent(con, row, final_status):
+            state = ctx.journal.agent_state(self.agent.name)
+            fields = after_run(state, final_status, now, ctx.config.ring, self.agent.text)
+            ctx.journal.update_agent(con, self.agent.name, **fields)
+
+        closed = ctx.journal.close_run(run_id, status, source=source, exit_code=exit_code, signal=sig,
+                                       reason=reason, now=now, agent_update=update_agent)
+        row = ctx.journal.run(run_id)
+        result = HopResult(run_id=run_id, agent=self.agent.name, status=row.status if row else status,
+                           exit_code=exit_code, signal=sig, reason=reason,
+                           duration=(row.duration or 0.0) if row else 0.0, closed=closed)
+        detail = f"exit {exit_code}" if exit_code is not None else (f"signal {sig}" if sig else "")
+        if closed:
+            ctx.log(f"run {run_id}: {self.agent.name} {status}"
+                    f"{f' ({detail})' if detail else ''} after {result.duration:.2f}s")
+        else:
+            ctx.log(f"run {run_id}: {self.agent.name} ended, but its row was already closed "
+                    f"as {result.status} (by an operator or the reaper)")
+        prune_logs(ctx.state_dir, self.agent.name, ctx.config.ring.keep_logs)
+        if ctx.on_run_end is not None:
+            ctx.on_run_end(result)
+        return result

@@ -1,0 +1,397 @@
+"""The journal: one SQLite file that records every run truthfully.
+
+This module is the only writer of the schema. The schema itself enforces the
+SPEC's invariants (status set, terminal coherence, at most one ``running`` row)
+with CHECK constraints and a partial unique index; triggers keep per-agent
+counters in step with the runs so readers never scan history. Writers use
+``BEGIN IMMEDIATE``; readers open the file read-only.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+JOURNAL_FILE = "journal.db"
+SCHEMA_VERSION = 1
+
+TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
+STATUSES = ("running",) + TERMINAL
+SOURCES = ("driver", "reaper", "operator")
+# Run endings that count towards quarantine ("the agent wedges").
+BAD_ENDINGS = ("stalled", "timeout", "interrupted")
+
+_STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
+_SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent        TEXT NOT NULL,
+    position     INTEGER,
+    status       TEXT NOT NULL CHECK (status IN ({_STATUS_LIST})),
+    started_at   REAL NOT NULL,
+    ended_at     REAL,
+    duration     REAL,
+    exit_code    INTEGER,
+    signal       INTEGER,
+    reason       TEXT,
+    pid          INTEGER,
+    pid_start    REAL,
+    run_budget   REAL,
+    stall_threshold REAL,
+    log_path     TEXT,
+    driver_pid   INTEGER,
+    driver_start REAL,
+    CHECK (
+        (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
+                            AND signal IS NULL AND duration IS NULL)
+     OR (status <> 'running' AND ended_at IS NOT NULL AND duration IS NOT NULL
+                             AND duration >= 0 AND ended_at >= started_at)
+    )
+);
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_running ON runs(status) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS runs_by_agent ON runs(agent, id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at     REAL NOT NULL,
+    run_id INTEGER REFERENCES runs(id),
+    kind   TEXT NOT NULL,
+    source TEXT NOT NULL CHECK (source IN ({_SOURCE_LIST})),
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id);
+
+-- Per-agent state the driver decides with and status shows. Survives restarts.
+CREATE TABLE IF NOT EXISTS agents (
+    name                  TEXT PRIMARY KEY,
+    runs                  INTEGER NOT NULL DEFAULT 0 CHECK (runs >= 0),
+    last_run_id           INTEGER,
+    consecutive_failures  INTEGER NOT NULL DEFAULT 0 CHECK (consecutive_failures >= 0),
+    consecutive_deferrals INTEGER NOT NULL DEFAULT 0 CHECK (consecutive_deferrals >= 0),
+    bad_streak            INTEGER NOT NULL DEFAULT 0 CHECK (bad_streak >= 0),
+    backoff_until         REAL,
+    skip_requested        INTEGER NOT NULL DEFAULT 0 CHECK (skip_requested IN (0, 1)),
+    quarantined_until     REAL,
+    quarantine_line       TEXT
+);
+
+-- Finished runs by agent and status (metrics); kept by triggers, never by hand.
+CREATE TABLE IF NOT EXISTS run_counts (
+    agent  TEXT NOT NULL,
+    status TEXT NOT NULL,
+    n      INTEGER NOT NULL CHECK (n >= 0),
+    PRIMARY KEY (agent, status)
+);
+
+CREATE TRIGGER IF NOT EXISTS runs_closed AFTER UPDATE OF status ON runs
+WHEN OLD.status = 'running' AND NEW.status <> 'running'
+BEGIN
+    INSERT INTO run_counts(agent, status, n) VALUES (NEW.agent, NEW.status, 1)
+        ON CONFLICT(agent, status) DO UPDATE SET n = n + 1;
+    INSERT INTO agents(name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
+        ON CONFLICT(name) DO UPDATE SET runs = runs + 1, last_run_id = NEW.id;
+END;
+
+CREATE TRIGGER IF NOT EXISTS runs_inserted_closed AFTER INSERT ON runs
+WHEN NEW.status <> 'running'
+BEGIN
+    INSERT INTO run_counts(agent, status, n) VALUES (NEW.agent, NEW.status, 1)
+        ON CONFLICT(agent, status) DO UPDATE SET n = n + 1;
+    INSERT INTO agents(name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
+        ON CONFLICT(name) DO UPDATE SET runs = runs + 1, last_run_id = NEW.id;
+END;
+
+-- A terminal row never changes status again (a guarded close cannot clobber).
+CREATE TRIGGER IF NOT EXISTS runs_terminal_is_final BEFORE UPDATE OF status ON runs
+WHEN OLD.status <> 'running'
+BEGIN
+    SELECT RAISE(ABORT, 'a finished run cannot change status');
+END;
+"""
+
+
+class JournalError(Exception):
+    """The journal cannot be used (corrupt, unwritable, ...). Message is one line."""
+
+
+@dataclass
+class RunRow:
+    id: int
+    agent: str
+    position: Optional[int]
+    status: str
+    started_at: float
+    ended_at: Optional[float]
+    duration: Optional[float]
+    exit_code: Optional[int]
+    signal: Optional[int]
+    reason: Optional[str]
+    pid: Optional[int]
+    pid_start: Optional[float]
+    run_budget: Optional[float]
+    stall_threshold: Optional[float]
+    log_path: Optional[str]
+    driver_pid: Optional[int]
+    driver_start: Optional[float]
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "RunRow":
+        return cls(**{k: row[k] for k in row.keys()})
+
+
+def journal_path(state_dir: Path) -> Path:
+    return state_dir / JOURNAL_FILE
+
+
+def _check_sqlite_header(path: Path) -> None:
+    """Refuse a file that exists but is not SQLite: never recreate over it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise JournalError(f"{path}: cannot read journal: {e.strerror}") from None
+    if head and (len(head) < 100 or not head.startswith(b"SQLite format 3\x00")):
+        raise JournalError(f"{path}: journal is not a valid SQLite database (truncated or overwritten); "
+                           f"it was left in place: move it aside to start a new journal")
+
+
+def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
+    if readonly:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout,
+                              isolation_level=None, check_same_thread=False)
+    else:
+        con = sqlite3.connect(str(path), timeout=timeout, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+class Journal:
+    """A connection to the journal plus the transitions the ring makes."""
+
+    def __init__(self, con: sqlite3.Connection, path: Path):
+        self.con = con
+        self.path = path
+
+    # --- opening -------------------------------------------------------------
+    @classmethod
+    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = 10.0) -> "Journal":
+        """Open for writing (the driver, the reaper, operator commands)."""
+        path = journal_path(state_dir)
+        if path.exists() or path.is_symlink():
+            if path.is_symlink():
+                raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
+            _check_sqlite_header(path)
+        elif not create:
+            raise JournalError(f"{path}: no journal (has the driver ever run here?)")
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)
+            os.close(fd)
+        try:
+            con = _connect(path, readonly=False, timeout=busy_timeout)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=FULL")
+            con.execute("PRAGMA foreign_keys=ON")
+            j = cls(con, path)
+            j._migrate()
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"{path}: journal is not usable: {e}") from None
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.chmod(f"{path}{suffix}", 0o600)
+            except OSError:
+                pass
+        return j
+
+    @classmethod
+    def open_readonly(cls, state_dir: Path, busy_timeout: float = 5.0) -> "Journal":
+        """Open for reading only (status, history): never creates anything."""
+        path = journal_path(state_dir)
+        if not path.exists():
+            raise JournalError(f"{path}: no journal (has the driver ever run here?)")
+        _check_sqlite_header(path)
+        try:
+            con = _connect(path, readonly=True, timeout=busy_timeout)
+            con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"{path}: journal is not usable: {e}") from None
+        return cls(con, path)
+
+    def _migrate(self) -> None:
+        # executescript commits any open transaction first, so the script carries its own.
+        self.con.executescript(
+            "BEGIN IMMEDIATE;" + SCHEMA +
+            f"INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');"
+            "COMMIT;")
+
+    def close(self) -> None:
+        self.con.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction (BEGIN IMMEDIATE takes the write lock up front,
+        so a busy database waits here instead of failing half-way)."""
+        self.con.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.con
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        else:
+            self.con.execute("COMMIT")
+
+    # --- events ----------------------------------------------------------------
+    def _event(self, run_id: Optional[int], kind: str, source: str, detail: str = "",
+               at: Optional[float] = None) -> None:
+        self.con.execute("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)",
+                         (at if at is not None else time.time(), run_id, kind, source, detail))
+
+    def event(self, run_id: Optional[int], kind: str, source: str, detail: str = "") -> None:
+        with self.write():
+            self._event(run_id, kind, source, detail)
+
+    # --- transitions -----------------------------------------------------------
+    def start_run(self, agent: str, position: int, *, run_budget: float, stall_threshold: float,
+                  driver_pid: int, driver_start: float, now: Optional[float] = None) -> int:
+        """Write the ``running`` row before the process exists."""
+        now = time.time() if now is None else now
+        with self.write():
+            cur = self.con.execute(
+                "INSERT INTO runs(agent, position, status, started_at, run_budget, stall_threshold,"
+                " driver_pid, driver_start) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
+                (agent, position, now, run_budget, stall_threshold, driver_pid, driver_start))
+            run_id = cur.lastrowid
+            self._event(run_id, "started", "driver", f"agent={agent}", at=now)
+        return run_id
+
+    def set_process(self, run_id: int, pid: int, pid_start: Optional[float], log_path: str) -> None:
+        with self.write():
+            self.con.execute("UPDATE runs SET pid = ?, pid_start = ?, log_path = ? WHERE id = ?",
+                             (pid, pid_start, log_path, run_id))
+
+    def set_log_path(self, run_id: int, log_path: str) -> None:
+        with self.write():
+            self.con.execute("UPDATE runs SET log_path = ? WHERE id = ?", (log_path, run_id))
+
+    def close_run(self, run_id: int, status: str, *, source: str, exit_code: Optional[int] = None,
+                  signal: Optional[int] = None, reason: Optional[str] = None,
+                  now: Optional[float] = None, agent_update=None) -> bool:
+        """Close a running row. Guarded: only if it is still ``running`` (a row an
+        operator or the reaper closed meanwhile is never clobbered). Returns
+        whether this call closed it. ``agent_update(con, row)`` runs in the same
+        transaction to update per-agent state."""
+        assert status in TERMINAL, status
+        now = time.time() if now is None else now
+        with self.write():
+            row = self.con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None or row["status"] != "running":
+                return False
+            ended = max(now, row["started_at"])
+            self.con.execute(
+                "UPDATE runs SET status = ?, ended_at = ?, duration = ?, exit_code = ?, signal = ?,"
+                " reason = ? WHERE id = ? AND status = 'running'",
+                (status, ended, ended - row["started_at"], exit_code, signal, reason, run_id))
+            detail = f"from=running to={status}"
+            if reason:
+                detail += f" reason={reason}"
+            self._event(run_id, status, source, detail, at=ended)
+            if agent_update is not None:
+                agent_update(self.con, RunRow.from_row(row), status)
+        return True
+
+    def record_skip(self, agent: str, position: int, reason: str, source: str,
+                    now: Optional[float] = None, agent_update=None) -> int:
+        """A turn not taken: a ``skipped`` row that never started a process."""
+        now = time.time() if now is None else now
+        with self.write():
+            cur = self.con.execute(
+                "INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
+                " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
+            run_id = cur.lastrowid
+            self._event(run_id, "skipped", source, f"reason={reason}", at=now)
+            if agent_update is not None:
+                agent_update(self.con)
+        return run_id
+
+    # --- reads -------------------------------------------------------------------
+    def running_row(self) -> Optional[RunRow]:
+        row = self.con.execute("SELECT * FROM runs WHERE status = 'running'").fetchone()
+        return RunRow.from_row(row) if row else None
+
+    def last_run(self) -> Optional[RunRow]:
+        row = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return RunRow.from_row(row) if row else None
+
+    def run(self, run_id: int) -> Optional[RunRow]:
+        row = self.con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return RunRow.from_row(row) if row else None
+
+    def history(self, agent: Optional[str] = None, limit: int = 20) -> List[RunRow]:
+        if agent is None:
+            rows = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+        else:
+            rows = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT ?",
+                                    (agent, limit))
+        return [RunRow.from_row(r) for r in rows.fetchall()]
+
+    def last_run_of(self, agent: str) -> Optional[RunRow]:
+        row = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT 1",
+                               (agent,)).fetchone()
+        return RunRow.from_row(row) if row else None
+
+    def agent_states(self) -> Dict[str, Dict[str, Any]]:
+        return {r["name"]: dict(r) for r in self.con.execute("SELECT * FROM agents").fetchall()}
+
+    def agent_state(self, name: str) -> Dict[str, Any]:
+        row = self.con.execute("SELECT * FROM agents WHERE name = ?", (name,)).fetchone()
+        if row:
+            return dict(row)
+        return {"name": name, "runs": 0, "last_run_id": None, "consecutive_failures": 0,
+                "consecutive_deferrals": 0, "bad_streak": 0, "backoff_until": None,
+                "skip_requested": 0, "quarantined_until": None, "quarantine_line": None}
+
+    def run_counts(self) -> Dict[str, Dict[str, int]]:
+        out: Dict[str, Dict[str, int]] = {}
+        for r in self.con.execute("SELECT agent, status, n FROM run_counts"):
+            out.setdefault(r["agent"], {})[r["status"]] = r["n"]
+        return out
+
+    def meta(self, key: str) -> Optional[str]:
+        row = self.con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row["value"] if row else None
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        with self.write():
+            if value is None:
+                self.con.execute("DELETE FROM meta WHERE key = ?", (key,))
+            else:
+                self.con.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+                                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    # --- per-agent state -----------------------------------------------------------
+    def update_agent(self, con: sqlite3.Connection, name: str, **fields: Any) -> None:
+        """Upsert per-agent fields (call inside a write transaction)."""
+        con.execute("INSERT INTO agents(name) VALUES (?) ON CONFLICT(name) DO NOTHING", (name,))
+        if fields:
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            con.execute(f"UPDATE agents SET {sets} WHERE name = ?", (*fields.values(), name))
+
+    def set_agent(self, name: str, **fields: Any) -> None:
+        with self.write():
+            self.update_agent(self.con, name, **fields)
+
+    def request_skip(self, name: str) -> None:
+        """Operator: skip this agent's current run, or its next turn."""
+        with self.write():
+            self.update_agent(self.con, name, skip_requested=1)
+            self._event(None, "skip-requested", "operator", f"agent={name}")

@@ -1,0 +1,276 @@
+"""Processes: spawn an agent in its own session, signal it safely, and make sure
+nothing it started outlives its run.
+
+A run's processes are recognised by its process group and by a key in their
+environment unique to this ring *and* run (``RING_STATE`` + ``RING_RUN_ID``), so
+two rings on one host never touch each other's processes. Single processes are
+signalled through a pidfd after checking their start time, so a recycled pid is
+never hit. Used by the hop, the reaper, skip, force-fail and the watcher alike.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+STRIPPED_ENV_PREFIXES = ("WATCHDOG_",)
+STRIPPED_ENV_KEYS = ("NOTIFY_SOCKET",)
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants re-parent to us (Linux), so escaped processes of
+    a run can be found among our descendants and are reaped by us."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+def clean_env(base: Mapping[str, str], extra: Mapping[str, str]) -> Dict[str, str]:
+    """The environment for a child that must never speak to systemd as us."""
+    env = {k: v for k, v in base.items()
+           if k not in STRIPPED_ENV_KEYS and not k.startswith(STRIPPED_ENV_PREFIXES)}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Child:
+    """A process we started as the leader of a new session."""
+    pid: int
+    start_time: Optional[float]
+    pidfd: Optional[int]
+    popen: subprocess.Popen
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
+          umask: int = -1) -> Child:
+    """Start ``argv`` in its own session (so it leads a new process group).
+    Raises OSError if it cannot be started (not found, not executable ...)."""
+    popen = subprocess.Popen(
+        list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except OSError:
+            pidfd = None
+    try:
+        start = psutil.Process(popen.pid).create_time()
+    except psutil.Error:
+        start = None
+    return Child(pid=popen.pid, start_time=start, pidfd=pidfd, popen=popen)
+
+
+def peek_exit(pid: int) -> Optional[int]:
+    """The wait status of our child ``pid`` if it has exited, without reaping it:
+    while it is an unreaped zombie its pid and process group id cannot be reused,
+    so signalling the group stays safe until we reap it."""
+    try:
+        res = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if res is None or res.si_pid == 0:
+        return None
+    if res.si_code == os.CLD_EXITED:
+        return res.si_status << 8
+    return res.si_status  # killed by a signal (CLD_KILLED / CLD_DUMPED)
+
+
+def decode_status(status: int) -> "tuple[Optional[int], Optional[int]]":
+    """(exit_code, signal) from a wait status."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_process(pid: int, start_time: Optional[float], sig: int) -> bool:
+    """Signal ``pid`` only if it is still the process that started at ``start_time``.
+    With a pidfd the check and the signal cannot race with pid reuse."""
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        try:
+            if start_time is not None and not _started_at(pid, start_time):
+                return False
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    if start_time is not None and not _started_at(pid, start_time):
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _started_at(pid: int, start_time: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - start_time) < 0.05
+    except psutil.Error:
+        return False
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _belongs_to_run(p: psutil.Process, state_key: str, run_id: int, pgid: Optional[int]) -> bool:
+    try:
+        if pgid is not None and os.getpgid(p.pid) == pgid:
+            return True
+        env = p.environ()
+    except (psutil.Error, OSError):
+        return False
+    return env.get("RING_STATE") == state_key and env.get("RING_RUN_ID") == str(run_id)
+
+
+def run_processes(state_key: str, run_id: int, pgid: Optional[int],
+                  candidates: Optional[Iterable[psutil.Process]] = None) -> List[psutil.Process]:
+    """Live processes of a run: members of its process group, and processes
+    whose environment carries this ring's and run's key. ``candidates`` narrows
+    the search (the driver's own descendants); None scans the whole host."""
+    if candidates is None:
+        candidates = psutil.process_iter()
+    me = os.getpid()
+    return [p for p in candidates
+            if p.pid != me and _alive(p) and _belongs_to_run(p, state_key, run_id, pgid)]
+
+
+def my_descendants() -> List[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
+    """waitpid every exited child of ours except ``keep`` (the agent leader we
+    still want to read). Returns {pid: status}."""
+    keep = set(keep)
+    reaped: Dict[int, int] = {}
+    for child in child_pids():
+        if child in keep:
+            continue
+        try:
+            pid, status = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if pid:
+            reaped[pid] = status
+    return reaped
+
+
+def child_pids() -> List[int]:
+    """Pids of our direct children (cheap on Linux: /proc/self/task/*/children)."""
+    pids: List[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.extend(int(x) for x in f.read().split())
+        return pids
+    except OSError:
+        pass
+    try:
+        return [c.pid for c in psutil.Process().children()]
+    except psutil.Error:
+        return []
+
+
+def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "descendants",
+             keep_unreaped: Iterable[int] = (), timeout: float = 3.0) -> int:
+    """SIGKILL every process of a run and wait (bounded) until none is left.
+
+    ``scope="descendants"``: our own descendants only (the driver is a subreaper,
+    so escaped processes of its runs are among them). ``scope="host"``: every
+    process on the host (the reaper, when the run's driver is dead).
+    Returns how many processes were signalled."""
+    keep = set(keep_unreaped)
+    killed = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        if pgid is not None:
+            signal_group(pgid, signal.SIGKILL)
+        cands = my_descendants() if scope == "descendants" else None
+        victims = [p for p in run_processes(state_key, run_id, pgid, cands) if p.pid not in keep]
+        for p in victims:
+            try:
+                start = p.create_time()
+            except psutil.Error:
+                continue
+            if signal_process(p.pid, start, signal.SIGKILL):
+                killed += 1
+        reap_zombie_children(keep)
+        if not victims or time.monotonic() >= deadline:
+            return killed
+        time.sleep(0.01)
+
+
+def wait_gone(pid: int, start_time: Optional[float], timeout: float) -> bool:
+    """Bounded wait until a (not necessarily our) process is gone or a zombie."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if start_time is None or not _started_at(pid, start_time):
+            return True
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def stop_process(pid: int, start_time: Optional[float], grace: float) -> bool:
+    """SIGTERM (plus SIGCONT for a stopped process), wait ``grace``, then SIGKILL.
+    Identifies the process by pid and start time. Returns True once it is gone."""
+    if not signal_process(pid, start_time, signal.SIGTERM):
+        return True
+    signal_process(pid, start_time, signal.SIGCONT)
+    if wait_gone(pid, start_time, grace):
+        return True
+    signal_process(pid, start_time, signal.SIGKILL)
+    return wait_gone(pid, start_time, 5.0)
+
+
+def errno_reason(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, "")
+    return f"{e.strerror or e}{f' ({name})' if name else ''}"

@@ -1,0 +1,163 @@
+"""The roster, ``ring.txt``: parse it, reload it cheaply, and decide what runs next.
+
+``parse_roster`` and ``next_index`` are pure. ``RosterSource`` holds the last good
+roster and the current error so a broken edit never loses the ring.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from .config import ConfigError, check_not_writable_by_others, excerpt
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+MAX_ROSTER_BYTES = 1024 * 1024
+MAX_LINE_CHARS = 8192
+MAX_NAME_CHARS = 64
+
+
+class RosterError(ConfigError):
+    """A roster that does not parse: names the file, the line and the reason."""
+
+    def __init__(self, path: Path, line: Optional[int], reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        where = f"{path}:{line}" if line else f"{path}"
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    argv: Tuple[str, ...]
+    line: int
+    text: str  # the roster line as written (a change of it ends a quarantine)
+
+
+def parse_roster(text: str, path: Path) -> List[Agent]:
+    """Parse roster text. Raises RosterError(path, line, reason)."""
+    agents: List[Agent] = []
+    seen = {}
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            raise RosterError(path, number, f"line is longer than {MAX_LINE_CHARS} characters")
+        if "\x00" in line:
+            raise RosterError(path, number, "line contains a NUL byte")
+        parts = stripped.split(None, 1)
+        name = parts[0]
+        if not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_CHARS:
+            raise RosterError(path, number, f"bad agent name {excerpt(name)}: use letters, digits, "
+                                            f"'_', '.', '-' (starting with a letter or digit), at most {MAX_NAME_CHARS}")
+        if name in seen:
+            raise RosterError(path, number, f"duplicate agent name {name!r} (first on line {seen[name]})")
+        if len(parts) < 2:
+            raise RosterError(path, number, f"agent {name!r} has no command")
+        try:
+            argv = shlex.split(parts[1], comments=False, posix=True)
+        except ValueError as e:
+            raise RosterError(path, number, f"cannot split the command of {name!r}: {str(e).lower()}") from None
+        if not argv:
+            raise RosterError(path, number, f"agent {name!r} has no command")
+        seen[name] = number
+        agents.append(Agent(name=name, argv=tuple(argv), line=number, text=stripped))
+    if not agents:
+        raise RosterError(path, None, "roster has no agents")
+    return agents
+
+
+def read_roster(path: Path) -> List[Agent]:
+    """Read and parse the roster file, refusing unsafe or absurd files."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise RosterError(path, None, "roster file not found") from None
+    except OSError as e:
+        raise RosterError(path, None, f"cannot read roster: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RosterError(path, None, "roster is not a regular file")
+    check_not_writable_by_others(path, "roster")
+    if st.st_size > MAX_ROSTER_BYTES:
+        raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(MAX_ROSTER_BYTES + 1)
+    except OSError as e:
+        raise RosterError(path, None, f"cannot read roster: {e.strerror}") from None
+    if len(blob) > MAX_ROSTER_BYTES:
+        raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = blob.count(b"\n", 0, e.start) + 1
+        raise RosterError(path, line, "not UTF-8 text") from None
+    return parse_roster(text, path)
+
+
+def resolve_program(argv: Sequence[str], roster_dir: Path) -> List[str]:
+    """Relative program paths (``./x``, ``bin/x``) resolve against the roster's folder;
+    bare names (``python3``) are looked up on PATH as usual."""
+    prog = argv[0]
+    if "/" in prog and not os.path.isabs(prog):
+        prog = os.path.normpath(os.path.join(str(roster_dir), prog))
+    return [prog, *argv[1:]]
+
+
+def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int]) -> int:
+    """Where the ring resumes: after ``last_name`` if it is still on the roster,
+    else at the position it held (the agent that followed it moved up into it)."""
+    if not names:
+        raise ValueError("empty roster")
+    if last_name is not None and last_name in names:
+        return (list(names).index(last_name) + 1) % len(names)
+    if last_position is not None and last_position >= 0:
+        return last_position % len(names)
+    return 0
+
+
+class RosterSource:
+    """The roster file as the driver sees it: last good roster + current error.
+
+    ``refresh()`` re-reads only when (mtime, size, inode) changed, so calling
+    it before every hop costs one ``stat``.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.agents: List[Agent] = []
+        self.error: Optional[str] = None
+        self._signature: Optional[tuple] = None
+
+    def _stat_signature(self) -> Optional[tuple]:
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            return ("missing", e.errno)
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+
+    def refresh(self, force: bool = False) -> bool:
+        """Re-read if changed. Returns True when the roster or its error changed."""
+        sig = self._stat_signature()
+        if not force and sig == self._signature:
+            return False
+        self._signature = sig
+        try:
+            agents = read_roster(self.path)
+        except RosterError as e:
+            changed = self.error != str(e)
+            self.error = str(e)
+            return changed
+        changed = agents != self.agents or self.error is not None
+        self.agents, self.error = agents, None
+        return changed
+
+    @property
+    def names(self) -> List[str]:
+        return [a.name for a in self.agents]

@@ -1,0 +1,217 @@
+"""Shared test fixtures: a private ring (state dir, fast config, roster, agents),
+bounded waits, and finalisers that end every process a test started, by pid.
+
+Processes are found for cleanup by pid: the ones a test spawned directly, their
+descendants, and any process whose environment carries this test's
+``RING_STATE`` (escaped agent grandchildren) or whose command line names the
+test's state dir. Never by name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAST_CONFIG = {
+    "ring": {
+        "run_budget": 2.0,
+        "stall_threshold": 3.0,
+        "heartbeat_interval": 0.2,
+        "lap_pause": 0,
+        "backoff_initial": 0.5,
+        "backoff_max": 2.0,
+        "keep_logs": 5,
+    },
+    "watch": {
+        "poll_interval": 0.2,
+        "stale_after": 1.5,
+        "restart_sec": 0.2,
+        "start_limit_burst": 5,
+        "start_limit_interval": 30,
+    },
+}
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
+               message: str = "condition") -> object:
+    """Poll ``pred`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def ring_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "ringd", *args]
+
+
+def watch_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "ringwatch", *args]
+
+
+def processes_of(state: Path) -> List[psutil.Process]:
+    """Every live process that belongs to the ring at ``state``: its environment
+    says RING_STATE=<state> or its command line names the state dir."""
+    key = str(state)
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            cmd = p.info["cmdline"] or []
+            if any(key in part for part in cmd):
+                found.append(p)
+                continue
+            if p.environ().get("RING_STATE") == key:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        victims = root.children(recursive=True) + [root]
+    except psutil.Error:
+        return
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+class Ring:
+    """A private ring under ``tmp_path``: state dir, config, roster, agent scripts."""
+
+    def __init__(self, tmp_path: Path):
+        self.base = tmp_path
+        self.state = tmp_path / "state"
+        self.state.mkdir(mode=0o700)
+        self.agents_dir = tmp_path / "agents"
+        self.agents_dir.mkdir()
+        self.config_path = tmp_path / "ring.yaml"
+        self.config: Dict = json.loads(json.dumps(FAST_CONFIG))
+        self.write_config()
+        self.procs: List[subprocess.Popen] = []
+        self.env = dict(os.environ)
+        self.env.pop("NOTIFY_SOCKET", None)
+        self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
+
+    # --- files ---------------------------------------------------------------
+    @property
+    def roster_path(self) -> Path:
+        return self.state / "ring.txt"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state / "journal.db"
+
+    def write_config(self, **sections) -> Path:
+        import yaml
+        for section, values in sections.items():
+            self.config.setdefault(section, {}).update(values)
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        os.chmod(self.config_path, 0o600)
+        return self.config_path
+
+    def agent(self, name: str, body: str) -> Path:
+        """Write an executable sh script for an agent; returns its path."""
+        path = self.agents_dir / f"{name}.sh"
+        path.write_text("#!/bin/sh\n" + textwrap.dedent(body).lstrip("\n"))
+        path.chmod(0o755)
+        return path
+
+    def roster(self, *lines: str) -> Path:
+        """Write ring.txt atomically (the driver may be reading it)."""
+        tmp = self.state / ".ring.txt.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.roster_path)
+        return self.roster_path
+
+    # --- processes -------------------------------------------------------------
+    def common(self) -> List[str]:
+        return ["--state", str(self.state), "--config", str(self.config_path)]
+
+    def start(self, argv: List[str], **kw) -> subprocess.Popen:
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        p = subprocess.Popen(argv, env=kw.pop("env", self.env), start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def start_driver(self, *extra: str, **kw) -> subprocess.Popen:
+        return self.start(ring_cmd("run", *self.common(), *extra), **kw)
+
+    def start_watcher(self, *extra: str, **kw) -> subprocess.Popen:
+        return self.start(watch_cmd(*self.common(), *extra), **kw)
+
+    def cli(self, *args: str, timeout: float = 30, env: Optional[Dict] = None) -> subprocess.CompletedProcess:
+        argv = ring_cmd(*args[:1], *self.common(), *args[1:])
+        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, timeout=timeout)
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            kill_tree(p.pid)
+        for p in processes_of(self.state):
+            kill_tree(p.pid)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (p.stdout, p.stderr):
+                if stream:
+                    stream.close()
+
+    # --- journal ---------------------------------------------------------------
+    def rows(self, sql: str = "SELECT * FROM runs ORDER BY id", *params) -> List[sqlite3.Row]:
+        if not self.journal_path.exists():
+            return []
+        con = sqlite3.connect(f"file:{self.journal_path}?mode=ro", uri=True, timeout=10)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return []
+            raise
+        finally:
+            con.close()
+
+    def runs(self) -> List[sqlite3.Row]:
+        return self.rows()
+
+    def heartbeat(self) -> Optional[Dict]:
+        try:
+            return json.loads((self.state / "ringd.heartbeat").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+@pytest.fixture
+def ring(tmp_path):
+    r = Ring(tmp_path)
+    yield r
+    r.cleanup()
+    leftovers = processes_of(r.state)
+    assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
