@@ -1,0 +1,83 @@
+"""The ``ringwatch`` command line (click): run the watcher, or ``reset`` its
+restart history. Thin: resolve locations, load the config, call
+:mod:`ringwatch.watch` / :mod:`ringwatch.state`, turn every error into one
+``ringwatch: ...`` line and an exit code - never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
+
+from . import state
+from .state import Refusal
+
+EXIT_INTERNAL = 70
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"ringwatch: {message}", err=True)
+    sys.exit(code)
+
+
+_state_opt = click.option("--state", "state_opt", metavar="DIR",
+                          help="State directory (default: $RING_STATE, else ./STATE).")
+_config_opt = click.option("--config", "config_opt", metavar="FILE",
+                           help="Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in).")
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@_state_opt
+@_config_opt
+@click.pass_context
+def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str]) -> None:
+    """Keep the ring's driver alive: start `ringd run`, replace it when it dies or
+    hangs, give up (exit 70) after too many restarts. Runs in the foreground."""
+    ctx.ensure_object(dict)
+    ctx.obj.update(state=state_opt, config=config_opt)
+    if ctx.invoked_subcommand is not None:
+        return
+    from .watch import Watcher  # the daemon's imports only when it runs
+
+    state_dir = resolve_state_dir(state_opt)
+    config_path = resolve_config_path(config_opt)
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        _fail(str(e), 78)
+    try:
+        code = Watcher(state_dir, config_path, config).run()
+    except Refusal as e:
+        _fail(str(e), e.code)
+    except OSError as e:
+        _fail(f"{getattr(e, 'filename', None) or state_dir}: {e.strerror or e}", EXIT_INTERNAL)
+    sys.exit(code)
+
+
+@cli.command()
+@_state_opt
+@_config_opt
+@click.pass_context
+def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str]) -> None:
+    """Clear the restart history and the give-up (like `systemctl reset-failed`)."""
+    state_dir = resolve_state_dir(state_opt or ctx.obj.get("state"))
+    if not state_dir.is_dir():
+        _fail(f"{state_dir}: no such state directory", 2)
+    try:
+        click.echo(state.reset(state_dir))
+    except OSError as e:
+        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}", 1)
+
+
+def main() -> None:
+    try:
+        cli(prog_name="ringwatch")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:  # noqa: BLE001 - a one-line error, never a traceback
+        _fail(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL)

@@ -1,0 +1,187 @@
+"""The driver as a process, seen from the watcher: start ``ringd run`` in its own
+session with its output appended to ``<state>/logs/ringd.log``, hold a pidfd on
+it (ours or adopted), and stop it: SIGTERM (+ SIGCONT for a stopped one), a
+grace, then SIGKILL - always addressed by pid *and* start time through a pidfd,
+so a recycled pid is never signalled.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from ringd import proctree
+from ringd.heartbeat import same_process
+
+DRIVER_LOG = "ringd.log"
+ROTATE_BYTES = 16 * 1024 * 1024   # ringd.log is rotated (one old copy) past this size
+
+
+def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
+    """``ringd run`` with the watcher's own state dir and config, run by the same
+    interpreter (so it works whether or not the console script is on PATH)."""
+    argv = [sys.executable, "-m", "ringd", "run", "--state", str(state_dir)]
+    if config_path is not None:
+        argv += ["--config", str(config_path)]
+    return argv
+
+
+def open_log(state_dir: Path) -> int:
+    """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink."""
+    logs = state_dir / "logs"
+    os.makedirs(logs, mode=0o700, exist_ok=True)
+    path = logs / DRIVER_LOG
+    try:
+        st = os.lstat(path)
+        if st.st_size > ROTATE_BYTES and not os.path.islink(path):
+            os.replace(path, logs / (DRIVER_LOG + ".1"))
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def last_log_line(state_dir: Path, limit: int = 300) -> str:
+    """The last non-empty line of ringd.log (for reporting why the driver quit)."""
+    try:
+        with open(state_dir / "logs" / DRIVER_LOG, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    line = lines[-1].strip() if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@dataclass
+class DriverProc:
+    """A driver process we watch: our child (``child`` set) or an adopted one."""
+    pid: int
+    start_time: Optional[float]
+    pidfd: Optional[int] = None
+    child: Optional[proctree.Child] = None
+    status: Optional[int] = field(default=None)  # wait status once reaped (children only)
+
+    @property
+    def ours(self) -> bool:
+        return self.child is not None
+
+    def alive(self) -> bool:
+        if self.status is not None:
+            return False
+        return same_process(self.pid, self.start_time)
+
+    def poll_exit(self) -> Optional[int]:
+        """Our child's wait status if it has exited (reaping it), else None."""
+        if self.child is None:
+            return None
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid == 0:
+                return None
+            self.status = status
+            self.child.popen.returncode = _returncode(status)  # Popen must not wait again
+            self.close()
+        return self.status
+
+    def exit_code(self) -> Optional[int]:
+        """Exit code (negative signal number if killed) once exited, else None."""
+        return None if self.status is None else _returncode(self.status)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.child is not None:
+            self.child.pidfd = None
+
+
+def _returncode(status: int) -> int:
+    code, sig = proctree.decode_status(status)
+    return -sig if sig is not None else (code if code is not None else 0)
+
+
+def start_driver(state_dir: Path, config_path: Optional[Path]) -> DriverProc:
+    """Start ``ringd run`` in a new session, output appended to ringd.log, with
+    NOTIFY_SOCKET and WATCHDOG_* removed (systemd's main process is the watcher)."""
+    fd = open_log(state_dir)
+    try:
+        child = proctree.spawn(driver_argv(state_dir, config_path), cwd=None,
+                               env=proctree.clean_env(os.environ, {}), stdout_fd=fd)
+    finally:
+        os.close(fd)
+    return DriverProc(pid=child.pid, start_time=child.start_time, pidfd=child.pidfd, child=child)
+
+
+def adopt(pid: int, start_time: Optional[float]) -> Optional[DriverProc]:
+    """Watch a running driver we did not start (it outlived a previous watcher).
+    None if it is not the process that started at ``start_time``."""
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
+    if not same_process(pid, start_time):  # checked after opening: the fd pins the process
+        if fd is not None:
+            os.close(fd)
+        return None
+    return DriverProc(pid=pid, start_time=start_time, pidfd=fd)
+
+
+def _wait_exit(proc: DriverProc, timeout: float) -> bool:
+    """Bounded wait for the process to exit: on its pidfd when we have one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.child is not None and proc.poll_exit() is not None:
+            return True
+        if not proc.alive():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if proc.pidfd is not None:
+            select.select([proc.pidfd], [], [], left)
+        else:
+            time.sleep(min(left, 0.05))
+
+
+def stop(proc: DriverProc, grace: float, kill_wait: float = 5.0) -> str:
+    """SIGTERM + SIGCONT, wait ``grace``, then SIGKILL. Returns how it ended:
+    ``gone`` (already), ``terminated`` or ``killed``; ``survived`` if even SIGKILL
+    did not end it within ``kill_wait`` (a process in uninterruptible sleep)."""
+    if not proc.alive():
+        proc.poll_exit()
+        return "gone"
+    _signal(proc, signal.SIGTERM)
+    _signal(proc, signal.SIGCONT)  # a SIGSTOPped driver must run to handle SIGTERM
+    if _wait_exit(proc, grace):
+        return "terminated"
+    _signal(proc, signal.SIGKILL)
+    return "killed" if _wait_exit(proc, kill_wait) else "survived"
+
+
+def forward(proc: DriverProc, sig: int) -> None:
+    if proc.alive():
+        _signal(proc, sig)
+
+
+def _signal(proc: DriverProc, sig: int) -> None:
+    if proc.pidfd is not None:
+        try:
+            signal.pidfd_send_signal(proc.pidfd, sig)
+        except OSError:
+            pass
+        return
+    proctree.signal_process(proc.pid, proc.start_time, sig)
+

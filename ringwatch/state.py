@@ -1,0 +1,137 @@
+"""The watcher's own state: ``<state>/ringwatch.json`` and ``<state>/ringwatch.lock``.
+
+``ringwatch.json`` (written atomically, 0600) carries the SPEC fields ``pid``,
+``started_at``, ``last_poll_at``, ``restarts`` (ISO 8601 UTC times of the
+restarts still inside the start-limit window) and ``gave_up``, plus ``pid_start``
+(to tell a live watcher from a recycled pid), ``gave_up_at``, ``gave_up_reason``,
+``stopped`` (true after a clean exit) and ``driver`` (pid and start time of the
+driver being watched). The restart history survives the watcher's own restarts;
+``ringwatch reset`` clears it.
+
+The lock is a kernel flock (filelock's UnixFileLock): released when the holder
+dies, so it never needs cleaning up. filelock truncates the lock file, so the
+holder's pid is published in ``ringwatch.json``, not in the lock.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ringd.heartbeat import iso, parse_iso, read_json, same_process, write_json_atomic
+
+STATE_FILE = "ringwatch.json"
+LOCK_FILE = "ringwatch.lock"
+
+
+class Refusal(Exception):
+    """The watcher cannot run: a one-line message and an exit code."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def state_path(state_dir: Path) -> Path:
+    return state_dir / STATE_FILE
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create a missing state dir (0700) and its ``logs``; refuse one that group or
+    others may write (anyone who can write it controls the driver)."""
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        st = os.stat(state_dir)
+    except OSError as e:
+        raise Refusal(f"{state_dir}: cannot create state dir: {e.strerror}", 78) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refusal(f"{state_dir}: state dir is not a directory", 78)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Refusal(f"{state_dir}: state dir is writable by group or others "
+                      f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", 78)
+    try:
+        os.makedirs(state_dir / "logs", mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise Refusal(f"{state_dir / 'logs'}: cannot create log dir: {e.strerror}", 78) from None
+
+
+def load(state_dir: Path) -> Dict[str, Any]:
+    """The last saved state ({} if none or unreadable - a corrupt file loses only
+    the history, never blocks the watcher)."""
+    return read_json(state_path(state_dir)) or {}
+
+
+def save(state_dir: Path, data: Dict[str, Any]) -> None:
+    write_json_atomic(state_path(state_dir), data)
+
+
+def restart_times(data: Dict[str, Any]) -> List[float]:
+    """The persisted restart history as epoch seconds (ISO strings or numbers)."""
+    out: List[float] = []
+    raw = data.get("restarts")
+    for item in raw if isinstance(raw, list) else []:
+        t = item if isinstance(item, (int, float)) and not isinstance(item, bool) else parse_iso(item)
+        if t is not None:
+            out.append(float(t))
+    return out
+
+
+def encode_restarts(times: List[float]) -> List[str]:
+    return [iso(t) for t in times]
+
+
+def watcher_alive(data: Dict[str, Any]) -> bool:
+    """Is the watcher recorded in ``data`` still running (pid *and* start time)?"""
+    return bool(data) and not data.get("stopped") and same_process(data.get("pid"), data.get("pid_start"))
+
+
+class WatchLock:
+    """The exclusive ``ringwatch.lock``; a second watcher on the state dir is refused."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.path = state_dir / LOCK_FILE
+        self._lock = None
+
+    def acquire(self) -> None:
+        from filelock import Timeout, UnixFileLock
+        if self.path.is_symlink():
+            raise Refusal(f"{self.path}: lock file is a symlink; refusing to follow it", 78)
+        lock = UnixFileLock(str(self.path), timeout=0, mode=0o600)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise Refusal(self._holder_message(), 75) from None
+        except OSError as e:
+            raise Refusal(f"{self.path}: cannot lock: {e.strerror}", 78) from None
+        self._lock = lock
+
+    def _holder_message(self) -> str:
+        data = load(self.state_dir)
+        pid = data.get("pid") if watcher_alive(data) else None
+        who = f"pid {pid}" if pid else "another process"
+        return (f"another ringwatch ({who}) is already watching {self.state_dir}; "
+                f"only one watcher per state dir")
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def reset(state_dir: Path) -> str:
+    """``ringwatch reset``: clear the restart history and ``gave_up`` (like
+    ``systemctl reset-failed``). Works while a watcher runs: it only drops the
+    history, which a running watcher re-reads before every restart decision."""
+    data = load(state_dir)
+    if not data and not state_path(state_dir).exists():
+        return f"{state_dir}: no watcher state; nothing to reset"
+    had = len(restart_times(data))
+    was_given_up = bool(data.get("gave_up"))
+    data.update(restarts=[], gave_up=False, gave_up_at=None, gave_up_reason=None)
+    save(state_dir, data)
+    parts = [f"cleared {had} restart(s)"]
+    if was_given_up:
+        parts.append("and the give-up")
+    return f"{state_dir}: {' '.join(parts)}; ringwatch may start the driver again"

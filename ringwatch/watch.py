@@ -1,0 +1,465 @@
+"""The watcher's loop: keep one healthy driver alive, or give up loudly.
+
+It sleeps in one ``selectors`` call (``ringd.wakeup.Wakeups``) on the signal
+self-pipe and the driver's pidfd, with a timeout equal to the next health check
+(``poll_interval``, or earlier when the driver's grace period or heartbeat would
+run out) or the next systemd watchdog ping. A driver it started is noticed the
+moment it exits. Every decision is taken by ``ringwatch.policy``; this module
+only acts: start, stop, wait, persist ``ringwatch.json``, speak sd_notify.
+
+Exit codes: 0 stopped by SIGTERM/SIGINT; 70 gave up (start limit hit, now or
+earlier - see ``ringwatch reset``); 75 another watcher holds the lock; 78 a
+configuration error (its own, or the driver exited 78).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Set
+
+from ringd import proctree
+from ringd.config import Config, ConfigError, load_config
+from ringd.heartbeat import Notifier, iso, process_start_time, read_heartbeat, same_process
+from ringd.wakeup import Wakeups
+
+from . import driverproc, policy, state
+from .driverproc import DriverProc
+from .state import Refusal
+
+EXIT_OK = 0
+EXIT_GAVE_UP = 70      # EX_SOFTWARE: the start limit was hit
+EXIT_LOCKED = 75       # EX_TEMPFAIL: another watcher runs on this state dir
+EXIT_CONFIG = 78       # EX_CONFIG
+
+STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
+COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"ringwatch: {message}\n")
+    sys.stderr.flush()
+
+
+def on_event(kind: str, detail: str) -> None:
+    """Alerts hook: ``kind`` is ``watcher gave up`` or ``driver replaced``.
+    Only logs for now; the alerts command will be wired here."""
+    log(f"event: {kind}: {detail}")
+
+
+class Stop(Exception):
+    """SIGTERM/SIGINT arrived while waiting: unwind to a clean shutdown."""
+
+
+class Watcher:
+    def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config):
+        self.state_dir = state_dir
+        self.config_path = config_path
+        self.config = config
+        self.notifier = Notifier()
+        self.proc: Optional[DriverProc] = None
+        self.view: Optional[policy.DriverView] = None
+        self.wake: Optional[Wakeups] = None
+        self.stop_signal: Optional[int] = None
+        self.last_poll = 0.0
+        self.last_status = ""
+        self.watchdog_every = _watchdog_interval()
+        self.next_ping = 0.0
+
+    @property
+    def w(self):
+        return self.config.watch
+
+    @property
+    def command_mode(self) -> bool:
+        return self.w.restart_command is not None
+
+    # --- entry point -----------------------------------------------------------
+    def run(self) -> int:
+        state.prepare_state_dir(self.state_dir)
+        lock = state.WatchLock(self.state_dir)
+        lock.acquire()
+        try:
+            self._refuse_if_given_up()
+            self.wake = Wakeups(SIGNALS)
+            try:
+                return self._run()
+            finally:
+                self.wake.close()
+                if self.proc is not None:
+                    self.proc.close()
+        finally:
+            lock.release()
+
+    def _refuse_if_given_up(self) -> None:
+        data = state.load(self.state_dir)
+        if data.get("gave_up"):
+            raise Refusal(
+                f"gave up at {data.get('gave_up_at') or 'an earlier run'} "
+                f"({data.get('gave_up_reason') or 'start limit hit'}); not starting the driver. "
+                f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
+
+    def _run(self) -> int:
+        self._save(pid=os.getpid(), pid_start=process_start_time(os.getpid()),
+                   started_at=iso(time.time()), stopped=False, gave_up=False,
+                   mode="restart_command" if self.command_mode else "owner")
+        for warning in self.config.warnings:
+            log(f"warning: {warning}")
+        try:
+            self._first_driver()
+            self.notifier.notify("READY=1")
+            while True:
+                code = self._check()
+                if code is not None:
+                    return code
+                self._wait(self._next_check_at(), self._fds())
+        except Stop:
+            return self._shutdown()
+
+    # --- start-up -------------------------------------------------------------
+    def _first_driver(self) -> None:
+        now = time.monotonic()
+        hb = read_heartbeat(self.state_dir)
+        live = _live_driver(hb)
+        mode = f"restart_command {list(self.w.restart_command)}" if self.command_mode else "owner"
+        log(f"watching {self.state_dir} (pid {os.getpid()}, mode {mode}, "
+            f"poll {self.w.poll_interval}s, stale after {self.w.stale_after}s)")
+        if live is not None:
+            proc = driverproc.adopt(*live)
+            if proc is not None:
+                self.proc = proc
+                self.view = policy.following(hb, now, fresh=True) if self.command_mode \
+                    else policy.adopted(hb, now)
+                log(f"driver already running (pid {proc.pid}); watching it")
+                return
+        if self.command_mode:
+            self.view = policy.following(hb, now, fresh=False)
+            log(f"no live driver yet; waiting up to {self.w.stale_after}s for one to beat "
+                f"before running the restart command")
+            return
+        self._start_driver("initial start")
+
+    # --- one health check ---------------------------------------------------------
+    def _check(self) -> Optional[int]:
+        now = time.monotonic()
+        self.last_poll = now
+        hb = read_heartbeat(self.state_dir)
+        self.view = policy.observe(self.view, hb, now)
+        code = self._child_exit(hb, now)
+        if code is not None:
+            return code
+        self._sync_proc()
+        verdict = policy.judge(self.view, alive=self._alive(), now=now, stale_after=self.w.stale_after)
+        self._save(last_poll_at=iso(time.time()),
+                   driver={"pid": self.view.pid, "pid_start": self.view.pid_start,
+                           "health": verdict.health})
+        self._status(f"driver {verdict.health}: {verdict.reason}")
+        if verdict.unhealthy:
+            return self._replace(verdict)
+        return None
+
+    def _child_exit(self, hb: Any, now: float) -> Optional[int]:
+        """Handle the exit of a driver we started. Returns an exit code to quit with."""
+        proc = self.proc
+        if proc is None or not proc.ours or proc.poll_exit() is None:
+            return None
+        code = proc.exit_code()
+        why = driverproc.last_log_line(self.state_dir)
+        detail = f" ({why})" if why else ""
+        if code == EXIT_CONFIG:
+            log(f"driver (pid {proc.pid}) exited 78, a configuration error{detail}; not restarting it. "
+                f"Fix the configuration (ringd check), then start ringwatch again")
+            self._status("driver configuration error")
+            self._save(driver={"pid": proc.pid, "pid_start": proc.start_time, "health": "config-error"})
+            return EXIT_CONFIG
+        if code == EXIT_LOCKED:
+            log(f"driver (pid {proc.pid}) exited 75: another driver holds ringd.lock{detail}; "
+                f"watching that one by its heartbeat")
+            self.proc = None
+            self.view = policy.following(hb, now, fresh=False)
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+        log(f"driver (pid {proc.pid}) {how}{detail}")
+        return None
+
+    def _sync_proc(self) -> None:
+        """Keep ``self.proc`` (the pidfd we sleep on) on the driver the view names."""
+        view = self.view
+        if self.proc is not None and not self.proc.ours and not self.proc.alive():
+            self.proc.close()       # an adopted driver died: its pidfd stays readable
+            self.proc = None
+        if view.pid and view.beat_at is not None and (self.proc is None or self.proc.pid != view.pid):
+            if self.proc is not None and not self.proc.ours:
+                self.proc.close()
+                self.proc = None
+            if self.proc is None:
+                self.proc = driverproc.adopt(view.pid, view.pid_start)
+
+    def _alive(self) -> bool:
+        if self.proc is not None and self.proc.pid == self.view.pid:
+            return self.proc.alive()
+        return same_process(self.view.pid, self.view.pid_start)
+
+    def _next_check_at(self) -> float:
+        return policy.next_check(self.view, last_poll=self.last_poll,
+                                 poll_interval=self.w.poll_interval, stale_after=self.w.stale_after)
+
+    def _fds(self):
+        if self.proc is not None and self.proc.pidfd is not None and self.proc.status is None:
+            return [self.proc.pidfd]
+        return []
+
+    # --- replacing an unhealthy driver ---------------------------------------------
+    def _replace(self, verdict: policy.Verdict) -> Optional[int]:
+        log(f"driver unhealthy ({verdict.health}): {verdict.reason}")
+        old = self._old_proc()
+        if old is not None and not old.alive():
+            old.poll_exit()
+            old.close()
+            old = None
+        if old is not None and not self.command_mode:
+            self._stop(old, "unhealthy")
+        self._sleep(time.monotonic() + self.w.restart_sec)
+        data = state.load(self.state_dir)
+        now = time.time()
+        window = policy.prune(state.restart_times(data), now, self.w.start_limit_interval)
+        if not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval):
+            if old is not None and self.command_mode:
+                self._stop(old, "unhealthy")
+            return self._give_up(verdict, len(window))
+        window = policy.record_restart(window, now, self.w.start_limit_interval)
+        self._save(restarts=state.encode_restarts(window))
+        n = f"restart {len(window)}/{self.w.start_limit_burst} within {self.w.start_limit_interval}s"
+        if self.command_mode:
+            self._run_restart_command(n)
+            if old is not None and old.alive():
+                log(f"old driver (pid {old.pid}) survived the restart command; stopping it")
+                self._stop(old, "survived restart command")
+        else:
+            self._start_driver(n)
+        on_event("driver replaced", f"{verdict.reason}; {n}")
+        return None
+
+    def _old_proc(self) -> Optional[DriverProc]:
+        view = self.view
+        if self.proc is not None and self.proc.pid == view.pid:
+            return self.proc
+        if view.pid and same_process(view.pid, view.pid_start):
+            return driverproc.adopt(view.pid, view.pid_start)
+        return None
+
+    def _stop(self, proc: DriverProc, why: str) -> str:
+        log(f"stopping driver (pid {proc.pid}, {why}): SIGTERM, SIGKILL after {STOP_GRACE}s")
+        self._status(f"stopping driver pid {proc.pid}")
+        how = driverproc.stop(proc, STOP_GRACE)
+        log(f"driver (pid {proc.pid}) {how}")
+        if how in ("killed", "survived"):
+            self._reap_orphan()
+        proc.close()
+        if proc is self.proc:
+            self.proc = None
+        return how
+
+    def _start_driver(self, why: str) -> None:
+        try:
+            proc = driverproc.start_driver(self.state_dir, self.config_path)
+        except OSError as e:
+            # e.g. the interpreter vanished (upgrade in progress): judged dead at the
+            # next check and retried under the start limit, never a tight loop
+            log(f"cannot start the driver: {proctree.errno_reason(e)}")
+            self.proc = None
+            self.view = policy.DriverView(pid=None, pid_start=None, pinned=True, since=time.monotonic(),
+                                          last_key=None, beat_at=None)
+            return
+        self.proc = proc
+        self.view = policy.started(proc.pid, proc.start_time, read_heartbeat(self.state_dir),
+                                   time.monotonic())
+        log(f"started driver (pid {proc.pid}; {why}), output in {self.state_dir / 'logs' / driverproc.DRIVER_LOG}")
+        self._status(f"started driver pid {proc.pid}")
+
+    def _run_restart_command(self, why: str) -> None:
+        argv = list(self.w.restart_command)
+        log(f"running restart command {argv} ({why})")
+        self._status(f"running restart command ({why})")
+        hb = read_heartbeat(self.state_dir)
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                 stderr=sys.stderr.fileno(), start_new_session=True, close_fds=True,
+                                 env=proctree.clean_env(os.environ, {}))
+        except OSError as e:
+            log(f"restart command {argv[0]!r} cannot be started: {proctree.errno_reason(e)}")
+        else:
+            self._wait_command(p, argv)
+        if self.proc is not None and not self.proc.ours:
+            self.proc.close()
+        self.proc = None
+        self.view = policy.following(hb, time.monotonic(), fresh=False)
+
+    def _wait_command(self, p: subprocess.Popen, argv) -> None:
+        fd = _pidfd(p.pid)
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        try:
+            while p.poll() is None and time.monotonic() < deadline:
+                try:
+                    self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
+                except Stop:
+                    proctree.signal_group(p.pid, signal.SIGKILL)
+                    p.wait()
+                    raise
+            if p.poll() is None:
+                log(f"restart command {argv} still running after {COMMAND_TIMEOUT}s; killing it")
+                proctree.signal_group(p.pid, signal.SIGKILL)
+                p.wait()
+                return
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if p.returncode != 0:
+            log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway")
+
+    # --- giving up, shutting down ---------------------------------------------------
+    def _give_up(self, verdict: policy.Verdict, restarts: int) -> int:
+        reason = (f"{restarts} restarts within {self.w.start_limit_interval}s "
+                  f"(start_limit_burst {self.w.start_limit_burst}); last: {verdict.reason}")
+        log(f"GIVING UP: the driver keeps failing: {reason}. Not restarting it again. "
+            f"Look at {self.state_dir / 'logs' / driverproc.DRIVER_LOG} and `ringd status`, fix the cause, "
+            f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.")
+        self._save(gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason, stopped=True)
+        self._reap_orphan()
+        self._status("gave up: start limit hit; run `ringwatch reset`")
+        on_event("watcher gave up", reason)
+        return EXIT_GAVE_UP
+
+    def _shutdown(self) -> int:
+        name = signal.Signals(self.stop_signal).name if self.stop_signal else "signal"
+        self.notifier.notify("STOPPING=1")
+        if self.command_mode:
+            log(f"{name}: exiting; the driver belongs to the service manager and keeps running")
+        else:
+            proc = self._old_proc() if self.view is not None else None
+            if proc is not None and proc.alive():
+                log(f"{name}: stopping the driver (pid {proc.pid}) and exiting")
+                self._stop(proc, name)
+            else:
+                log(f"{name}: exiting (no driver running)")
+                if proc is not None:
+                    proc.poll_exit()
+        self._save(stopped=True)
+        return EXIT_OK
+
+    def _reap_orphan(self) -> None:
+        """The driver died without stopping its agent and no driver will follow
+        soon: close the orphaned run as ``interrupted`` and kill what is left of it
+        (the same reaper ``ringd status`` runs)."""
+        try:
+            from ringd.journal import Journal
+            from ringd.reaper import reap
+            journal = Journal.open(self.state_dir, create=False)
+        except Exception as e:  # noqa: BLE001 - no journal yet, or unusable: nothing to reap
+            if "no journal" not in str(e):
+                log(f"cannot reap the driver's last run: {e}")
+            return
+        try:
+            reap(journal, self.state_dir, self.config, lock_held=False, log=log)
+        except Exception as e:  # noqa: BLE001 - best effort; `ringd status` reaps too
+            log(f"cannot reap the driver's last run: {e}")
+        finally:
+            journal.close()
+
+    # --- waiting, signals, sd_notify, ringwatch.json ---------------------------------
+    def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False) -> Set[int]:
+        """Sleep until ``until`` (monotonic), a ready fd, or a signal; ping the
+        systemd watchdog on the way. SIGTERM/SIGINT raise :class:`Stop`; SIGHUP
+        reloads the configuration. Returns the ready fds (empty on timeout)."""
+        while True:
+            now = time.monotonic()
+            self._ping(now)
+            left = until - now
+            if self.watchdog_every:
+                left = min(left, self.next_ping - now)
+            sigs, ready = self.wake.wait(max(0.0, left), fds)
+            self._signals(sigs)
+            if ready or (wake_on_child and signal.SIGCHLD in sigs) or time.monotonic() >= until:
+                return ready
+            if sigs - {signal.SIGCHLD} or (signal.SIGCHLD in sigs and self._child_exited()):
+                return ready
+
+    def _sleep(self, until: float) -> None:
+        """Wait until ``until`` whatever wakes us (SIGTERM still interrupts)."""
+        while time.monotonic() < until:
+            self._wait(until)
+
+    def _child_exited(self) -> bool:
+        return self.proc is not None and self.proc.ours and self.proc.poll_exit() is not None
+
+    def _signals(self, sigs: Set[int]) -> None:
+        for sig in sigs:
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self.stop_signal = sig
+        if self.stop_signal:
+            raise Stop()
+        if signal.SIGHUP in sigs:
+            self._reload()
+
+    def _reload(self) -> None:
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as e:
+            log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}")
+            return
+        self.config = config
+        log("SIGHUP: configuration reloaded")
+        if not self.command_mode and self.proc is not None:
+            driverproc.forward(self.proc, signal.SIGHUP)
+
+    def _ping(self, now: float) -> None:
+        if self.watchdog_every and now >= self.next_ping:
+            self.notifier.notify("WATCHDOG=1")
+            self.next_ping = now + self.watchdog_every
+
+    def _status(self, text: str) -> None:
+        if text != self.last_status:
+            self.last_status = text
+            self.notifier.notify(f"STATUS={text}")
+
+    def _save(self, **fields: Any) -> None:
+        """Read-modify-write ringwatch.json, so a concurrent ``ringwatch reset`` of
+        the history is not overwritten by our next poll."""
+        data: Dict[str, Any] = state.load(self.state_dir)
+        data.setdefault("restarts", [])
+        data.setdefault("gave_up", False)
+        data.update(fields)
+        state.save(self.state_dir, data)
+
+
+def _live_driver(hb: Any):
+    """(pid, start time) of the live driver the heartbeat names, else None."""
+    if not isinstance(hb, dict) or hb.get("stopped"):
+        return None
+    pid, start = hb.get("pid"), hb.get("pid_start")
+    if isinstance(pid, int) and same_process(pid, start):
+        return pid, start
+    return None
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _watchdog_interval() -> Optional[float]:
+    """Half of systemd's WatchdogSec when it watches *this* process, else None."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    owner = os.environ.get("WATCHDOG_PID")
+    if not usec or (owner and owner != str(os.getpid())):
+        return None
+    try:
+        return max(0.05, int(usec) / 2e6)
+    except ValueError:
+        return None
