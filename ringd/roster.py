@@ -83,7 +83,10 @@ def read_roster(path: Path) -> List[Agent]:
         raise RosterError(path, None, f"cannot read roster: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise RosterError(path, None, "roster is not a regular file")
-    check_not_writable_by_others(path, "roster")
+    try:
+        check_not_writable_by_others(path, "roster")
+    except ConfigError as e:
+        raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
     if st.st_size > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
     try:

@@ -1,0 +1,95 @@
+"""Config loading and validation: defaults, every error names its key, exit 78."""
+import os
+from pathlib import Path
+
+import pytest
+
+from ringd.config import Config, ConfigError, load_config, parse_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, text, mode=0o600):
+    p = tmp_path / "ring.yaml"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return p
+
+
+def test_shipped_config_equals_builtin_defaults():
+    shipped = load_config(REPO / "config" / "ring.yaml")
+    default = Config()
+    assert shipped.ring == default.ring
+    assert shipped.watch == default.watch
+    assert shipped.alerts == default.alerts
+    assert dict(shipped.agents) == {}
+
+
+def test_empty_file_is_all_defaults(tmp_path):
+    assert load_config(write(tmp_path, "")).ring == Config().ring
+
+
+def test_per_agent_overrides(tmp_path):
+    c = load_config(write(tmp_path, "agents:\n  web: {run_budget: 600, stall_threshold: 900}\n"))
+    assert c.limits_for("web").run_budget == 600
+    assert c.limits_for("web").stall_threshold == 900
+    assert c.limits_for("other").run_budget == 3600
+
+
+@pytest.mark.parametrize("doc, key", [
+    ({"ring": {"run_budget": -1}}, "ring.run_budget"),
+    ({"ring": {"run_budget": 0}}, "ring.run_budget"),
+    ({"ring": {"run_budget": "soon"}}, "ring.run_budget"),
+    ({"ring": {"run_budget": True}}, "ring.run_budget"),
+    ({"ring": {"heartbeat_interval": 0}}, "ring.heartbeat_interval"),
+    ({"ring": {"lap_pause": -0.5}}, "ring.lap_pause"),
+    ({"ring": {"keep_logs": 1.5}}, "ring.keep_logs"),
+    ({"ring": {"tempfail_exit_code": 300}}, "ring.tempfail_exit_code"),
+    ({"ring": {"stall_threshold": 100, "run_budget": 100}}, "ring.stall_threshold"),
+    ({"ring": {"bogus": 1}}, "ring.bogus"),
+    ({"nonsense": 1}, "nonsense"),
+    ({"ring": [1, 2]}, "ring"),
+    ({"agents": {"web": {"run_budget": 5000}}}, "agents.web.run_budget"),
+    ({"agents": {"web": {"stall_threshold": 10}}}, "agents.web.stall_threshold"),
+    ({"agents": {"web": {"colour": "red"}}}, "agents.web.colour"),
+    ({"watch": {"stale_after": 0}}, "watch.stale_after"),
+    ({"watch": {"start_limit_burst": 0}}, "watch.start_limit_burst"),
+    ({"watch": {"restart_command": "systemctl restart ringd"}}, "watch.restart_command"),
+    ({"alerts": {"command": [1]}}, "alerts.command"),
+])
+def test_bad_values_name_the_key(doc, key):
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc)
+    assert key in str(e.value)
+
+
+def test_zero_allowed_where_spec_says():
+    c = parse_config({"ring": {"lap_pause": 0}, "watch": {"restart_sec": 0}})
+    assert c.ring.lap_pause == 0 and c.watch.restart_sec == 0
+
+
+def test_start_limit_that_never_triggers_is_a_warning():
+    c = parse_config({"watch": {"restart_sec": 10, "start_limit_burst": 5, "start_limit_interval": 20}})
+    assert any("start_limit_interval" in w for w in c.warnings)
+
+
+def test_yaml_alias_bomb_is_refused_without_expanding(tmp_path):
+    bomb = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for i in range(ord("b"), ord("j")):
+        prev = chr(i - 1)
+        bomb += f"{chr(i)}: &{chr(i)} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, bomb))
+    assert "alias" in str(e.value) and len(str(e.value)) < 300
+
+
+def test_garbage_yaml_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "ring: [unclosed\n  : : :"))
+    assert "\n" not in str(e.value) and "ring.yaml" in str(e.value)
+
+
+def test_group_writable_config_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "", mode=0o664))
+    assert "writable by group or others" in str(e.value) and "0664" in str(e.value)

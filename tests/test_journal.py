@@ -1,0 +1,100 @@
+"""The journal's schema enforces the SPEC's invariants by itself."""
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from ringd.journal import Journal, JournalError, journal_path
+
+
+@pytest.fixture
+def journal(tmp_path):
+    j = Journal.open(tmp_path)
+    yield j
+    j.close()
+
+
+def raw(tmp_path):
+    con = sqlite3.connect(journal_path(tmp_path), isolation_level=None)
+    return con
+
+
+def test_file_is_private_and_wal(tmp_path, journal):
+    assert stat.S_IMODE(os.stat(journal_path(tmp_path)).st_mode) == 0o600
+    assert journal.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize("sql", [
+    # unknown status
+    "INSERT INTO runs(agent, status, started_at) VALUES ('a', 'bogus', 1)",
+    # NULL status
+    "INSERT INTO runs(agent, status, started_at) VALUES ('a', NULL, 1)",
+    # running with an end time / exit code / duration
+    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'running', 1, 2)",
+    "INSERT INTO runs(agent, status, started_at, exit_code) VALUES ('a', 'running', 1, 0)",
+    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'running', 1, 0)",
+    # terminal without end time or duration, or with a negative duration
+    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'ok', 1, 1)",
+    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'ok', 1, 2)",
+    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 1, 2, -1)",
+    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 5, 2, 0)",
+    # an event with an unknown source
+    "INSERT INTO events(at, kind, source) VALUES (1, 'x', 'cron')",
+])
+def test_incoherent_rows_are_refused(tmp_path, journal, sql):
+    con = raw(tmp_path)
+    with pytest.raises(sqlite3.IntegrityError):
+        con.execute(sql)
+
+
+def test_at_most_one_running_row(tmp_path, journal):
+    con = raw(tmp_path)
+    con.execute("INSERT INTO runs(agent, status, started_at) VALUES ('a', 'running', 1)")
+    with pytest.raises(sqlite3.IntegrityError):
+        con.execute("INSERT INTO runs(agent, status, started_at) VALUES ('b', 'running', 2)")
+
+
+def test_guarded_close_never_clobbers(tmp_path, journal):
+    rid = journal.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+    assert journal.close_run(rid, "interrupted", source="operator", reason="stuck")
+    assert not journal.close_run(rid, "ok", source="driver", exit_code=0)
+    row = journal.run(rid)
+    assert row.status == "interrupted" and row.exit_code is None
+    with pytest.raises(sqlite3.IntegrityError):
+        raw(tmp_path).execute("UPDATE runs SET status = 'ok' WHERE id = ?", (rid,))
+    kinds = [(r[0], r[1]) for r in journal.con.execute("SELECT kind, source FROM events ORDER BY id")]
+    assert kinds == [("started", "driver"), ("interrupted", "operator")]
+
+
+def test_counters_follow_runs(journal):
+    for status in ("ok", "ok", "failed"):
+        rid = journal.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+        journal.close_run(rid, status, source="driver")
+    journal.record_skip("a", 0, "operator requested skip", "operator")
+    assert journal.run_counts() == {"a": {"ok": 2, "failed": 1, "skipped": 1}}
+    assert journal.agent_state("a")["runs"] == 4
+
+
+def test_corrupt_journal_is_refused_and_left_in_place(tmp_path):
+    p = journal_path(tmp_path)
+    p.write_bytes(b"this is not a database" * 10)
+    with pytest.raises(JournalError) as e:
+        Journal.open(tmp_path)
+    assert "not a valid SQLite database" in str(e.value)
+    assert p.read_bytes().startswith(b"this is not")
+
+
+def test_truncated_journal_is_refused(tmp_path):
+    j = Journal.open(tmp_path)
+    j.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+    j.close()
+    p = journal_path(tmp_path)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(f"{p}{suffix}"):
+            os.unlink(f"{p}{suffix}")
+    data = p.read_bytes()
+    p.write_bytes(data[:50])
+    with pytest.raises(JournalError):
+        Journal.open(tmp_path)
+    assert p.stat().st_size == 50

@@ -1,0 +1,85 @@
+"""Roster parsing and the resume rule (pure)."""
+import os
+
+import pytest
+
+from ringd.roster import RosterError, RosterSource, next_index, parse_roster, read_roster, resolve_program
+
+
+def parse(text, tmp_path):
+    return parse_roster(text, tmp_path / "ring.txt")
+
+
+def test_parses_names_commands_comments_and_quotes(tmp_path):
+    agents = parse("# comment\n\noutreach   ./agents/outreach.sh --nightly\n"
+                   "web sh -c 'cd site && make publish'\n  # indented comment\n", tmp_path)
+    assert [a.name for a in agents] == ["outreach", "web"]
+    assert agents[0].argv == ("./agents/outreach.sh", "--nightly")
+    assert agents[1].argv == ("sh", "-c", "cd site && make publish")
+    assert agents[1].line == 4
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("good true\n-bad true\n", 2, "bad agent name"),
+    ("a true\na false\n", 2, "duplicate"),
+    ("a sh -c 'unbalanced\n", 1, "quotation"),
+    ("lonely\n", 1, "no command"),
+    ("# only comments\n\n", None, "no agents"),
+    ("x;drop true\n", 1, "bad agent name"),
+    ("$(rm) true\n", 1, "bad agent name"),
+])
+def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
+    with pytest.raises(RosterError) as e:
+        parse(text, tmp_path)
+    assert e.value.line == line
+    assert words in str(e.value)
+    assert str(tmp_path / "ring.txt") in str(e.value)
+
+
+def test_unsafe_and_absurd_files(tmp_path):
+    p = tmp_path / "ring.txt"
+    p.write_bytes(b"a true\n\xff\xfe b true\n")
+    os.chmod(p, 0o600)
+    with pytest.raises(RosterError, match="UTF-8"):
+        read_roster(p)
+    p.write_text("a true\n")
+    os.chmod(p, 0o666)
+    with pytest.raises(RosterError, match="writable by group or others"):
+        read_roster(p)
+
+
+def test_relative_programs_resolve_against_roster_folder(tmp_path):
+    assert resolve_program(("./x.sh", "-v"), tmp_path) == [str(tmp_path / "x.sh"), "-v"]
+    assert resolve_program(("python3", "-m", "x"), tmp_path) == ["python3", "-m", "x"]
+    assert resolve_program(("/bin/true",), tmp_path) == ["/bin/true"]
+
+
+def test_next_index_resumes_after_last_by_name_and_wraps():
+    names = ["a", "b", "c"]
+    assert next_index(names, None, None) == 0
+    assert next_index(names, "a", 0) == 1
+    assert next_index(names, "c", 2) == 0          # wrap-around
+    assert next_index(["a", "x", "b", "c"], "b", 1) == 3  # by name, not position
+
+
+def test_next_index_removed_agent_continues_from_its_position():
+    # b (position 1) was removed: c moved up into position 1 and runs next
+    assert next_index(["a", "c"], "b", 1) == 1
+    assert next_index(["a", "c"], "z", 7) == 1   # wraps if position is past the end
+
+
+def test_source_keeps_last_good_roster_on_broken_edit(tmp_path):
+    p = tmp_path / "ring.txt"
+    p.write_text("a true\n")
+    os.chmod(p, 0o600)
+    src = RosterSource(p)
+    assert src.refresh() and src.names == ["a"]
+    assert not src.refresh()                       # unchanged: one stat, no re-read
+    p.write_text("a true\nb 'broken\n")
+    assert src.refresh()
+    assert src.names == ["a"] and "ring.txt:2" in src.error
+    p.write_text("a true\nb true\n")
+    assert src.refresh()
+    assert src.names == ["a", "b"] and src.error is None
+    p.unlink()
+    assert src.refresh() and src.names == ["a", "b"] and "not found" in src.error
