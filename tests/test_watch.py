@@ -1,0 +1,314 @@
+"""ringwatch end to end: a real watcher, a real driver, real agents, short durations.
+
+Every wait is a bounded poll (``wait_until``); processes are addressed by pid
+(and start time), never by name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, processes_of, wait_until, watch_cmd
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
+
+
+# --- helpers -------------------------------------------------------------------------
+
+def watch_state(ring) -> dict:
+    try:
+        return json.loads((ring.state / "ringwatch.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def alive(pid: int, start: float = None) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return start is None or abs(p.create_time() - start) < 0.05
+    except psutil.Error:
+        return False
+
+
+def wait_driver(ring, not_pid=None, timeout=10.0) -> dict:
+    """The heartbeat of a live, beating driver (other than ``not_pid``)."""
+    seen = {}
+
+    def beating():
+        hb = ring.heartbeat()
+        if not hb or hb.get("stopped") or hb.get("pid") == not_pid:
+            return None
+        if not alive(hb["pid"], hb.get("pid_start")):
+            return None
+        first = seen.setdefault(hb["pid"], hb.get("seq"))
+        return hb if hb.get("seq") != first else None   # it beat at least twice
+    return wait_until(beating, timeout, message=f"a beating driver other than {not_pid}")
+
+
+def finish(proc: subprocess.Popen, timeout=15.0):
+    """Wait (bounded) for a process we started; returns (rc, stderr)."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"pid {proc.pid} did not exit within {timeout}s")
+    return proc.returncode, err.decode(errors="replace")
+
+
+def stop_watcher(ring, watcher, timeout=15.0):
+    """SIGTERM the watcher: it exits 0 and leaves no process of the ring behind."""
+    watcher.send_signal(signal.SIGTERM)
+    rc, err = finish(watcher, timeout)
+    assert rc == 0, err
+    wait_until(lambda: not processes_of(ring.state), 5, message="no process of the ring left")
+    return err
+
+
+def simple_ring(ring, body="sleep 0.3"):
+    ring.agent("a", body)
+    ring.agent("b", body)
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+
+
+# --- supervision ----------------------------------------------------------------------
+
+def test_starts_driver_replaces_a_killed_one_and_stops_cleanly(ring):
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    first = hb["pid"]
+    assert psutil.Process(first).ppid() == watcher.pid       # the watcher's own child
+    assert os.getsid(first) == first                          # in its own session
+    env = psutil.Process(first).environ()
+    assert "NOTIFY_SOCKET" not in env and not any(k.startswith("WATCHDOG_") for k in env)
+    ws = wait_until(lambda: watch_state(ring).get("last_poll_at") and watch_state(ring))
+    assert ws["pid"] == watcher.pid and ws["gave_up"] is False and ws["restarts"] == []
+    assert ws["driver"]["pid"] == first
+
+    os.kill(first, signal.SIGKILL)
+    t0 = time.monotonic()
+    hb = wait_driver(ring, not_pid=first)
+    restart_sec = ring.config["watch"]["restart_sec"]
+    # noticed at once (not at the next poll) + restart_sec + a python start-up + 2 beats
+    assert time.monotonic() - t0 < restart_sec + 2.5
+    assert hb["pid"] != first and not alive(first)
+    assert len(watch_state(ring)["restarts"]) == 1
+
+    log = (ring.state / "logs" / "ringd.log")
+    assert log.stat().st_mode & 0o777 == 0o600 and "ringd[" in log.read_text()
+
+    err = stop_watcher(ring, watcher)
+    assert not alive(hb["pid"])
+    assert "ringwatch: driver (pid %d) was killed by signal 9" % first in err
+    assert all(line.startswith("ringwatch: ") for line in err.splitlines()), err
+    assert ring.heartbeat()["stopped"] is True                # the driver stopped cleanly
+    assert watch_state(ring)["stopped"] is True
+
+
+def test_second_watcher_refuses_naming_the_first(ring):
+    simple_ring(ring)
+    first = ring.start_watcher()
+    wait_until(lambda: watch_state(ring).get("pid") == first.pid)
+    second = ring.start_watcher()
+    rc, err = finish(second, 10)
+    assert rc == 75
+    assert f"pid {first.pid}" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    stop_watcher(ring, first)
+
+
+def test_sigstopped_driver_is_replaced_after_stale_after(ring):
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    hung, hung_start = hb["pid"], hb["pid_start"]
+    os.kill(hung, signal.SIGSTOP)
+    t0 = time.monotonic()
+    hb = wait_driver(ring, not_pid=hung)
+    waited = time.monotonic() - t0
+    stale_after = ring.config["watch"]["stale_after"]
+    assert waited >= stale_after - 0.5, f"replaced after {waited:.2f}s, before stale_after"
+    assert waited < stale_after + 4.0
+    assert not alive(hung, hung_start), "the stopped driver must be gone"
+    assert len(watch_state(ring)["restarts"]) == 1
+    stop_watcher(ring, watcher)
+
+
+def test_interrupted_run_is_reaped_and_the_ring_continues(ring):
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
+    ring.agent("quick", "sleep 0.2")
+    ring.agent("slow", "sleep 20")
+    ring.agent("after", "sleep 0.2")
+    ring.roster(f"quick {ring.agents_dir}/quick.sh", f"slow {ring.agents_dir}/slow.sh",
+                f"after {ring.agents_dir}/after.sh")
+    watcher = ring.start_watcher()
+    hb = wait_until(lambda: (h := ring.heartbeat()) and h.get("agent") == "slow" and h.get("run_pid") and h,
+                    10, message="slow running")
+    driver, run_id, agent_pid = hb["pid"], hb["run_id"], hb["run_pid"]
+    os.kill(driver, signal.SIGKILL)
+
+    def reaped():
+        rows = {r["id"]: r for r in ring.runs()}
+        return rows.get(run_id) is not None and rows[run_id]["status"] == "interrupted" and rows
+    rows = wait_until(reaped, 10, message=f"run {run_id} interrupted")
+    assert not alive(agent_pid), "the orphaned agent is killed"
+    # the ring continues after the interrupted agent, with the new driver
+    later = wait_until(lambda: [r for r in ring.runs() if r["id"] > run_id and r["status"] != "running"],
+                       10, message="a run after the interrupted one")
+    assert later[0]["agent"] == "after"
+    assert ring.heartbeat()["pid"] != driver
+    stop_watcher(ring, watcher)
+
+
+def test_history_survives_watcher_restart_gives_up_and_reset(ring):
+    ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 60, "restart_sec": 0.1})
+    simple_ring(ring)
+
+    # watcher A: one restart, then a clean stop
+    a = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_driver(ring, not_pid=pid)["pid"]
+    stop_watcher(ring, a)
+    assert len(watch_state(ring)["restarts"]) == 1
+
+    # watcher B inherits the history: one more restart is allowed, the next is not
+    b = ring.start_watcher()
+    pid = wait_driver(ring, not_pid=pid)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_driver(ring, not_pid=pid)["pid"]
+    assert len(watch_state(ring)["restarts"]) == 2
+    os.kill(pid, signal.SIGKILL)
+    rc, err = finish(b, 15)
+    assert rc == 70, err
+    loud = [ln for ln in err.splitlines() if "GIVING UP" in ln]
+    assert len(loud) == 1 and "ringwatch reset" in loud[0] and "start_limit_burst 2" in loud[0]
+    ws = watch_state(ring)
+    assert ws["gave_up"] is True and len(ws["restarts"]) == 2
+    wait_until(lambda: not processes_of(ring.state), 5, message="nothing left after giving up")
+
+    # a restarted watcher still refuses, without starting anything
+    c = ring.start_watcher()
+    rc, err = finish(c, 10)
+    assert rc == 70 and "ringwatch reset" in err and "Traceback" not in err
+    assert ring.heartbeat()["pid"] == pid
+
+    reset = subprocess.run(watch_cmd("reset", "--state", str(ring.state)), env=ring.env,
+                           capture_output=True, text=True, timeout=30)
+    assert reset.returncode == 0, reset.stderr
+    ws = watch_state(ring)
+    assert ws["gave_up"] is False and ws["restarts"] == []
+
+    d = ring.start_watcher()
+    wait_driver(ring, not_pid=pid)
+    stop_watcher(ring, d)
+
+
+def test_driver_config_error_makes_the_watcher_exit_78(ring):
+    ring.roster("bad/name sleep 1")              # a roster the driver rejects at start-up
+    watcher = ring.start_watcher()
+    rc, err = finish(watcher, 15)
+    assert rc == 78, err
+    assert "exited 78" in err and "ring.txt" in err     # the driver's own reason is quoted
+    assert watch_state(ring)["restarts"] == []           # no restart loop
+
+
+def test_watcher_config_error_is_one_line_78(ring):
+    ring.write_config(watch={"stale_after": -1})
+    rc, err = finish(ring.start_watcher(), 10)
+    assert rc == 78 and "watch.stale_after" in err and len(err.strip().splitlines()) == 1
+
+
+def test_new_watcher_adopts_a_running_driver(ring):
+    simple_ring(ring)
+    a = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    a.send_signal(signal.SIGKILL)
+    finish(a)
+    b = ring.start_watcher()
+    wait_until(lambda: watch_state(ring).get("pid") == b.pid and watch_state(ring).get("last_poll_at"))
+    hb = wait_driver(ring)                        # still beating: the same driver
+    assert hb["pid"] == pid
+    assert watch_state(ring)["driver"]["pid"] == pid and watch_state(ring)["restarts"] == []
+    err = stop_watcher(ring, b)                   # an adopted driver is stopped too
+    assert "already running (pid %d)" % pid in err
+
+
+# --- restart_command mode ----------------------------------------------------------------
+
+def test_restart_command_mode_never_starts_the_driver_itself(ring):
+    simple_ring(ring)
+    marker = ring.base / "restarted"
+    script = ring.base / "restart.sh"
+    driver_argv = " ".join([sys.executable, "-m", "ringd", "run", *ring.common()])
+    script.write_text(f"#!/bin/sh\necho x >> {marker}\n"
+                      f"setsid {driver_argv} >> {ring.base}/driver.log 2>&1 < /dev/null &\n")
+    script.chmod(0o700)
+    ring.write_config(watch={"restart_command": [str(script)]})
+
+    driver = ring.start_driver(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = wait_driver(ring)["pid"]
+    assert first == driver.pid
+    watcher = ring.start_watcher()
+    wait_until(lambda: watch_state(ring).get("pid") == watcher.pid and watch_state(ring).get("last_poll_at"))
+    assert not marker.exists()
+
+    os.kill(first, signal.SIGKILL)
+    hb = wait_driver(ring, not_pid=first)
+    assert marker.read_text() == "x\n"                   # the command ran, once
+    assert psutil.Process(hb["pid"]).ppid() != watcher.pid
+    assert len(watch_state(ring)["restarts"]) == 1
+
+    watcher.send_signal(signal.SIGTERM)
+    rc, err = finish(watcher)
+    assert rc == 0, err
+    assert alive(hb["pid"]), "in restart_command mode the driver belongs to the service manager"
+    os.kill(hb["pid"], signal.SIGTERM)
+    wait_until(lambda: not alive(hb["pid"]), 10)
+
+
+# --- systemd notification -------------------------------------------------------------
+
+def test_sd_notify_from_the_watcher_only(ring, tmp_path):
+    simple_ring(ring)
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    sock.settimeout(0.2)
+    env = dict(ring.env, NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
+    watcher = ring.start_watcher(env=env)
+    got = []
+
+    def collect():
+        try:
+            data, anc, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(12))
+        except socket.timeout:
+            return None
+        pid = None
+        for level, kind, blob in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid = struct.unpack("iII", blob[:12])[0]
+        got.append((pid, data.decode()))
+        msgs = [m for _, m in got]
+        return ("READY=1" in msgs and msgs.count("WATCHDOG=1") >= 2
+                and any(m.startswith("STATUS=") for m in msgs))
+    try:
+        wait_until(collect, 10, interval=0, message="READY=1, WATCHDOG=1 and STATUS= from ringwatch")
+        hb = wait_driver(ring)
+        env_driver = psutil.Process(hb["pid"]).environ()
+        assert "NOTIFY_SOCKET" not in env_driver and "WATCHDOG_USEC" not in env_driver
+        assert {pid for pid, _ in got} == {watcher.pid}, got
+        stop_watcher(ring, watcher)
+    finally:
+        sock.close()

@@ -1,0 +1,191 @@
+"""ringwatch.policy: pure decisions, no processes, no files, no real clock."""
+from __future__ import annotations
+
+import pytest
+
+from ringwatch import policy
+from ringwatch.policy import DEAD, OK, STALE, STARTING
+
+STALE_AFTER = 10.0
+
+
+def hb(pid=100, start=1000.0, seq=1, at=5000.0, **extra):
+    return {"pid": pid, "pid_start": start, "seq": seq, "at_epoch": at, "at": f"t{at}", **extra}
+
+
+def judge(view, now, alive=True, **kw):
+    return policy.judge(view, alive=alive, now=now, stale_after=STALE_AFTER, **kw)
+
+
+# --- heartbeat keys ------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [None, "x", 3, [], {}, {"pid": "12"}, {"pid": 0}, {"pid": True},
+                                 {"pid": -5, "seq": 1}])
+def test_beat_key_rejects_garbage(bad):
+    assert policy.beat_key(bad) is None
+
+
+def test_beat_key_changes_with_seq_and_identity():
+    assert policy.beat_key(hb(seq=1)) != policy.beat_key(hb(seq=2))
+    assert policy.beat_key(hb(pid=1)) != policy.beat_key(hb(pid=2))
+    assert policy.beat_key(hb(start=1.0)) != policy.beat_key(hb(start=2.0))
+    assert policy.beat_key(hb()) == policy.beat_key(hb())
+
+
+# --- a driver we started: grace, first beat, staleness --------------------------------
+
+def test_fresh_driver_is_starting_until_grace_then_stale():
+    old = hb(pid=50, seq=99)                       # the predecessor's file
+    v = policy.started(100, 1000.0, old, now=0.0)
+    assert judge(v, 0.0).health == STARTING
+    v = policy.observe(v, old, 5.0)                # still the old file: no news
+    assert judge(v, 5.0).health == STARTING
+    assert judge(v, STALE_AFTER - 0.01).health == STARTING
+    verdict = judge(v, STALE_AFTER + 0.01)
+    assert verdict.health == STALE and verdict.unhealthy
+    assert "no heartbeat" in verdict.reason and "100" in verdict.reason
+
+
+def test_fresh_driver_custom_grace():
+    v = policy.started(100, 1000.0, None, now=0.0)
+    assert judge(v, 15.0, grace=20.0).health == STARTING
+    assert judge(v, 21.0, grace=20.0).health == STALE
+
+
+def test_fresh_driver_that_exits_before_beating_is_dead():
+    v = policy.started(100, 1000.0, None, now=0.0)
+    verdict = judge(v, 0.5, alive=False)
+    assert verdict.health == DEAD and "before its first heartbeat" in verdict.reason
+
+
+def test_first_beat_of_our_driver_makes_it_ok_and_restarts_the_clock():
+    v = policy.started(100, 1000.0, hb(pid=50), now=0.0)
+    v = policy.observe(v, hb(pid=100, seq=1), 8.0)
+    assert v.beat_at == 8.0 and v.beats == 1
+    assert judge(v, 8.0 + STALE_AFTER - 0.01).health == OK
+    assert judge(v, 8.0 + STALE_AFTER + 0.01).health == STALE
+
+
+def test_beats_from_another_process_do_not_count_for_a_pinned_driver():
+    v = policy.started(100, 1000.0, None, now=0.0)
+    v = policy.observe(v, hb(pid=77, seq=5), 1.0)          # someone else's heartbeat
+    v = policy.observe(v, hb(pid=100, start=999.0), 2.0)    # recycled pid, other start time
+    assert v.beat_at is None
+    assert judge(v, STALE_AFTER + 1).health == STALE
+
+
+def test_unchanged_heartbeat_goes_stale_on_the_monotonic_clock():
+    v = policy.started(100, 1000.0, None, now=0.0)
+    v = policy.observe(v, hb(seq=1), 1.0)
+    for t in range(2, 11):
+        v = policy.observe(v, hb(seq=1), float(t))          # same content: a hung driver
+    assert v.beat_at == 1.0
+    assert judge(v, 11.5).health == STALE
+    v = policy.observe(v, hb(seq=2), 11.6)                  # it beats again
+    assert judge(v, 11.6).health == OK
+
+
+def test_dead_process_is_dead_even_with_a_fresh_heartbeat():
+    v = policy.observe(policy.started(100, 1000.0, None, 0.0), hb(), 1.0)
+    verdict = judge(v, 1.1, alive=False)
+    assert verdict.health == DEAD and verdict.unhealthy
+
+
+# --- clock jumps and corrupt files --------------------------------------------------
+
+@pytest.mark.parametrize("at", [5000.0, 1e12, -1e9, 0.0])
+def test_wall_clock_in_heartbeat_is_irrelevant(at):
+    """A heartbeat 'from the future' (clock set back) or from long ago (clock set
+    forward) is judged by whether it changes, not by its time stamp."""
+    v = policy.started(100, 1000.0, None, 0.0)
+    v = policy.observe(v, hb(seq=1, at=at), 1.0)
+    assert judge(v, 2.0).health == OK
+    assert judge(v, 1.0 + STALE_AFTER + 0.1).health == STALE
+
+
+def test_corrupt_heartbeat_is_no_news_not_a_verdict():
+    v = policy.observe(policy.started(100, 1000.0, None, 0.0), hb(seq=1), 1.0)
+    for junk in (None, "garbage", {"pid": "x"}, {}):
+        v2 = policy.observe(v, junk, 5.0)
+        assert v2 == v
+    assert judge(v, 5.0).health == OK
+    v = policy.observe(v, hb(seq=2), 6.0)                    # the next good beat counts
+    assert v.beat_at == 6.0
+
+
+# --- adopting a running driver, following the heartbeat -------------------------------
+
+def test_adopted_driver_gets_the_benefit_of_the_doubt():
+    v = policy.adopted(hb(pid=100, at=1.0), now=50.0)        # its time stamp is ancient
+    assert v.pinned and v.pid == 100 and v.beat_at == 50.0
+    assert judge(v, 55.0).health == OK
+    assert judge(v, 50.0 + STALE_AFTER + 0.1).health == STALE
+
+
+def test_following_a_restart_command_waits_for_a_new_beat():
+    old = hb(pid=50, seq=7)
+    v = policy.following(old, now=0.0, fresh=False)
+    assert not v.pinned and v.pid is None
+    # the old driver is dead, but its file does not count: starting, not dead
+    assert judge(v, 1.0, alive=False).health == STARTING
+    v = policy.observe(v, hb(pid=60, start=2000.0, seq=1), 2.0)   # the new driver
+    assert (v.pid, v.pid_start, v.beat_at) == (60, 2000.0, 2.0)
+    assert judge(v, 3.0).health == OK
+    v = policy.observe(v, hb(pid=61, start=3000.0, seq=1), 4.0)   # replaced again
+    assert (v.pid, v.beats) == (61, 1)
+
+
+def test_following_times_out_without_a_beat():
+    v = policy.following(None, now=0.0, fresh=False)
+    assert judge(v, STALE_AFTER + 0.1, alive=False).health == STALE
+
+
+def test_following_a_live_driver_at_start_up():
+    v = policy.following(hb(pid=60, start=2000.0), now=0.0, fresh=True)
+    assert v.pid == 60 and v.beat_at == 0.0
+    assert judge(v, 1.0).health == OK
+    assert judge(v, 1.0, alive=False).health == DEAD
+
+
+# --- when to check next --------------------------------------------------------------
+
+def test_next_check_is_the_poll_or_the_stale_edge_whichever_first():
+    v = policy.started(100, 1000.0, None, now=0.0)
+    assert policy.next_check(v, last_poll=0.0, poll_interval=300, stale_after=10) == pytest.approx(10.0, abs=0.01)
+    assert policy.next_check(v, last_poll=0.0, poll_interval=2, stale_after=10) == 2
+    v = policy.observe(v, hb(), 5.0)
+    assert policy.next_check(v, last_poll=6.0, poll_interval=300, stale_after=10) == pytest.approx(15.0, abs=0.01)
+
+
+# --- the restart window -----------------------------------------------------------------
+
+def test_may_restart_allows_burst_restarts_then_refuses():
+    times = []
+    now = 100.0
+    for i in range(5):
+        assert policy.may_restart(times, now + i, burst=5, interval=600)
+        times = policy.record_restart(times, now + i, 600)
+    assert len(times) == 5
+    assert not policy.may_restart(times, now + 5, burst=5, interval=600)
+
+
+def test_window_slides():
+    times = [0.0, 10.0, 20.0]
+    assert not policy.may_restart(times, 25.0, burst=3, interval=30)
+    assert policy.may_restart(times, 30.0, burst=3, interval=30)       # 0.0 left the window
+    assert policy.prune(times, 30.0, 30) == [10.0, 20.0]
+
+
+def test_prune_drops_garbage_and_clamps_future_times():
+    assert policy.prune(["x", None, True, float("nan"), 5.0], 10.0, 30) == [5.0]
+    # the wall clock was set back a day: the entries still count, but expire
+    # one interval from now rather than in a day
+    future = [86400.0 + 50, 86400.0 + 60]
+    kept = policy.prune(future, 100.0, 30)
+    assert kept == [100.0, 100.0]
+    assert not policy.may_restart(future, 100.0, burst=2, interval=30)
+    assert policy.prune(kept, 131.0, 30) == []
+
+
+def test_record_restart_prunes_and_sorts():
+    assert policy.record_restart([50.0, 1.0], 60.0, 30) == [50.0, 60.0]
