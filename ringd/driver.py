@@ -201,8 +201,7 @@ class Driver:
             return False
         if decision == "skip":
             ctx.journal.record_skip(agent.name, index, reason or "skipped", "operator",
-                                    agent_update=lambda con: ctx.journal.update_agent(
-                                        con, agent.name, skip_requested=0))
+                                    clear_skip_request=True)
             self.log(f"{agent.name}: turn skipped ({reason})")
             return True
         ctx.notifier.notify(f"STATUS=lap {ctx.lap}: running {agent.name}")

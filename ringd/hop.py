@@ -65,6 +65,7 @@ class HopResult:
     reason: Optional[str] = None
     duration: float = 0.0
     closed: bool = True  # False: someone else (operator, reaper) closed the row first
+    agent_state: dict = field(default_factory=dict)  # the agent's state after the close
 
 
 @dataclass
@@ -241,21 +242,20 @@ class Hop:
         ctx = self.ctx
         now = time.time()
 
-        def update_agent(con, row, final_status):
-            state = ctx.journal.agent_state(self.agent.name)
-            fields = after_run(state, final_status, now, ctx.config.ring, self.agent.text)
-            ctx.journal.update_agent(con, self.agent.name, **fields)
-
-        closed = ctx.journal.close_run(run_id, status, source=source, exit_code=exit_code, signal=sig,
-                                       reason=reason, now=now, agent_update=update_agent)
+        after = ctx.journal.close_run(
+            run_id, status, source=source, exit_code=exit_code, signal=sig, reason=reason, now=now,
+            settle=lambda state: after_run(state, status, now, ctx.config.ring, self.agent.text))
         row = ctx.journal.run(run_id)
         result = HopResult(run_id=run_id, agent=self.agent.name, status=row.status if row else status,
                            exit_code=exit_code, signal=sig, reason=reason,
-                           duration=(row.duration or 0.0) if row else 0.0, closed=closed)
+                           duration=(row.duration or 0.0) if row else 0.0, closed=after is not None,
+                           agent_state=after or {})
         detail = f"exit {exit_code}" if exit_code is not None else (f"signal {sig}" if sig else "")
-        if closed:
+        if after is not None:
             ctx.log(f"run {run_id}: {self.agent.name} {status}"
                     f"{f' ({detail})' if detail else ''} after {result.duration:.2f}s")
+            if after.get("entered_quarantine"):
+                ctx.log(f"{self.agent.name}: quarantined ({after.get('bad_streak')} bad endings in a row)")
         else:
             ctx.log(f"run {run_id}: {self.agent.name} ended, but its row was already closed "
                     f"as {result.status} (by an operator or the reaper)")

@@ -14,7 +14,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 JOURNAL_FILE = "journal.db"
 SCHEMA_VERSION = 1
@@ -285,17 +286,21 @@ class Journal:
 
     def close_run(self, run_id: int, status: str, *, source: str, exit_code: Optional[int] = None,
                   signal: Optional[int] = None, reason: Optional[str] = None,
-                  now: Optional[float] = None, agent_update=None) -> bool:
+                  now: Optional[float] = None,
+                  settle: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
+                  ) -> Optional[Dict[str, Any]]:
         """Close a running row. Guarded: only if it is still ``running`` (a row an
-        operator or the reaper closed meanwhile is never clobbered). Returns
-        whether this call closed it. ``agent_update(con, row)`` runs in the same
-        transaction to update per-agent state."""
+        operator or the reaper closed meanwhile is never clobbered).
+
+        ``settle(agent_state) -> fields`` computes the agent's new per-agent state;
+        it is applied in the same transaction. Returns the agent's state after the
+        close (with ``entered_quarantine``), or None if this call closed nothing."""
         assert status in TERMINAL, status
         now = time.time() if now is None else now
         with self.write():
             row = self.con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None or row["status"] != "running":
-                return False
+                return None
             ended = max(now, row["started_at"])
             self.con.execute(
                 "UPDATE runs SET status = ?, ended_at = ?, duration = ?, exit_code = ?, signal = ?,"
@@ -305,12 +310,29 @@ class Journal:
             if reason:
                 detail += f" reason={reason}"
             self._event(run_id, status, source, detail, at=ended)
-            if agent_update is not None:
-                agent_update(self.con, RunRow.from_row(row), status)
-        return True
+            state = self.agent_state(row["agent"])
+            fields = settle(state) if settle is not None else {}
+            return self._settle(row["agent"], row["position"], state, fields, source, ended)
+
+    def _settle(self, agent: str, position: Optional[int], before: Dict[str, Any],
+                fields: Dict[str, Any], source: str, now: float) -> Dict[str, Any]:
+        """Store new per-agent fields; an agent entering quarantine gets its one
+        ``skipped`` row saying so (call inside a write transaction)."""
+        self.update_agent(self.con, agent, **fields)
+        after = {**before, **fields, "entered_quarantine": False}
+        if fields.get("quarantined_until") is not None:
+            until = datetime.fromtimestamp(fields["quarantined_until"], tz=timezone.utc).isoformat()
+            reason = (f"quarantined until {until} after {after.get('bad_streak')} runs in a row "
+                      f"ended stalled, timeout or interrupted")
+            cur = self.con.execute(
+                "INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
+                " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
+            self._event(cur.lastrowid, "quarantined", source, f"agent={agent} reason={reason}", at=now)
+            after["entered_quarantine"] = True
+        return after
 
     def record_skip(self, agent: str, position: int, reason: str, source: str,
-                    now: Optional[float] = None, agent_update=None) -> int:
+                    now: Optional[float] = None, clear_skip_request: bool = False) -> int:
         """A turn not taken: a ``skipped`` row that never started a process."""
         now = time.time() if now is None else now
         with self.write():
@@ -319,8 +341,8 @@ class Journal:
                 " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
             run_id = cur.lastrowid
             self._event(run_id, "skipped", source, f"reason={reason}", at=now)
-            if agent_update is not None:
-                agent_update(self.con)
+            if clear_skip_request:
+                self.update_agent(self.con, agent, skip_requested=0)
         return run_id
 
     # --- reads -------------------------------------------------------------------

@@ -35,7 +35,8 @@ def kill_orphan(state_dir: Path, row: RunRow) -> int:
 
 
 def reap(journal: Journal, state_dir: Path, config: Optional[Config] = None, *,
-         lock_held: bool, log: Callable[[str], None] = lambda _m: None) -> List[int]:
+         lock_held: bool, log: Callable[[str], None] = lambda _m: None,
+         on_reaped: Optional[Callable[[RunRow, dict], None]] = None) -> List[int]:
     """Close every orphaned ``running`` row as ``interrupted`` (source ``reaper``).
     Returns the ids reaped."""
     reaped: List[int] = []
@@ -48,17 +49,16 @@ def reap(journal: Journal, state_dir: Path, config: Optional[Config] = None, *,
         return reaped
     killed = kill_orphan(state_dir, row)
     now = time.time()
-
-    def update_agent(con, old, status):
-        if config is not None:
-            state = journal.agent_state(old.agent)
-            journal.update_agent(con, old.agent, **after_run(state, status, now, config.ring))
-
+    ring = config.ring if config is not None else None
     reason = f"driver (pid {row.driver_pid}) died while it ran"
     if killed:
         reason += f"; killed {killed} leftover process(es)"
-    if journal.close_run(row.id, "interrupted", source="reaper", reason=reason, now=now,
-                         agent_update=update_agent):
+    after = journal.close_run(row.id, "interrupted", source="reaper", reason=reason, now=now,
+                              settle=(lambda state: after_run(state, "interrupted", now, ring))
+                              if ring is not None else None)
+    if after is not None:
         reaped.append(row.id)
         log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
+        if on_reaped is not None:
+            on_reaped(row, after)
     return reaped
