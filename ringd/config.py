@@ -61,6 +61,7 @@ class WatchSettings:
 class AlertSettings:
     command: Optional[Tuple[str, ...]] = None
     failures_in_a_row: int = 5
+    timeout: float = 30
 
 
 @dataclass(frozen=True)
@@ -286,8 +287,10 @@ def _watch(raw: Mapping[str, Any]) -> WatchSettings:
 
 
 def _alerts(raw: Mapping[str, Any]) -> AlertSettings:
-    _unknown("alerts", raw, {"command", "failures_in_a_row"})
+    _unknown("alerts", raw, {"command", "failures_in_a_row", "timeout"})
     values: dict = {}
+    if "timeout" in raw:
+        values["timeout"] = _number("alerts.timeout", raw["timeout"])
     if "command" in raw:
         values["command"] = _argv("alerts.command", raw["command"])
     if "failures_in_a_row" in raw:

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import proctree
+from . import alerts, metrics, proctree
 from .config import Config, ConfigError, load_config
 from .heartbeat import Heartbeat, Notifier, read_heartbeat
 from .hop import Context, Hop, HopResult
 from .journal import Journal, JournalError
-from .policy import turn_decision
+from .policy import FAILURES, turn_decision
 from .reaper import reap
 from .roster import RosterSource, next_index
 from .wakeup import Wakeups
@@ -107,7 +107,9 @@ class Driver:
         self.ctx = Context(state_dir=state_dir, config=config, journal=journal,
                            heartbeat=Heartbeat(state_dir, self.notifier), notifier=self.notifier,
                            wakeups=self.wakeups, roster_dir=roster.path.parent, log=logger,
-                           roster_error=roster.error, agent_umask=agent_umask)
+                           roster_error=roster.error, agent_umask=agent_umask,
+                           on_run_end=self.after_run, on_beat=self.write_metrics)
+        self._metrics_failing = False
 
     # --- helpers -------------------------------------------------------------
     @property
@@ -135,6 +137,48 @@ class Driver:
         if signal.SIGHUP in sigs:
             self.ctx.reload_requested = True
         return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
+
+    # --- what others see: metrics and alerts -----------------------------------
+    def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
+        """metrics.prom at every heartbeat and hop end; never allowed to hurt the ring."""
+        now = time.time()
+        try:
+            snap = metrics.snapshot(
+                self.ctx.journal, now=now,
+                current=(agent, now - run_started_at) if agent and run_started_at else None,
+                heartbeat_at=now, driver_started_at=self.ctx.heartbeat.started_at,
+                laps=self.ctx.lap - 1, roster_agents=len(self.roster.agents),
+                roster_error=self.roster.error is not None, state_dir=self.state_dir)
+            metrics.write_metrics(self.state_dir, metrics.render(snap))
+            self._metrics_failing = False
+        except (OSError, sqlite3.Error) as e:
+            if not self._metrics_failing:
+                self.log(f"cannot write metrics: {e}")
+            self._metrics_failing = True
+
+    def alert(self, kind: str, agent: Optional[str], detail: str, **extra) -> None:
+        alerts.fire(self.config.alerts.command, kind, agent, detail, self.state_dir, extra,
+                    timeout=self.config.alerts.timeout, log=self.log)
+
+    def after_run(self, result: HopResult) -> None:
+        self.write_metrics()
+        self.alert_on_agent_state(result.agent, result.status, result.agent_state, run_id=result.run_id)
+
+    def alert_on_agent_state(self, agent: str, status: str, state: dict, **extra) -> None:
+        if state.get("entered_quarantine"):
+            self.alert(alerts.QUARANTINED, agent,
+                       f"{agent} quarantined after {state.get('bad_streak')} bad endings in a row", **extra)
+        failures = state.get("consecutive_failures") or 0
+        every = self.config.alerts.failures_in_a_row
+        if status in FAILURES and failures and failures % every == 0:
+            self.alert(alerts.FAILURES, agent, f"{agent} failed {failures} times in a row "
+                                               f"(last: {status})", **extra)
+
+    def on_reaped(self, row, state: dict) -> None:
+        self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running by a "
+                                                 f"dead driver (pid {row.driver_pid}); closed as interrupted",
+                   run_id=row.id)
+        self.alert_on_agent_state(row.agent, "interrupted", state, run_id=row.id)
 
     def reload(self, force: bool = False) -> None:
         if force and self.config_path is not None:
@@ -199,6 +243,11 @@ class Driver:
         decision, reason = turn_decision(state, time.time(), agent.text)
         if decision == "pass":
             return False
+        if state.get("quarantined_until") is not None and reason and "line changed" in reason:
+            ctx.journal.set_agent(agent.name, quarantined_until=None, quarantine_line=None, bad_streak=0)
+            self.log(f"{agent.name}: {reason}")
+        elif state.get("quarantined_until") is not None:
+            self.log(f"{agent.name}: {reason}")
         if decision == "skip":
             ctx.journal.record_skip(agent.name, index, reason or "skipped", "operator",
                                     clear_skip_request=True)
@@ -259,9 +308,9 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         return EXIT_CONFIG
     proctree.set_child_subreaper()
     try:
-        reap(journal, state_dir, config, lock_held=True, log=logger)
         driver = Driver(state_dir, config_path, config, roster, journal, once=once,
                         agent_umask=caller_umask, logger=logger)
+        reap(journal, state_dir, config, lock_held=True, log=logger, on_reaped=driver.on_reaped)
         return driver.run()
     finally:
         journal.close()

@@ -34,8 +34,13 @@ def parse_iso(text: Any) -> Optional[float]:
 
 def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
     """Write JSON so a reader sees the old file or the new one, never half of one."""
+    write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Temp file (O_NOFOLLOW, 0600), fsync, rename over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    blob = (json.dumps(data, sort_keys=True) + "\n").encode()
+    blob = text.encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)

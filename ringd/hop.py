@@ -43,6 +43,7 @@ class Context:
     reload_requested: bool = False
     roster_error: Optional[str] = None
     on_run_end: Optional[Callable[["HopResult"], None]] = None
+    on_beat: Optional[Callable[[Optional[str], Optional[float]], None]] = None
 
     @property
     def state_key(self) -> str:
@@ -53,6 +54,8 @@ class Context:
         self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
                             run_started_at=run_started_at,
                             extra={"roster_error": self.roster_error})
+        if self.on_beat is not None:
+            self.on_beat(agent, run_started_at)
 
 
 @dataclass

@@ -1,0 +1,120 @@
+"""Alerts: run the operator's ``alerts.command`` on notable events, detached.
+
+The command gets the event as JSON on stdin and as ``RING_EVENT``,
+``RING_AGENT``, ``RING_DETAIL`` in its environment, so ``mail``, ``curl`` or
+``logger`` work as one-liners. It runs under a small supervisor process
+(``python -m ringd.alerts``) in its own session that kills it after
+``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing command never
+slows or stops the ring: the driver only forks and forgets (and reaps).
+Output goes to ``<state>/logs/alerts.log``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence
+
+ALERT_TIMEOUT = 30.0
+
+# Event kinds.
+QUARANTINED = "quarantined"
+FAILURES = "failures"
+WATCHER_GAVE_UP = "watcher-gave-up"
+DRIVER_REPLACED = "driver-replaced"
+RUN_REAPED = "run-reaped"
+
+
+def open_alert_log(state_dir: Path) -> int:
+    """Append-only ``logs/alerts.log`` (0600), never through a planted symlink."""
+    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    base = os.open(state_dir, flags_dir)
+    try:
+        try:
+            os.mkdir("logs", 0o700, dir_fd=base)
+        except FileExistsError:
+            pass
+        logs = os.open("logs", flags_dir, dir_fd=base)
+        try:
+            return os.open("alerts.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o600, dir_fd=logs)
+        finally:
+            os.close(logs)
+    finally:
+        os.close(base)
+
+
+def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,
+                  extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    from .heartbeat import iso
+    payload = {"event": kind, "agent": agent, "detail": detail, "at": iso(time.time()),
+               "state_dir": str(state_dir)}
+    if extra:
+        payload.update(extra)
+    return payload
+
+
+def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], detail: str,
+         state_dir: Path, extra: Optional[Dict[str, Any]] = None, timeout: float = ALERT_TIMEOUT,
+         log: Callable[[str], None] = lambda _m: None, reaped_by_caller: bool = True) -> Optional[int]:
+    """Start the alert command for one event and return at once (pid or None).
+    Never raises: an alert must never hurt the ring. ``reaped_by_caller``: the
+    caller collects exited children itself (the driver does, as a subreaper), so
+    Popen must never waitpid this pid later (it could be recycled by then)."""
+    if not command:
+        return None
+    payload = event_payload(kind, agent, detail, state_dir, extra)
+    try:
+        from .proctree import clean_env
+        env = clean_env(os.environ, {"RING_EVENT": kind, "RING_AGENT": agent or "",
+                                     "RING_DETAIL": detail, "RING_STATE": str(state_dir)})
+        env.pop("RING_RUN_ID", None)
+        log_fd = open_alert_log(state_dir)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ringd.alerts", str(timeout), *command],
+                stdin=subprocess.PIPE, stdout=log_fd, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, close_fds=True)
+        finally:
+            os.close(log_fd)
+        try:
+            proc.stdin.write(json.dumps(payload).encode() + b"\n")  # small: fits the pipe buffer
+            proc.stdin.close()
+        except OSError:
+            pass
+        if reaped_by_caller:
+            proc.returncode = 0
+        log(f"alert {kind}{f' ({agent})' if agent else ''}: started {command[0]} (pid {proc.pid})")
+        return proc.pid
+    except Exception as e:  # noqa: BLE001 - an alert must never stop the ring
+        log(f"alert {kind}: could not start {command[0]!r}: {e}")
+        return None
+
+
+def _supervise(timeout: float, argv: Sequence[str]) -> int:
+    """Run ``argv`` with our stdin, in its own process group; kill it at ``timeout``."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    event = os.environ.get("RING_EVENT", "?")
+    try:
+        child = subprocess.Popen(list(argv), stdin=sys.stdin, start_new_session=True)
+    except OSError as e:
+        print(f"{stamp} alert {event}: cannot start {argv[0]!r}: {e.strerror}", flush=True)
+        return 127
+    try:
+        code = child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        print(f"{stamp} alert {event}: {argv[0]!r} killed after {timeout:g}s", flush=True)
+        return 124
+    if code:
+        print(f"{stamp} alert {event}: {argv[0]!r} exited {code}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(_supervise(float(sys.argv[1]), sys.argv[2:]))

@@ -1,0 +1,120 @@
+"""``<state>/metrics.prom``: the ring in Prometheus text exposition format, for
+node_exporter's textfile collector. ``render`` is pure (a snapshot in, text
+out); ``write_metrics`` takes the snapshot from the journal and state files and
+writes it atomically.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+METRICS_FILE = "metrics.prom"
+
+
+@dataclass
+class Snapshot:
+    now: float
+    run_counts: Dict[str, Dict[str, int]] = field(default_factory=dict)   # agent -> status -> n
+    last_runs: Dict[str, Tuple[Optional[float], Optional[float]]] = field(default_factory=dict)  # agent -> (duration, ended_at)
+    current: Optional[Tuple[str, float]] = None          # (agent, elapsed seconds)
+    heartbeat_at: Optional[float] = None
+    driver_started_at: Optional[float] = None
+    laps: int = 0
+    quarantined: List[str] = field(default_factory=list)
+    deferred: List[str] = field(default_factory=list)
+    consecutive_failures: Dict[str, int] = field(default_factory=dict)
+    roster_agents: int = 0
+    roster_error: bool = False
+    watcher_restarts: Optional[int] = None
+    watcher_gave_up: Optional[bool] = None
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def render(s: Snapshot) -> str:
+    out: List[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{_label(str(v))}"' for k, v in labels.items())
+            out.append(f"{name}{{{lab}}} {_num(value)}" if lab else f"{name} {_num(value)}")
+
+    metric("ring_runs_total", "counter", "Finished runs by agent and terminal status.",
+           [({"agent": a, "status": st}, n) for a in sorted(s.run_counts)
+            for st, n in sorted(s.run_counts[a].items())])
+    metric("ring_last_run_duration_seconds", "gauge", "Duration of the agent's last finished run.",
+           [({"agent": a}, d) for a, (d, _) in sorted(s.last_runs.items()) if d is not None])
+    metric("ring_last_run_end_timestamp_seconds", "gauge", "When the agent's last run ended (epoch).",
+           [({"agent": a}, e) for a, (_, e) in sorted(s.last_runs.items()) if e is not None])
+    metric("ring_current_run_elapsed_seconds", "gauge", "Elapsed time of the run in flight (0 when none).",
+           [({"agent": s.current[0]}, round(s.current[1], 3))] if s.current else [({}, 0)])
+    metric("ring_agent_consecutive_failures", "gauge", "Runs in a row that did not succeed.",
+           [({"agent": a}, n) for a, n in sorted(s.consecutive_failures.items())])
+    if s.heartbeat_at is not None:
+        metric("ring_driver_heartbeat_timestamp_seconds", "gauge", "The driver's last heartbeat (epoch).",
+               [({}, s.heartbeat_at)])
+    if s.driver_started_at is not None:
+        metric("ring_driver_start_timestamp_seconds", "gauge", "When the driver started (epoch).",
+               [({}, s.driver_started_at)])
+    metric("ring_laps_total", "counter", "Laps completed by the current driver.", [({}, s.laps)])
+    metric("ring_roster_agents", "gauge", "Agents on the roster in use.", [({}, s.roster_agents)])
+    metric("ring_roster_error", "gauge", "1 while the roster file has an error (last good roster in use).",
+           [({}, int(s.roster_error))])
+    metric("ring_quarantined_agents", "gauge", "Agents in quarantine.", [({}, len(s.quarantined))])
+    metric("ring_agent_quarantined", "gauge", "1 if the agent is quarantined.",
+           [({"agent": a}, 1) for a in sorted(s.quarantined)])
+    metric("ring_deferred_agents", "gauge", "Agents backing off after a deferral.", [({}, len(s.deferred))])
+    metric("ring_agent_deferred", "gauge", "1 if the agent is backing off after a deferral.",
+           [({"agent": a}, 1) for a in sorted(s.deferred)])
+    if s.watcher_restarts is not None:
+        metric("ring_watcher_restarts", "gauge", "Driver restarts by ringwatch within its start-limit window.",
+               [({}, s.watcher_restarts)])
+        metric("ring_watcher_gave_up", "gauge", "1 if ringwatch gave up restarting the driver.",
+               [({}, int(bool(s.watcher_gave_up)))])
+    out.append(f"# ring metrics written {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(s.now))}")
+    return "\n".join(out) + "\n"
+
+
+def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
+             heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
+             laps: int = 0, roster_agents: int = 0, roster_error: bool = False,
+             state_dir: Optional[Path] = None) -> Snapshot:
+    """Read what the metrics need from the journal (a few small, indexed queries)."""
+    now = time.time() if now is None else now
+    s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
+                 driver_started_at=driver_started_at, laps=laps, roster_agents=roster_agents,
+                 roster_error=roster_error)
+    for r in journal.con.execute(
+            "SELECT a.name, r.duration, r.ended_at FROM agents a JOIN runs r ON r.id = a.last_run_id"):
+        s.last_runs[r["name"]] = (r["duration"], r["ended_at"])
+    for name, st in journal.agent_states().items():
+        s.consecutive_failures[name] = st.get("consecutive_failures") or 0
+        if st.get("quarantined_until") is not None and st["quarantined_until"] > now:
+            s.quarantined.append(name)
+        elif st.get("backoff_until") is not None and st["backoff_until"] > now:
+            s.deferred.append(name)
+    if state_dir is not None:
+        from .heartbeat import read_json
+        w = read_json(state_dir / "ringwatch.json")
+        if w is not None:
+            restarts = w.get("restarts")
+            s.watcher_restarts = len(restarts) if isinstance(restarts, list) else 0
+            s.watcher_gave_up = bool(w.get("gave_up"))
+    return s
+
+
+def write_metrics(state_dir: Path, text: str) -> None:
+    """Atomic write (temp, fsync, rename) so the collector never reads half a file."""
+    from .heartbeat import write_text_atomic
+    write_text_atomic(state_dir / METRICS_FILE, text)

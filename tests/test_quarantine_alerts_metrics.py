@@ -1,0 +1,155 @@
+"""Issue 6 with real processes: quarantine of repeat offenders, alert commands
+that can never hurt the ring, and metrics.prom that agree with status."""
+import json
+import time
+
+import pytest
+
+from conftest import wait_until
+
+WEDGE = "trap '' TERM\nwhile :; do sleep 0.05; done"
+
+
+def quarantine_rows(ring, agent="wedge"):
+    return [r for r in ring.runs() if r["agent"] == agent and r["status"] == "skipped"
+            and "quarantined" in (r["reason"] or "")]
+
+
+def fast_wedge_ring(ring, cooloff=600, extra_agent_body="true"):
+    ring.write_config(ring={"quarantine_after": 3, "quarantine_cooloff": cooloff},
+                      agents={"wedge": {"run_budget": 0.1, "stall_threshold": 0.3}})
+    ring.agent("wedge", WEDGE)
+    ring.agent("fine", extra_agent_body)
+    ring.roster(f"wedge {ring.agents_dir}/wedge.sh", f"fine {ring.agents_dir}/fine.sh")
+
+
+def test_three_stalls_quarantine_and_the_next_laps_take_no_stall_time(ring):
+    fast_wedge_ring(ring)
+    ring.start_driver()
+    wait_until(lambda: quarantine_rows(ring), timeout=30, message="wedge quarantined")
+    wedge_runs = [r["status"] for r in ring.runs() if r["agent"] == "wedge"]
+    assert wedge_runs == ["stalled", "stalled", "stalled", "skipped"]
+    n = len(ring.runs())
+    t0 = time.monotonic()
+    wait_until(lambda: len(ring.runs()) >= n + 5, timeout=20, message="five more laps")
+    elapsed = time.monotonic() - t0
+    later = ring.runs()[n:]
+    assert {r["agent"] for r in later} == {"fine"}, "a quarantined agent was started"
+    assert elapsed < 5 * 0.3, f"laps still paid the stall threshold ({elapsed:.2f}s)"
+    assert len(quarantine_rows(ring)) == 1, "one skipped row on entry, not one per lap"
+    (state,) = ring.rows("SELECT quarantined_until FROM agents WHERE name = 'wedge'")
+    assert state["quarantined_until"] > time.time() + 500
+
+
+def test_resume_ends_the_quarantine(ring):
+    fast_wedge_ring(ring)
+    ring.start_driver()
+    wait_until(lambda: quarantine_rows(ring), timeout=30, message="wedge quarantined")
+    status = json.loads(ring.cli("status", "--json").stdout)
+    wedge = [a for a in status["agents"] if a["name"] == "wedge"][0]
+    assert wedge["quarantined_until"] is not None
+    assert ring.cli("resume", "nosuch").returncode == 2
+    r = ring.cli("resume", "wedge")
+    assert r.returncode == 0, r.stderr
+    n = len(ring.runs())
+    wait_until(lambda: any(x["agent"] == "wedge" and x["status"] == "stalled" for x in ring.runs()[n:]),
+               timeout=20, message="wedge runs again after resume")
+
+
+def test_cooloff_gives_one_probation_run_which_can_end_or_renew_it(ring):
+    marker = ring.base / "wedged-runs"
+    # wedges on its first three runs, then behaves
+    body = f"""
+        echo x >> {marker}
+        if [ $(wc -l < {marker}) -le 3 ]; then
+            trap '' TERM
+            while :; do sleep 0.05; done
+        fi
+        exit 0
+        """
+    fast_wedge_ring(ring, cooloff=1.0)
+    ring.agent("wedge", body)
+    ring.start_driver()
+    wait_until(lambda: quarantine_rows(ring), timeout=30, message="wedge quarantined")
+    wait_until(lambda: any(r["agent"] == "wedge" and r["status"] == "ok" for r in ring.runs()),
+               timeout=20, message="probation run after the cool-off")
+    (state,) = ring.rows("SELECT quarantined_until, bad_streak FROM agents WHERE name = 'wedge'")
+    assert state["quarantined_until"] is None and state["bad_streak"] == 0
+
+
+def test_probation_that_wedges_again_renews_the_quarantine(ring):
+    fast_wedge_ring(ring, cooloff=1.0)
+    ring.start_driver()
+    wait_until(lambda: len(quarantine_rows(ring)) >= 2, timeout=30, message="quarantine renewed")
+    statuses = [r["status"] for r in ring.runs() if r["agent"] == "wedge"]
+    assert statuses[:6] == ["stalled", "stalled", "stalled", "skipped", "stalled", "skipped"]
+
+
+def test_a_changed_roster_line_lifts_the_quarantine(ring):
+    fast_wedge_ring(ring)
+    ring.start_driver()
+    wait_until(lambda: quarantine_rows(ring), timeout=30, message="wedge quarantined")
+    ring.agent("fixed", "exit 0")
+    ring.roster(f"wedge {ring.agents_dir}/fixed.sh", f"fine {ring.agents_dir}/fine.sh")
+    wait_until(lambda: any(r["agent"] == "wedge" and r["status"] == "ok" for r in ring.runs()),
+               timeout=20, message="wedge runs with its new line")
+
+
+def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
+    seen = ring.base / "alerts.jsonl"
+    pids = ring.base / "alert.pids"
+    alert = ring.agent("alert", f"echo $$ >> {pids}\ncat >> {seen}\necho \"$RING_EVENT $RING_AGENT\" >> {seen}.env\nexec sleep 60")
+    ring.write_config(alerts={"command": [str(alert)], "failures_in_a_row": 2, "timeout": 1.0})
+    ring.agent("bad", "exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    ring.start_driver()
+    wait_until(lambda: seen.exists() and seen.read_text().strip(), timeout=15, message="alert received")
+    event = json.loads(seen.read_text().splitlines()[0])
+    assert event["event"] == "failures" and event["agent"] == "bad" and "2 times" in event["detail"]
+    assert (seen.parent / "alerts.jsonl.env").read_text().split("\n")[0] == "failures bad"
+    n = len(ring.runs())
+    wait_until(lambda: len(ring.runs()) >= n + 6, timeout=10, message="ring keeps turning during the alert")
+    import psutil
+    first = int(pids.read_text().split()[0])
+    def killed():
+        try:
+            return psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_until(killed, timeout=10, message="hanging alert killed at its limit")
+    wait_until(lambda: "killed after 1s" in (ring.state / "logs" / "alerts.log").read_text(),
+               timeout=5, message="alert log says it was killed")
+
+
+def test_missing_alert_command_never_stops_the_ring(ring):
+    ring.write_config(alerts={"command": ["/no/such/alerter"], "failures_in_a_row": 1})
+    ring.agent("bad", "exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    ring.start_driver()
+    wait_until(lambda: len(ring.runs()) >= 5, timeout=15, message="ring turning")
+    wait_until(lambda: "cannot start" in (ring.state / "logs" / "alerts.log").read_text(),
+               timeout=10, message="alert failure logged")
+
+
+def test_metrics_parse_and_agree_with_status(ring):
+    from prometheus_client.parser import text_string_to_metric_families
+    ring.agent("a", "exit 0")
+    ring.agent("b", "exit 2")
+    ring.agent("c", "exit 75")
+    ring.roster(*(f"{n} {ring.agents_dir}/{n}.sh" for n in "abc"))
+    for _ in range(2):
+        code = ring.start_driver("--once").wait(timeout=30)
+        assert code == 0
+    text = (ring.state / "metrics.prom").read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    runs = {}
+    for s in families["ring_runs"].samples:   # the parser strips _total from counters
+        if s.name == "ring_runs_total":
+            runs.setdefault(s.labels["agent"], 0)
+            runs[s.labels["agent"]] += s.value
+    status = json.loads(ring.cli("status", "--json").stdout)
+    assert {a["name"]: a["runs"] for a in status["agents"]} == runs == {"a": 2, "b": 2, "c": 1}
+    assert families["ring_deferred_agents"].samples[0].value == 1
+    assert "ring_driver_heartbeat_timestamp_seconds" in families
+    last = {s.labels["agent"]: s.value for s in families["ring_last_run_duration_seconds"].samples}
+    assert set(last) == {"a", "b", "c"}
