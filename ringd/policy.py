@@ -56,8 +56,7 @@ def after_run(state: Mapping[str, Any], status: str, now: float, ring: RingSetti
     elif status in FAILURES:
         out["consecutive_failures"] = failures + 1
         out["bad_streak"] = bad + 1 if status in BAD_ENDINGS else 0
-    if status != "skipped":
-        out["skip_requested"] = 0
+    out["skip_requested"] = 0  # a pending skip is used up by the run that just ended
     if status in BAD_ENDINGS and ring.quarantine_after and out.get("bad_streak", 0) >= ring.quarantine_after:
         out["quarantined_until"] = now + ring.quarantine_cooloff
         out["quarantine_line"] = line
