@@ -108,8 +108,9 @@ class Driver:
                            heartbeat=Heartbeat(state_dir, self.notifier), notifier=self.notifier,
                            wakeups=self.wakeups, roster_dir=roster.path.parent, log=logger,
                            roster_error=roster.error, agent_umask=agent_umask,
-                           on_run_end=self.after_run, on_beat=self.write_metrics)
+                           on_run_end=self.after_run, on_beat=self.beat_metrics)
         self._metrics_failing = False
+        self._metrics_at = float("-inf")
 
     # --- helpers -------------------------------------------------------------
     @property
@@ -139,9 +140,15 @@ class Driver:
         return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
 
     # --- what others see: metrics and alerts -----------------------------------
+    def beat_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
+        """With a heartbeat: refresh metrics.prom unless a hop end just did."""
+        if time.monotonic() - self._metrics_at >= 0.9 * self.config.ring.heartbeat_interval:
+            self.write_metrics(agent, run_started_at)
+
     def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
-        """metrics.prom at every heartbeat and hop end; never allowed to hurt the ring."""
+        """metrics.prom at every hop end and heartbeat; never allowed to hurt the ring."""
         now = time.time()
+        self._metrics_at = time.monotonic()
         try:
             snap = metrics.snapshot(
                 self.ctx.journal, now=now,
@@ -261,7 +268,6 @@ class Driver:
             # closed): say why and try again after a breath, never a silent run.
             self.log(f"{agent.name}: journal or state dir failure, run not recorded: {e}")
             self.sleep(min(5.0, max(1.0, self.config.ring.heartbeat_interval)))
-        ctx.beat()
         return True
 
     def wait_for_backoff(self) -> None:
