@@ -1,25 +1,79 @@
 """The ``ringd`` command line: a thin click layer over functions tests call too.
 
 Every command takes ``--state`` and ``--config``. Errors are one line on stderr,
-never a traceback. Rich is imported only by the commands that render tables.
+never a traceback (set ``RINGD_DEBUG=1`` to get one for an internal error).
+Rich is imported only by the commands that render tables (``ringd.render``).
 """
 from __future__ import annotations
 
+import errno
 import functools
+import json
+import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import click
 
 from .config import ConfigError, load_config, resolve_config_path, resolve_state_dir
 
 EXIT_CONFIG = 78
+EXIT_INTERRUPTED = 130
+MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
+
+
+def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
+    text = " ".join(str(message).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def fail(message: str, code: int) -> "click.exceptions.Exit":
-    click.echo(f"ringd: {message}", err=True)
+    click.echo(f"ringd: {one_line(message)}", err=True)
     return click.exceptions.Exit(code)
+
+
+def _quiet_broken_pipe() -> None:
+    """stdout's reader went away (``ringd history | head``): end quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class RingGroup(click.Group):
+    """click, but a usage error is one line on stderr (no usage block), Ctrl-C
+    exits 130 without a traceback, and a closed pipe ends quietly."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        no_args_help = getattr(click.exceptions, "NoArgsIsHelpError", None)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            if no_args_help is not None and isinstance(e, no_args_help):
+                e.show()
+                sys.exit(e.exit_code)
+            where = ""
+            if isinstance(e, click.UsageError) and e.ctx is not None:
+                where = f" (see '{e.ctx.command_path} --help')"
+            click.echo(f"ringd: {one_line(e.format_message(), 300)}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+            sys.exit(1)
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                _quiet_broken_pipe()
+                sys.exit(1)
+            raise
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def locations(fn):
@@ -34,7 +88,43 @@ def locations(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def operator_command(fn):
+    """Turn every expected failure of an operator command into one line + exit code."""
+    @functools.wraps(fn)
+    def wrapper(**kw):
+        import sqlite3
+        from .journal import JournalError
+        from .status import OperatorError
+        try:
+            return fn(**kw)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except OperatorError as e:
+            raise fail(e.message, e.code)
+        except ConfigError as e:
+            raise fail(f"configuration error: {e}", EXIT_CONFIG)
+        except JournalError as e:
+            raise fail(str(e), 1)
+        except sqlite3.Error as e:
+            raise fail(f"journal error: {e}", 1)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the operator gets one line, not a traceback
+            if os.environ.get("RINGD_DEBUG"):
+                raise
+            raise fail(f"internal error: {type(e).__name__}: {one_line(e, 200)} "
+                       f"(set RINGD_DEBUG=1 for a traceback)", 1)
+    return wrapper
+
+
+def _warn(warnings: List[str]) -> None:
+    for w in warnings:
+        click.echo(f"ringd: warning: {one_line(w)}", err=True)
+
+
+@click.group(cls=RingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ring", prog_name="ringd")
 def main() -> None:
     """ring's driver and operator commands."""
@@ -64,3 +154,153 @@ def check(state_dir: Path, config_path: Optional[Path]) -> None:
         click.echo(f"ringd: warning: {w}", err=True)
     click.echo(f"ok: config {config_path or '(built-in defaults)'}, roster {roster_path} "
                f"with {len(agents)} agent(s): {', '.join(a.name for a in agents)}")
+
+
+# --- operator commands -------------------------------------------------------------
+
+@main.command()
+@locations
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
+@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
+@operator_command
+def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool) -> None:
+    """Driver health, watcher, current run, roster and one row per agent.
+
+    Exit 0 driver healthy, 1 dead or stale, 3 stopped or never ran, 4 status
+    unknown (no such state dir, unreadable journal), 78 bad config."""
+    from .status import EXIT_UNKNOWN, OperatorError, gather_status, status_exit_code
+    config = load_config(config_path)
+
+    def gather():
+        warnings: List[str] = []
+        return gather_status(state_dir, config, warnings=warnings), warnings
+
+    try:
+        if watch:
+            _watch(gather, as_json)
+            return
+        doc, warnings = gather()
+    except OperatorError as e:
+        raise fail(e.message, e.code if e.code != 1 else EXIT_UNKNOWN)
+    _warn(warnings)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from .render import print_status
+        print_status(doc, warnings=())
+    raise click.exceptions.Exit(status_exit_code(doc))
+
+
+def _watch(gather, as_json: bool) -> None:
+    import time
+    try:
+        if as_json:
+            while True:
+                doc, warnings = gather()
+                _warn(warnings)
+                click.echo(json.dumps(doc))
+                sys.stdout.flush()
+                time.sleep(1.0)
+        from .render import watch_status
+        watch_status(gather)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(0)
+
+
+@main.command()
+@locations
+@click.argument("name", required=False)
+@click.option("--no-wait", is_flag=True, help="Do not wait to see the current run end.")
+@operator_command
+def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_wait: bool) -> None:
+    """Skip NAME: end its current run now, or skip its next turn.
+
+    Without NAME: the agent running now (exit 1 if nothing runs). Exit 2 for an
+    unknown agent. With no driver running, the request waits for the next one."""
+    from .control import skip as do_skip
+    config = load_config(config_path)
+    r = do_skip(state_dir, config, name, wait=0 if no_wait else 5.0)
+    if r.current and r.final_status is not None:
+        click.echo(f"{r.agent}: run {r.run_id} ended as {r.final_status} after {r.waited:.2f}s; the ring moves on")
+    elif r.current and r.driver_pid is not None and no_wait:
+        click.echo(f"{r.agent}: skip of run {r.run_id} requested (driver pid {r.driver_pid} woken)")
+    elif r.current and r.driver_pid is not None:
+        click.echo(f"{r.agent}: skip of run {r.run_id} requested; it had not ended after {r.waited:.1f}s "
+                   f"(see ringd status)")
+    elif r.driver_pid is not None:
+        click.echo(f"{r.agent}: its next turn will be skipped")
+    else:
+        click.echo(f"{r.agent}: no driver is running; its next turn will be skipped when one starts")
+
+
+@main.command()
+@locations
+@click.argument("name", required=False)
+@click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
+              help="How many runs to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (SPEC shape).")
+@operator_command
+def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: int, as_json: bool) -> None:
+    """Recent runs, newest first (of NAME only, if given)."""
+    from .status import gather_history
+    config = load_config(config_path)
+    warnings: List[str] = []
+    runs = gather_history(state_dir, config, name, limit, warnings=warnings)
+    _warn(warnings)
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+    else:
+        from .render import print_history
+        print_history(runs)
+
+
+@main.command()
+@locations
+@click.argument("name")
+@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="ID",
+              help="This run's log (default: NAME's last run).")
+@click.option("-f", "--follow", is_flag=True, help="Follow the log until the run ends.")
+@operator_command
+def logs(state_dir: Path, config_path: Optional[Path], name: str, run_id: Optional[int], follow: bool) -> None:
+    """Print a run's log. Exit 2 for an unknown agent or run."""
+    from .logs import find_run, follow_log, show_log
+    config = load_config(config_path)
+    row = find_run(state_dir, config, name, run_id)
+    out = sys.stdout.buffer
+    if follow:
+        follow_log(state_dir, config, row, out)
+    else:
+        show_log(state_dir, config, row, out)
+
+
+@main.command("force-fail")
+@locations
+@click.option("--reason", metavar="TEXT", default=None, help="Why (recorded in the run's reason).")
+@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="ID",
+              help="Only if this is the run still running (guards against hitting the next run).")
+@operator_command
+def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[str], run_id: Optional[int]) -> None:
+    """Close the stuck running run as interrupted and kill its process tree.
+
+    Exit 1 when nothing was running (or it finished meanwhile)."""
+    from .control import force_fail as do_force_fail
+    config = load_config(config_path)
+    r = do_force_fail(state_dir, config, reason, run_id)
+    killed = f"; killed {r.killed} process(es)" if r.killed else "; no process of it was left"
+    click.echo(f"run {r.run_id} of {r.agent} closed as interrupted{killed}")
+
+
+@main.command()
+@locations
+@click.argument("name")
+@operator_command
+def resume(state_dir: Path, config_path: Optional[Path], name: str) -> None:
+    """Lift NAME's quarantine now. Exit 2 for an agent not on the roster."""
+    from .control import resume as do_resume
+    config = load_config(config_path)
+    r = do_resume(state_dir, config, name)
+    if r.was_quarantined:
+        woke = f" (driver pid {r.driver_pid} woken)" if r.driver_pid else ""
+        click.echo(f"{r.agent}: quarantine lifted; it runs at its next turn{woke}")
+    else:
+        click.echo(f"{r.agent}: not quarantined; nothing to do")

@@ -1,0 +1,237 @@
+"""Operator requests to the ring: skip, force-fail, resume.
+
+A request is written to the journal first (so it survives and waits for the
+next driver when none runs), then the live driver is woken with SIGUSR1 - never
+by pid alone: the heartbeat's pid *and* process start time must match. The
+driver acts on the request at once (no polling tick on either side).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from .config import Config
+from .heartbeat import read_heartbeat, same_process
+from .journal import Journal, JournalError, RunRow, journal_path
+from .status import (OperatorError, known_names, reap_if_orphaned, open_reader, require_state_dir,
+                     roster_view, unknown_agent)
+
+MAX_REASON_CHARS = 500
+
+
+def wake_driver(state_dir: Path) -> Optional[int]:
+    """SIGUSR1 to the live driver of ``state_dir``. Returns its pid, or None when no
+    driver runs (the request then waits in the journal for the next one)."""
+    from . import proctree
+    hb = read_heartbeat(state_dir)
+    if not hb or hb.get("stopped"):
+        return None
+    pid, start = hb.get("pid"), hb.get("pid_start")
+    if not isinstance(pid, int) or not same_process(pid, start):
+        return None
+    return pid if proctree.signal_process(pid, start, signal.SIGUSR1) else None
+
+
+def _writer(state_dir: Path, create: bool = False) -> Journal:
+    try:
+        return Journal.open(state_dir, create=create)
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+
+
+# --- skip -------------------------------------------------------------------------
+
+@dataclass
+class SkipResult:
+    agent: str
+    current: bool                      # the agent was running when asked
+    run_id: Optional[int] = None       # its run, if current
+    driver_pid: Optional[int] = None   # the driver woken, if any
+    final_status: Optional[str] = None  # the run's status once it left 'running' (if waited)
+    waited: float = 0.0                # seconds until it did
+    messages: List[str] = field(default_factory=list)
+
+
+def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 5.0,
+         clock: Callable[[], float] = time.monotonic) -> SkipResult:
+    """Skip ``name`` (None: the current run). The current run ends now (SIGTERM,
+    short grace, SIGKILL; status ``skipped``); another agent's next turn is skipped.
+    When the current run was targeted and a driver was woken, wait (bounded) for
+    the row to leave ``running`` and report how long that took."""
+    require_state_dir(state_dir)
+    reader = None
+    try:
+        reader = open_reader(state_dir)
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+    try:
+        running: Optional[RunRow] = None
+        if reader is not None:
+            reap_if_orphaned(state_dir, config, reader)
+            running = reader.running_row()
+        if name is None:
+            if running is None:
+                raise OperatorError("nothing is running; name an agent to skip its next turn "
+                                    "(ringd skip NAME)", 1)
+            name = running.agent
+        else:
+            known = known_names(config, state_dir, reader)
+            if name not in known:
+                raise unknown_agent(name, known)
+    finally:
+        if reader is not None:
+            reader.close()
+
+    writer = _writer(state_dir, create=True)  # a first-ever request may create the journal
+    try:
+        writer.request_skip(name)
+        # request_skip's last insert on this connection is its event row
+        request_event = writer.con.execute("SELECT last_insert_rowid()").fetchone()[0]
+        running = writer.running_row()
+        current = running is not None and running.agent == name
+        result = SkipResult(agent=name, current=current, run_id=running.id if current else None)
+        t0 = clock()
+        result.driver_pid = wake_driver(state_dir)
+        if current and result.driver_pid is not None and wait > 0:
+            deadline = t0 + wait
+            while True:
+                row = writer.run(result.run_id)
+                if row is None or row.status != "running":
+                    result.final_status = row.status if row else None
+                    result.waited = clock() - t0
+                    if result.final_status == "skipped":
+                        _consume_request(writer, name, request_event)
+                    break
+                if clock() >= deadline:
+                    result.waited = clock() - t0
+                    break
+                time.sleep(0.01)
+    finally:
+        writer.close()
+    return result
+
+
+def _consume_request(writer: Journal, name: str, request_event: Optional[int]) -> None:
+    """The current run was skipped: the request is used up. Clear the flag unless a
+    newer request for this agent came meanwhile, so the agent's *next* turn is
+    not skipped too. (The driver keeps the flag after a skipped run, see the
+    closing note of issue 4; once it clears it itself this is a no-op.)"""
+    with writer.write() as con:
+        con.execute(
+            "UPDATE agents SET skip_requested = 0 WHERE name = ? AND skip_requested = 1"
+            " AND NOT EXISTS (SELECT 1 FROM events WHERE id > ? AND kind = 'skip-requested'"
+            " AND detail = ?)", (name, request_event or 0, f"agent={name}"))
+
+
+# --- force-fail ------------------------------------------------------------------
+
+@dataclass
+class ForceFailResult:
+    run_id: int
+    agent: str
+    closed: bool
+    status: str          # the row's status afterwards
+    killed: int = 0
+
+
+def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
+               run_id: Optional[int] = None) -> ForceFailResult:
+    """Close the ``running`` row as ``interrupted`` (source ``operator``) - a
+    guarded update, so a run that finished meanwhile is never clobbered - then
+    kill what is left of its process tree anywhere on the host.
+    Nothing running (or not the run named by ``run_id``) -> OperatorError(1)."""
+    from .policy import after_run
+    require_state_dir(state_dir)
+    if not journal_path(state_dir).exists():
+        raise OperatorError("nothing is running (no journal yet)", 1)
+    writer = _writer(state_dir)
+    try:
+        row = writer.running_row()
+        if row is None:
+            raise OperatorError("nothing is running", 1)
+        if run_id is not None and row.id != run_id:
+            raise OperatorError(f"run {run_id} is not running (the running run is {row.id} of {row.agent})", 1)
+        text = "forced by operator"
+        if reason:
+            clean = " ".join(reason.split())
+            if len(clean) > MAX_REASON_CHARS:
+                clean = clean[:MAX_REASON_CHARS - 3] + "..."
+            text += f": {clean}"
+        _, roster, _ = roster_view(config, state_dir)
+        line = dict(roster).get(row.agent) if roster else None
+        now = time.time()
+
+        # journal.close_run's ``settle`` computes the agent's new state in the same
+        # transaction (API changed from ``agent_update``: see ringd/journal.py).
+        closed = writer.close_run(row.id, "interrupted", source="operator", reason=text, now=now,
+                                  settle=lambda state: after_run(state, "interrupted", now,
+                                                                 config.ring, line)) is not None
+        after = writer.run(row.id)
+        result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed,
+                                 status=after.status if after else "interrupted")
+        if not closed:
+            raise OperatorError(f"run {row.id} of {row.agent} finished meanwhile as {result.status}; "
+                                f"nothing was forced", 1)
+        from .reaper import kill_orphan
+        result.killed = kill_orphan(state_dir, row)
+    finally:
+        writer.close()
+    return result
+
+
+# --- resume ------------------------------------------------------------------------
+
+@dataclass
+class ResumeResult:
+    agent: str
+    was_quarantined: bool
+    driver_pid: Optional[int] = None
+
+
+def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
+    """Lift ``name``'s quarantine (quarantined_until, quarantine_line, bad_streak
+    cleared; event source ``operator``) and wake the driver. Unknown -> exit 2."""
+    require_state_dir(state_dir)
+    _, roster, error = roster_view(config, state_dir)
+    if roster is None:
+        # A broken roster: the names the journal knows stand in for it.
+        try:
+            reader = open_reader(state_dir)
+        except JournalError as e:
+            raise OperatorError(str(e)) from None
+        try:
+            known = known_names(config, state_dir, reader) if reader else []
+        finally:
+            if reader is not None:
+                reader.close()
+    else:
+        known = [n for n, _ in roster]
+    if name not in known:
+        raise unknown_agent(name, known)
+    if not journal_path(state_dir).exists():
+        return ResumeResult(agent=name, was_quarantined=False)
+    writer = _writer(state_dir)
+    try:
+        with writer.write() as con:
+            row = con.execute("SELECT quarantined_until, bad_streak FROM agents WHERE name = ?",
+                              (name,)).fetchone()
+            was = bool(row) and row["quarantined_until"] is not None
+            if row and (was or row["bad_streak"]):
+                con.execute("UPDATE agents SET quarantined_until = NULL, quarantine_line = NULL, "
+                            "bad_streak = 0 WHERE name = ?", (name,))
+                con.execute("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, NULL, ?, ?, ?)",
+                            (time.time(), "resumed", "operator",
+                             f"agent={name} was_quarantined={int(was)}"))
+    except sqlite3.Error as e:
+        raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
+    finally:
+        writer.close()
+    result = ResumeResult(agent=name, was_quarantined=was)
+    if was:
+        result.driver_pid = wake_driver(state_dir)
+    return result

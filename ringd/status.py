@@ -1,0 +1,386 @@
+"""What the operator reads: ``ringd status`` and ``ringd history`` as plain dicts
+in the SPEC's JSON shapes.
+
+``build_status`` is pure (files already read, liveness already judged, a clock
+passed in); ``gather_status`` does the I/O around it. Reading never creates
+anything: the state dir must exist, the journal is opened read-only, and a
+writer is opened only to reap a ``running`` row whose driver is gone ("reap
+before you count"). Reads are one short transaction each, so the CLI never
+blocks the driver (WAL: readers and the writer do not wait for each other).
+
+Rich is never imported here (``status --json`` must stay fast).
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .config import Config, ConfigError, excerpt
+from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json, same_process
+from .journal import Journal, JournalError, RunRow, journal_path
+
+WATCHER_FILE = "ringwatch.json"
+
+# `ringd status` exit codes (LSB init-script status codes).
+EXIT_HEALTHY = 0
+EXIT_DEAD_OR_STALE = 1
+EXIT_STOPPED = 3
+EXIT_UNKNOWN = 4      # the status cannot be told (no such state dir, unreadable journal)
+
+HISTORY_KEYS = ("id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason")
+MAX_KNOWN_NAMES_CHARS = 600
+
+
+class OperatorError(Exception):
+    """A one-line message for the operator and the exit code that goes with it."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# --- opening things without creating them -----------------------------------
+
+def require_state_dir(state_dir: Path, code: int = 1) -> None:
+    """The state dir must exist already: reading commands never create it."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        raise OperatorError(f"{state_dir}: no such state directory (give --state DIR or set RING_STATE)",
+                            code) from None
+    except OSError as e:
+        raise OperatorError(f"{state_dir}: cannot read state directory: {e.strerror}", code) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OperatorError(f"{state_dir}: state directory is not a directory", code)
+
+
+def open_reader(state_dir: Path) -> Optional[Journal]:
+    """The journal read-only, or None when there is none yet (the ring never ran)."""
+    path = journal_path(state_dir)
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if path.is_symlink():
+        raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
+    return Journal.open_readonly(state_dir)
+
+
+@contextmanager
+def snapshot(journal: Journal) -> Iterator[sqlite3.Connection]:
+    """One short read transaction: every query inside sees the same journal."""
+    con = journal.con
+    con.execute("BEGIN")
+    try:
+        yield con
+    finally:
+        con.execute("COMMIT")
+
+
+def driver_of_row_alive(row: RunRow) -> bool:
+    return same_process(row.driver_pid, row.driver_start)
+
+
+def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
+    """Reap before you count: if a ``running`` row's driver is gone, close it (a
+    writer is opened only then). Returns (ids reaped, warning or None)."""
+    row = reader.running_row()
+    if row is None or driver_of_row_alive(row):
+        return [], None
+    try:
+        from .reaper import reap
+        writer = Journal.open(state_dir, create=False)
+        try:
+            return reap(writer, state_dir, config, lock_held=False), None
+        finally:
+            writer.close()
+    except (JournalError, sqlite3.Error, OSError) as e:
+        return [], f"run {row.id} looks orphaned (its driver is gone) but could not be reaped: {e}"
+
+
+# --- the roster as status sees it ---------------------------------------------
+
+def roster_view(config: Config, state_dir: Path) -> Tuple[Path, Optional[List[Tuple[str, str]]], Optional[str]]:
+    """(path, [(name, line)] or None when unreadable, error or None)."""
+    from .roster import read_roster
+    path = config.roster_path(state_dir)
+    try:
+        agents = read_roster(path)
+    except ConfigError as e:
+        return path, None, str(e)
+    return path, [(a.name, a.text) for a in agents], None
+
+
+def known_names(config: Config, state_dir: Path, reader: Optional[Journal] = None,
+                include_journal: bool = False) -> List[str]:
+    """Agent names an operator may name: the current roster's (and, for reading
+    commands, any agent the journal knows). A broken roster falls back to the journal."""
+    _, agents, _ = roster_view(config, state_dir)
+    names = [n for n, _ in agents] if agents is not None else []
+    if (include_journal or agents is None) and reader is not None:
+        for (n,) in reader.con.execute("SELECT name FROM agents ORDER BY name").fetchall():
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def unknown_agent(name: str, known: Sequence[str]) -> OperatorError:
+    """Exit 2 with the list of known names (cut short, never a 100 kB line)."""
+    listed = ""
+    shown = 0
+    for n in known:
+        piece = (", " if listed else "") + n
+        if len(listed) + len(piece) > MAX_KNOWN_NAMES_CHARS:
+            break
+        listed += piece
+        shown += 1
+    if shown < len(known):
+        listed += f", ... ({len(known) - shown} more)"
+    return OperatorError(f"unknown agent {excerpt(name)}; known agents: {listed or '(none)'}", 2)
+
+
+# --- status -------------------------------------------------------------------
+
+def _epoch(value: Any) -> Optional[float]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return parse_iso(value)
+
+
+def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def _future(ts: Optional[float], now: float) -> Optional[str]:
+    """ISO time of ``ts`` if it is still ahead, else None (a passed back-off is over)."""
+    return iso(ts) if ts is not None and ts > now else None
+
+
+def watcher_alive(data: Optional[Mapping[str, Any]]) -> bool:
+    """Is the watcher that wrote ``ringwatch.json`` alive (pid *and* start time)?"""
+    if not data or data.get("stopped"):
+        return False
+    pid = data.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
+    start = data.get("pid_start")
+    if isinstance(start, (int, float)) and not isinstance(start, bool):
+        return same_process(pid, start)
+    # No start time recorded: alive only if the process is older than the file's
+    # started_at (a recycled pid would be younger).
+    from .heartbeat import process_start_time
+    actual = process_start_time(pid)
+    started = _epoch(data.get("started_at"))
+    return actual is not None and started is not None and actual <= started + 1.0
+
+
+def build_status(*, state_dir: Path, config: Config, now: float,
+                 heartbeat: Optional[Mapping[str, Any]], driver_alive: bool,
+                 watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
+                 running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
+                 roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
+                 ) -> Dict[str, Any]:
+    """Pure: the ``ringd status --json`` document.
+
+    ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
+    of its last finished run. ``roster``: the current roster's names, or None if
+    it does not parse (then the agents the journal knows, by last position)."""
+    hb = dict(heartbeat) if heartbeat else None
+    health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval)
+    age = heartbeat_age(hb, now)
+    driver = {
+        "pid": hb.get("pid") if hb and driver_alive else None,
+        "health": health,
+        "heartbeat_age": _round(age) if hb else None,
+        "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
+        "lap": hb.get("lap") if hb else None,
+        # additions to the SPEC shape
+        "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
+        "last_pid": hb.get("pid") if hb else None,
+    }
+
+    w = dict(watcher) if watcher else None
+    window = config.watch.start_limit_interval
+    restarts = 0
+    if w and isinstance(w.get("restarts"), list):
+        for item in w["restarts"]:
+            t = _epoch(item)
+            if t is None or t >= now - window:
+                restarts += 1
+    watcher_doc = {
+        "pid": w.get("pid") if w and watcher_is_alive else None,
+        "alive": bool(watcher_is_alive),
+        "last_poll_at": iso(_epoch(w.get("last_poll_at"))) if w else None,
+        "restarts": restarts,
+        "gave_up": bool(w.get("gave_up")) if w else False,
+    }
+
+    current = None
+    if running is not None:
+        elapsed = max(0.0, now - running.started_at)
+        budget = running.run_budget
+        current = {
+            "agent": running.agent, "run_id": running.id, "pid": running.pid,
+            "elapsed": round(elapsed, 3), "run_budget": budget,
+            "stall_threshold": running.stall_threshold,
+            # additions
+            "started_at": iso(running.started_at),
+            "budget_left": round(max(0.0, budget - elapsed), 3) if budget is not None else None,
+        }
+
+    if roster is not None:
+        names = list(roster)
+    else:  # the last good roster is the driver's; the journal knows where agents ran
+        known = sorted(agent_rows.items(), key=lambda kv: (
+            kv[1].get("last_position") if kv[1].get("last_position") is not None else 1 << 30, kv[0]))
+        names = [n for n, _ in known]
+    agents = []
+    for position, name in enumerate(names):
+        a = agent_rows.get(name) or {}
+        last = a
+        if running is not None and running.agent == name:
+            last = {"last_status": "running", "last_started_at": running.started_at,
+                    "last_ended_at": None, "last_duration": None, "last_exit_code": None,
+                    "last_signal": None}
+        agents.append({
+            "name": name,
+            "position": position,
+            "last_status": last.get("last_status"),
+            "last_started_at": iso(last.get("last_started_at")),
+            "last_duration": _round(last.get("last_duration")),
+            "last_exit_code": last.get("last_exit_code"),
+            "runs": int(a.get("runs") or 0),
+            "consecutive_failures": int(a.get("consecutive_failures") or 0),
+            "backoff_until": _future(a.get("backoff_until"), now),
+            "skip_requested": bool(a.get("skip_requested")),
+            "quarantined_until": _future(a.get("quarantined_until"), now),
+            # additions
+            "last_ended_at": iso(last.get("last_ended_at")),
+            "last_signal": last.get("last_signal"),
+        })
+
+    return {
+        "state_dir": str(state_dir),
+        "driver": driver,
+        "watcher": watcher_doc,
+        "current": current,
+        "roster": {"path": str(roster_path), "agents": len(names), "error": roster_error},
+        "agents": agents,
+    }
+
+
+def status_exit_code(doc: Mapping[str, Any]) -> int:
+    health = doc["driver"]["health"]
+    if health == "ok":
+        return EXIT_HEALTHY
+    if health in ("dead", "stale"):
+        return EXIT_DEAD_OR_STALE
+    return EXIT_STOPPED
+
+
+AGENT_ROWS_SQL = """
+SELECT a.name, a.runs, a.consecutive_failures, a.backoff_until, a.skip_requested,
+       a.quarantined_until, a.bad_streak,
+       r.status AS last_status, r.started_at AS last_started_at, r.ended_at AS last_ended_at,
+       r.duration AS last_duration, r.exit_code AS last_exit_code, r.signal AS last_signal,
+       r.position AS last_position
+FROM agents a LEFT JOIN runs r ON r.id = a.last_run_id
+"""
+
+
+def read_journal_view(reader: Journal) -> Tuple[Optional[RunRow], Dict[str, Dict[str, Any]], Optional[str]]:
+    """(running row, per-agent rows, driver-recorded roster error) in one snapshot.
+    Cost is independent of the journal's size: primary-key and index lookups only."""
+    with snapshot(reader) as con:
+        row = con.execute("SELECT * FROM runs WHERE status = 'running'").fetchone()
+        running = RunRow.from_row(row) if row else None
+        agents = {r["name"]: dict(r) for r in con.execute(AGENT_ROWS_SQL).fetchall()}
+        meta = con.execute("SELECT value FROM meta WHERE key = 'roster_error'").fetchone()
+    return running, agents, (meta[0] if meta else None)
+
+
+def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
+                  warnings: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Read everything (reaping first) and build the status document."""
+    require_state_dir(state_dir, EXIT_UNKNOWN)
+    warnings = warnings if warnings is not None else []
+    running, agent_rows, driver_roster_error = None, {}, None
+    try:
+        reader = open_reader(state_dir)
+        if reader is not None:
+            try:
+                _, warning = reap_if_orphaned(state_dir, config, reader)
+                if warning:
+                    warnings.append(warning)
+                running, agent_rows, driver_roster_error = read_journal_view(reader)
+            finally:
+                reader.close()
+    except JournalError as e:
+        raise OperatorError(str(e), EXIT_UNKNOWN) from None
+    except sqlite3.Error as e:
+        raise OperatorError(f"{journal_path(state_dir)}: cannot read journal: {e}", EXIT_UNKNOWN) from None
+    hb = read_heartbeat(state_dir)
+    watcher = read_json(state_dir / WATCHER_FILE)
+    roster_path, roster, roster_error = roster_view(config, state_dir)
+    now = time.time() if now is None else now
+    return build_status(
+        state_dir=state_dir, config=config, now=now,
+        heartbeat=hb, driver_alive=_heartbeat_alive(hb),
+        watcher=watcher, watcher_is_alive=watcher_alive(watcher),
+        running=running, agent_rows=agent_rows,
+        roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
+        roster_error=roster_error,
+    )
+
+
+def _heartbeat_alive(hb: Optional[Mapping[str, Any]]) -> bool:
+    if not hb:
+        return False
+    return same_process(hb.get("pid"), hb.get("pid_start"))
+
+
+# --- history --------------------------------------------------------------------
+
+def run_dict(row: RunRow) -> Dict[str, Any]:
+    """One run in the SPEC's ``history --json`` shape."""
+    return {
+        "id": row.id, "agent": row.agent, "status": row.status,
+        "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
+        "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
+        "reason": row.reason,
+    }
+
+
+def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: int,
+                   warnings: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Recent runs, newest first (reaping first). Unknown agent -> OperatorError(2)."""
+    require_state_dir(state_dir)
+    warnings = warnings if warnings is not None else []
+    try:
+        reader = open_reader(state_dir)
+        if reader is None:
+            if agent is not None and agent not in known_names(config, state_dir):
+                raise unknown_agent(agent, known_names(config, state_dir))
+            return []
+        try:
+            if agent is not None:
+                known = known_names(config, state_dir, reader, include_journal=True)
+                if agent not in known:
+                    raise unknown_agent(agent, known)
+            _, warning = reap_if_orphaned(state_dir, config, reader)
+            if warning:
+                warnings.append(warning)
+            rows = reader.history(agent, limit)
+        finally:
+            reader.close()
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+    except sqlite3.Error as e:
+        raise OperatorError(f"{journal_path(state_dir)}: cannot read journal: {e}") from None
+    return [run_dict(r) for r in rows]

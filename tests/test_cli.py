@@ -1,0 +1,510 @@
+"""The operator CLI against a real driver and real agents: status, skip, history,
+logs, force-fail, resume; exit codes; SPEC JSON shapes; plain output; bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import psutil
+import pytest
+
+from conftest import ring_cmd, wait_until
+
+STATUS_KEYS = {"state_dir", "driver", "watcher", "current", "roster", "agents"}
+DRIVER_KEYS = {"pid", "health", "heartbeat_age", "started_at", "lap"}
+WATCHER_KEYS = {"pid", "alive", "last_poll_at", "restarts", "gave_up"}
+CURRENT_KEYS = {"agent", "run_id", "pid", "elapsed", "run_budget", "stall_threshold"}
+ROSTER_KEYS = {"path", "agents", "error"}
+AGENT_KEYS = {"name", "position", "last_status", "last_started_at", "last_duration", "last_exit_code",
+              "runs", "consecutive_failures", "backoff_until", "skip_requested", "quarantined_until"}
+HISTORY_KEYS = {"id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason"}
+STATUSES = {"running", "ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error"}
+
+
+def is_iso_utc(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    t = datetime.fromisoformat(value)
+    return t.utcoffset() is not None and t.utcoffset().total_seconds() == 0
+
+
+def num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_status_shape(doc: dict) -> None:
+    """Key by key against SPEC (extra keys are allowed: the contract grows by adding)."""
+    assert STATUS_KEYS <= set(doc)
+    assert isinstance(doc["state_dir"], str)
+    d = doc["driver"]
+    assert DRIVER_KEYS <= set(d)
+    assert d["health"] in ("ok", "stale", "dead", "stopped")
+    assert d["pid"] is None or isinstance(d["pid"], int)
+    assert d["heartbeat_age"] is None or num(d["heartbeat_age"])
+    assert d["started_at"] is None or is_iso_utc(d["started_at"])
+    assert d["lap"] is None or isinstance(d["lap"], int)
+    w = doc["watcher"]
+    assert WATCHER_KEYS <= set(w)
+    assert w["pid"] is None or isinstance(w["pid"], int)
+    assert isinstance(w["alive"], bool) and isinstance(w["gave_up"], bool)
+    assert isinstance(w["restarts"], int)
+    assert w["last_poll_at"] is None or is_iso_utc(w["last_poll_at"])
+    c = doc["current"]
+    if c is not None:
+        assert CURRENT_KEYS <= set(c)
+        assert isinstance(c["agent"], str) and isinstance(c["run_id"], int)
+        assert c["pid"] is None or isinstance(c["pid"], int)
+        assert num(c["elapsed"]) and num(c["run_budget"]) and num(c["stall_threshold"])
+    r = doc["roster"]
+    assert ROSTER_KEYS <= set(r)
+    assert isinstance(r["path"], str) and isinstance(r["agents"], int)
+    assert r["error"] is None or isinstance(r["error"], str)
+    assert isinstance(doc["agents"], list) and len(doc["agents"]) == r["agents"]
+    for i, a in enumerate(doc["agents"]):
+        assert AGENT_KEYS <= set(a)
+        assert a["position"] == i and isinstance(a["name"], str)
+        assert a["last_status"] is None or a["last_status"] in STATUSES
+        for k in ("last_started_at", "backoff_until", "quarantined_until"):
+            assert a[k] is None or is_iso_utc(a[k]), k
+        assert a["last_duration"] is None or num(a["last_duration"])
+        assert a["last_exit_code"] is None or isinstance(a["last_exit_code"], int)
+        assert isinstance(a["runs"], int) and isinstance(a["consecutive_failures"], int)
+        assert isinstance(a["skip_requested"], bool)
+
+
+def status_json(ring, env=None):
+    res = ring.cli("status", "--json", env=env)
+    assert res.stdout.strip(), res.stderr
+    doc = json.loads(res.stdout)  # stdout is the JSON and nothing else
+    check_status_shape(doc)
+    return doc, res.returncode
+
+
+def one_error_line(res) -> str:
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("ringd: ")
+    return lines[0]
+
+
+def running_of(ring, agent):
+    rows = ring.rows("SELECT * FROM runs WHERE status = 'running' AND agent = ?", agent)
+    return rows[0] if rows else None
+
+
+def events_of(ring, run_id):
+    return ring.rows("SELECT * FROM events WHERE run_id = ? ORDER BY id", run_id)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# --- status --------------------------------------------------------------------------
+
+def test_status_never_ran_and_missing_state_dir(ring):
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    before = sorted(os.listdir(ring.state))
+    doc, code = status_json(ring)
+    assert code == 3
+    assert doc["driver"]["health"] == "stopped" and doc["driver"]["pid"] is None
+    assert doc["current"] is None and doc["agents"][0]["last_status"] is None
+    res = ring.cli("status")  # table, plain (not a TTY)
+    assert res.returncode == 3 and "\x1b" not in res.stdout and "a" in res.stdout
+    hist = ring.cli("history", "--json")
+    assert hist.returncode == 0 and json.loads(hist.stdout) == []
+    assert sorted(os.listdir(ring.state)) == before, "a reading command created files"
+
+    missing = ring.base / "no-such-state"
+    for args in (("status", "--json"), ("status",), ("history",), ("logs", "a"), ("skip", "a"),
+                 ("force-fail",), ("resume", "a")):
+        argv = ring_cmd(args[0], "--state", str(missing), "--config", str(ring.config_path), *args[1:])
+        res = subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=30)
+        line = one_error_line(res)
+        assert "no such state directory" in line
+        assert res.stdout == ""
+        if args[0] == "status":
+            assert res.returncode == 4
+    assert not missing.exists()
+
+
+def test_status_ok_then_stale_then_stopped_plain_80_columns(ring):
+    ring.agent("slow", "echo started; exec sleep 30")
+    ring.agent("b", "exit 0")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"slow {ring.agents_dir}/slow.sh", f"b {ring.agents_dir}/b.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: running_of(ring, "slow"), message="slow running")
+    wait_until(lambda: (ring.heartbeat() or {}).get("agent") == "slow", message="heartbeat names slow")
+
+    doc, code = status_json(ring)
+    assert code == 0, doc
+    assert doc["driver"]["health"] == "ok" and doc["driver"]["pid"] == driver.pid
+    assert doc["driver"]["lap"] == 1 and doc["driver"]["heartbeat_age"] < 1.0
+    cur = doc["current"]
+    assert cur["agent"] == "slow" and cur["run_budget"] == 20 and cur["stall_threshold"] == 25
+    assert cur["pid"] and pid_alive(cur["pid"]) and 0 <= cur["elapsed"] < 20
+    assert doc["agents"][0]["last_status"] == "running" and doc["agents"][1]["last_status"] is None
+    assert doc["watcher"] == {"pid": None, "alive": False, "last_poll_at": None, "restarts": 0, "gave_up": False}
+    assert doc["roster"]["agents"] == 2 and doc["roster"]["error"] is None
+
+    env = dict(ring.env, NO_COLOR="1", COLUMNS="80")
+    table = ring.cli("status", env=env)
+    assert table.returncode == 0, table.stderr
+    assert "\x1b" not in table.stdout
+    assert all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
+    assert "slow" in table.stdout and "running" in table.stdout and "% of" in table.stdout
+
+    # A hung driver: heartbeat older than 2 x heartbeat_interval (0.2 s) -> stale, exit 1.
+    os.kill(driver.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: time.time() - ring.heartbeat()["at_epoch"] > 0.6, timeout=5,
+                   message="heartbeat older than 2 x heartbeat_interval")
+        doc, code = status_json(ring)
+        assert code == 1 and doc["driver"]["health"] == "stale"
+        table = ring.cli("status", env=env)
+        assert table.returncode == 1
+        assert "likely stuck: heartbeat" in table.stdout and "s old" in table.stdout
+        assert "\x1b" not in table.stdout
+    finally:
+        os.kill(driver.pid, signal.SIGCONT)
+    wait_until(lambda: status_json(ring)[1] == 0, message="healthy again")
+
+    # A clean stop: stopped, exit 3; the run was closed by the driver itself.
+    driver.send_signal(signal.SIGTERM)
+    driver.wait(timeout=10)
+    doc, code = status_json(ring)
+    assert code == 3 and doc["driver"]["health"] == "stopped" and doc["current"] is None
+    assert doc["agents"][0]["last_status"] == "interrupted"
+
+
+def test_status_of_sigkilled_driver_is_dead_and_reaps(ring):
+    ring.agent("slow", "sleep 30 & wait")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"slow {ring.agents_dir}/slow.sh")
+    driver = ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "slow"), message="slow running")
+    wait_until(lambda: ring.rows("SELECT pid FROM runs WHERE id = ? AND pid IS NOT NULL", row["id"]))
+    agent_pid = ring.rows("SELECT pid FROM runs WHERE id = ?", row["id"])[0]["pid"]
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=10)
+    assert pid_alive(agent_pid)  # the orphan is still there until someone reaps
+
+    doc, code = status_json(ring)
+    assert code == 1 and doc["driver"]["health"] == "dead" and doc["driver"]["pid"] is None
+    assert doc["current"] is None, "status must reap before it counts"
+    assert doc["agents"][0]["last_status"] == "interrupted"
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    assert final["status"] == "interrupted"
+    assert [e["source"] for e in events_of(ring, row["id"])][-1] == "reaper"
+    wait_until(lambda: not pid_alive(agent_pid), timeout=5, message="orphan killed")
+    table = ring.cli("status", env=dict(ring.env, NO_COLOR="1"))
+    assert table.returncode == 1 and "DEAD" in table.stdout and "interrupted" in table.stdout
+
+
+def test_status_json_does_not_import_rich(ring):
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    argv = [sys.executable, "-X", "importtime", "-m", "ringd", "status", *ring.common(), "--json"]
+    res = subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 3
+    imported = [line.split("|")[-1].strip() for line in res.stderr.splitlines() if "|" in line]
+    assert "ringd.status" in imported
+    assert not [m for m in imported if m == "rich" or m.startswith("rich.")]
+    # the table does use rich (sanity check of the probe)
+    argv = [sys.executable, "-X", "importtime", "-m", "ringd", "status", *ring.common()]
+    res = subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=30)
+    assert any(line.split("|")[-1].strip() == "rich" for line in res.stderr.splitlines())
+
+
+# --- skip -------------------------------------------------------------------------------
+
+def test_skip_current_run_lands_within_a_second(ring):
+    # The agent leaves a grandchild in its own session: skip must end the whole tree.
+    ring.agent("slow", """
+        setsid sleep 30 &
+        echo $! > "$RING_STATE/slow-child.pid"
+        exec sleep 30
+    """)
+    ring.agent("next", "exec sleep 30")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"slow {ring.agents_dir}/slow.sh", f"next {ring.agents_dir}/next.sh")
+    ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "slow"), message="slow running")
+    child_file = ring.state / "slow-child.pid"
+    wait_until(child_file.exists, message="grandchild pid")
+    wait_until(lambda: child_file.read_text().strip(), message="grandchild pid written")
+    child = int(child_file.read_text())
+    assert pid_alive(child)
+
+    t0 = time.monotonic()
+    res = ring.cli("skip")
+    t_cli = time.monotonic() - t0
+    wait_until(lambda: running_of(ring, "next"), timeout=5, message="next agent started")
+    t_next = time.monotonic() - t0
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    print(f"\nskip: driver closed the run {res.stdout.strip()!r}; CLI round trip {t_cli:.3f}s "
+          f"(incl. interpreter start), next agent running {t_next:.3f}s after the command started")
+    assert res.returncode == 0, res.stderr
+    assert final["status"] == "skipped"
+    assert [e["source"] for e in events_of(ring, row["id"])][-1] == "operator"
+    assert final["ended_at"] - final["started_at"] >= 0
+    reported = float(res.stdout.split(" after ")[1].split("s;")[0])
+    assert reported < 1.0, res.stdout  # the driver acted within 1 s of the request
+    assert t_next < 5.0                 # generous bound for a loaded 2-core box
+    wait_until(lambda: not pid_alive(child), timeout=3, message="escaped grandchild killed")
+    # the request was used up: slow's next turn is not skipped again
+    state = ring.rows("SELECT skip_requested FROM agents WHERE name = 'slow'")[0]
+    assert state["skip_requested"] == 0
+
+
+def test_skip_other_agent_unknown_and_nothing_running(ring):
+    ring.agent("a", "exec sleep 0.6")
+    ring.agent("b", "echo b ran")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+
+    res = ring.cli("skip")
+    assert res.returncode == 1 and "nothing is running" in one_error_line(res)
+    res = ring.cli("skip", "nosuch")
+    line = one_error_line(res)
+    assert res.returncode == 2 and "unknown agent 'nosuch'" in line and "a, b" in line
+    res = ring.cli("skip", "x" * 100_000)
+    assert res.returncode == 2 and len(one_error_line(res)) < 1000
+
+    # No driver running: the request waits for the next driver.
+    res = ring.cli("skip", "b")
+    assert res.returncode == 0 and "no driver is running" in res.stdout
+    assert ring.cli("status", "--json").returncode == 3
+    assert json.loads(ring.cli("status", "--json").stdout)["agents"][1]["skip_requested"] is True
+    ring.start_driver()
+    row = wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'b'"), message="b's turn")[0]
+    assert row["status"] == "skipped" and row["pid"] is None and "operator" in row["reason"]
+    # b's following turn runs normally
+    wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'b' AND status = 'ok'"),
+               message="b ran on the next lap")
+
+    # Another agent while one runs: its next turn is skipped, the current run goes on.
+    cur = wait_until(lambda: running_of(ring, "a"), message="a running")
+    res = ring.cli("skip", "b")
+    assert res.returncode == 0 and "next turn will be skipped" in res.stdout
+    wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'b' AND id > ? AND status != 'running'",
+                                 cur["id"]), message="b's next turn")
+    assert ring.rows("SELECT status FROM runs WHERE id = ?", cur["id"])[0]["status"] == "ok"
+    nxt = ring.rows("SELECT * FROM runs WHERE agent = 'b' AND id > ?", cur["id"])[0]
+    assert nxt["status"] == "skipped" and nxt["pid"] is None
+
+
+# --- history and logs -----------------------------------------------------------------------
+
+def test_history_and_logs(ring):
+    ring.agent("talk", """
+        echo "first line of $RING_RUN_ID"
+        sleep 0.5
+        echo "second line"
+        sleep 0.5
+        echo "last line"
+    """)
+    ring.agent("bad", "echo oops >&2; exit 3")
+    ring.roster(f"talk {ring.agents_dir}/talk.sh", f"bad {ring.agents_dir}/bad.sh")
+    ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "talk"), message="talk running")
+
+    # -f follows the current run's log until it ends, then exits by itself
+    t0 = time.monotonic()
+    res = ring.cli("logs", "talk", "-f", timeout=15)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [f"first line of {row['id']}", "second line", "last line"]
+    assert took >= 0.3  # it really waited for the run
+    assert ring.rows("SELECT status FROM runs WHERE id = ?", row["id"])[0]["status"] == "ok"
+
+    wait_until(lambda: len(ring.rows("SELECT * FROM runs WHERE status != 'running'")) >= 4,
+               message="two laps")
+    res = ring.cli("history", "--json", "--limit", "3")
+    assert res.returncode == 0, res.stderr
+    runs = json.loads(res.stdout)
+    assert len(runs) == 3
+    for r in runs:
+        assert set(r) == HISTORY_KEYS
+        assert r["status"] in STATUSES and is_iso_utc(r["started_at"])
+        assert r["ended_at"] is None or is_iso_utc(r["ended_at"])
+    assert [r["id"] for r in runs] == sorted((r["id"] for r in runs), reverse=True)
+    bad = json.loads(ring.cli("history", "bad", "--json").stdout)
+    assert bad and all(r["agent"] == "bad" and r["status"] == "failed" and r["exit_code"] == 3 for r in bad)
+
+    table = ring.cli("history", env=dict(ring.env, NO_COLOR="1"))
+    assert table.returncode == 0 and "\x1b" not in table.stdout and "failed" in table.stdout
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+
+    res = ring.cli("logs", "bad")
+    assert res.returncode == 0 and res.stdout == "oops\n"
+    res = ring.cli("logs", "talk", "--run", str(row["id"]))
+    assert res.returncode == 0 and res.stdout.startswith(f"first line of {row['id']}")
+    res = ring.cli("logs", "bad", "--run", str(row["id"]))  # a run of another agent
+    assert res.returncode == 2 and "no run" in one_error_line(res)
+    res = ring.cli("logs", "ghost")
+    assert res.returncode == 2 and "unknown agent" in one_error_line(res)
+    res = ring.cli("history", "ghost")
+    assert res.returncode == 2 and "known agents: talk, bad" in one_error_line(res)
+    for bad_limit in ("-1", "0", "many"):
+        res = ring.cli("history", "--limit", bad_limit)
+        assert res.returncode == 2 and "--limit" in one_error_line(res)
+
+
+# --- force-fail and resume -----------------------------------------------------------------
+
+def test_force_fail_closes_and_kills_then_nothing_running(ring):
+    ring.agent("stuck", """
+        setsid sleep 30 &
+        exec sleep 30
+    """)
+    ring.agent("after", "exec sleep 30")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"stuck {ring.agents_dir}/stuck.sh", f"after {ring.agents_dir}/after.sh")
+    ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "stuck"), message="stuck running")
+    wait_until(lambda: ring.rows("SELECT pid FROM runs WHERE id = ? AND pid IS NOT NULL", row["id"]))
+    pid = ring.rows("SELECT pid FROM runs WHERE id = ?", row["id"])[0]["pid"]
+
+    res = ring.cli("force-fail", "--run", str(row["id"] + 100))
+    assert res.returncode == 1 and "not running" in one_error_line(res)
+    res = ring.cli("force-fail", "--reason", "wedged on a lock\n" + "z" * 5000)
+    assert res.returncode == 0, res.stderr
+    assert f"run {row['id']} of stuck closed as interrupted" in res.stdout
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    assert final["status"] == "interrupted" and final["reason"].startswith("forced by operator: wedged on a lock z")
+    assert len(final["reason"]) <= 520
+    assert [e["source"] for e in events_of(ring, row["id"])][-1] == "operator"
+    wait_until(lambda: not pid_alive(pid), timeout=3, message="agent killed")
+    # The driver notices its agent died, leaves the operator's verdict alone and moves on.
+    nxt = wait_until(lambda: running_of(ring, "after"), message="ring moved on")
+    assert ring.rows("SELECT status FROM runs WHERE id = ?", row["id"])[0]["status"] == "interrupted"
+    left = [p for p in psutil.process_iter() if _env_run(p) == (str(ring.state), str(row["id"]))]
+    assert not left, "a process of the forced run survived"
+
+    # A guarded update: the run that finished meanwhile is never clobbered.
+    res = ring.cli("force-fail", "--run", str(row["id"]))
+    assert res.returncode == 1
+    assert ring.rows("SELECT status FROM runs WHERE id = ?", row["id"])[0]["status"] == "interrupted"
+    res = ring.cli("force-fail", "--run", str(nxt["id"]))
+    assert res.returncode == 0
+    # with nothing running at all (driver stopped)
+    ring.procs[0].send_signal(signal.SIGTERM)
+    ring.procs[0].wait(timeout=10)
+    res = ring.cli("force-fail")
+    assert res.returncode == 1 and "nothing is running" in one_error_line(res)
+
+
+def _env_run(p):
+    try:
+        env = p.environ()
+    except (psutil.Error, OSError):
+        return None
+    return env.get("RING_STATE"), env.get("RING_RUN_ID")
+
+
+def test_resume_lifts_quarantine(ring):
+    ring.agent("wedgy", "exit 0")
+    ring.agent("other", "exit 0")
+    ring.roster(f"wedgy {ring.agents_dir}/wedgy.sh", f"other {ring.agents_dir}/other.sh")
+    assert ring.cli("resume", "ghost").returncode == 2
+    res = ring.cli("resume", "wedgy")
+    assert res.returncode == 0 and "not quarantined" in res.stdout
+    # Put wedgy in quarantine the way the driver records it.
+    from ringd.journal import Journal
+    j = Journal.open(ring.state)
+    try:
+        j.set_agent("wedgy", quarantined_until=time.time() + 3600, quarantine_line="wedgy x", bad_streak=3)
+    finally:
+        j.close()
+    doc, _ = status_json(ring)
+    assert is_iso_utc(doc["agents"][0]["quarantined_until"]) and doc["agents"][1]["quarantined_until"] is None
+    table = ring.cli("status", env=dict(ring.env, NO_COLOR="1"))
+    assert "QUARANTINED" in table.stdout
+
+    res = ring.cli("resume", "wedgy")
+    assert res.returncode == 0 and "quarantine lifted" in res.stdout
+    st = ring.rows("SELECT * FROM agents WHERE name = 'wedgy'")[0]
+    assert st["quarantined_until"] is None and st["quarantine_line"] is None and st["bad_streak"] == 0
+    ev = ring.rows("SELECT * FROM events WHERE kind = 'resumed'")
+    assert ev and ev[-1]["source"] == "operator"
+    assert json.loads(ring.cli("status", "--json").stdout)["agents"][0]["quarantined_until"] is None
+    res = ring.cli("resume", "nosuch")
+    assert res.returncode == 2 and "wedgy, other" in one_error_line(res)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_bad_input_is_one_line(ring):
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    good = ring.config_path.read_text()
+
+    ring.config_path.write_text("ring: [unclosed\n")
+    for args in (("status",), ("status", "--json"), ("history",), ("skip", "a"), ("logs", "a")):
+        res = ring.cli(*args)
+        assert res.returncode == 78 and "invalid YAML" in one_error_line(res)
+    ring.config_path.write_text(good + "bogus_key: 1\n")
+    res = ring.cli("status", "--json")
+    assert res.returncode == 78 and "bogus_key" in one_error_line(res) and res.stdout == ""
+    ring.config_path.write_text("a: &a [" + ",".join(["*a"] * 10) + "]\n" + "x" * 50_000 + ": 1\n")
+    res = ring.cli("status")
+    assert res.returncode == 78 and len(one_error_line(res)) < 300
+    ring.config_path.write_text(good)
+
+    # A roster that does not parse: shown in status, not fatal.
+    ring.roster("a ok", "9-bad name?? 'unbalanced")
+    doc, code = status_json(ring)
+    assert code == 3 and doc["roster"]["error"] and "ring.txt:2" in doc["roster"]["error"]
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+
+    # A journal that is not SQLite: one line naming it, nothing replaced.
+    (ring.state / "journal.db").write_bytes(b"this is not a database" * 10)
+    for args in (("status", "--json"), ("status",), ("history",), ("logs", "a"), ("skip", "a"),
+                 ("force-fail",), ("resume", "a")):
+        res = ring.cli(*args)
+        line = one_error_line(res)
+        assert "journal.db" in line, (args, line)
+        if args[0] == "status":
+            assert res.returncode == 4
+    assert (ring.state / "journal.db").read_bytes().startswith(b"this is not")
+
+    res = ring.cli("status", "--bogus")
+    assert res.returncode == 2 and "--bogus" in one_error_line(res)
+    res = ring.cli("logs")
+    assert res.returncode == 2 and "NAME" in one_error_line(res)
+
+
+def test_status_watch_refreshes_until_interrupted(ring):
+    ring.agent("a", "exec sleep 30")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.start_driver()
+    wait_until(lambda: running_of(ring, "a"), message="a running")
+    for extra, marker in ((("--json",), b'"health": "ok"'), ((), b"running")):
+        p = ring.start(ring_cmd("status", *ring.common(), "--watch", *extra))
+        first = p.stdout.readline()
+        wait_until(lambda: p.poll() is None, message="watch running")
+        # a second frame arrives about a second later
+        frames = first
+        while frames.count(marker) < 2:
+            line = p.stdout.readline()
+            assert line, "watch ended by itself"
+            frames += line
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=10) == 0
+        err = p.stderr.read()
+        assert b"Traceback" not in err and b"\x1b" not in frames
+        if extra:
+            assert json.loads(first)["current"]["agent"] == "a"

@@ -1,0 +1,72 @@
+"""``build_status`` is pure: health, shapes and edge cases without processes."""
+from pathlib import Path
+
+from ringd.config import Config
+from ringd.journal import RunRow
+from ringd.status import build_status, status_exit_code, unknown_agent
+
+NOW = 1_800_000_000.0
+
+
+def doc(**kw):
+    args = dict(state_dir=Path("/s"), config=Config(), now=NOW, heartbeat=None, driver_alive=False,
+                watcher=None, watcher_is_alive=False, running=None, agent_rows={},
+                roster_path=Path("/s/ring.txt"), roster=["a", "b"], roster_error=None)
+    args.update(kw)
+    return build_status(**args)
+
+
+def hb(age, **kw):
+    return dict({"pid": 42, "pid_start": 1.0, "started_at": "2027-01-15T08:00:00+00:00",
+                 "at_epoch": NOW - age, "lap": 7, "stopped": False}, **kw)
+
+
+def test_health_and_exit_codes():
+    never = doc()
+    assert never["driver"]["health"] == "stopped" and status_exit_code(never) == 3
+    ok = doc(heartbeat=hb(5), driver_alive=True)  # default interval 10 s
+    assert ok["driver"] | {} == ok["driver"] and ok["driver"]["health"] == "ok" and status_exit_code(ok) == 0
+    assert ok["driver"]["pid"] == 42 and ok["driver"]["lap"] == 7 and ok["driver"]["heartbeat_age"] == 5
+    stale = doc(heartbeat=hb(21), driver_alive=True)
+    assert stale["driver"]["health"] == "stale" and status_exit_code(stale) == 1
+    dead = doc(heartbeat=hb(1), driver_alive=False)
+    assert dead["driver"]["health"] == "dead" and dead["driver"]["pid"] is None and status_exit_code(dead) == 1
+    stopped = doc(heartbeat=hb(100, stopped=True), driver_alive=False)
+    assert stopped["driver"]["health"] == "stopped" and status_exit_code(stopped) == 3
+
+
+def test_agents_current_and_times():
+    run = RunRow(id=9, agent="b", position=1, status="running", started_at=NOW - 12.5, ended_at=None,
+                 duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
+                 run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)
+    rows = {"a": {"runs": 4, "consecutive_failures": 2, "backoff_until": NOW + 60, "skip_requested": 1,
+                  "quarantined_until": NOW - 1, "last_status": "deferred", "last_started_at": NOW - 30,
+                  "last_ended_at": NOW - 29, "last_duration": 1.23456, "last_exit_code": 75}}
+    d = doc(heartbeat=hb(1), driver_alive=True, running=run, agent_rows=rows)
+    assert d["current"]["agent"] == "b" and d["current"]["run_id"] == 9 and d["current"]["elapsed"] == 12.5
+    assert d["current"]["budget_left"] == 47.5
+    a, b = d["agents"]
+    assert a["runs"] == 4 and a["consecutive_failures"] == 2 and a["skip_requested"] is True
+    assert a["backoff_until"].endswith("+00:00") and a["quarantined_until"] is None  # passed: over
+    assert a["last_duration"] == 1.235 and a["last_exit_code"] == 75
+    assert b["last_status"] == "running" and b["runs"] == 0 and b["position"] == 1
+
+
+def test_broken_roster_falls_back_to_journal_agents():
+    rows = {"z": {"last_position": 0, "runs": 1}, "y": {"last_position": 1, "runs": 1}}
+    d = doc(roster=None, roster_error="ring.txt:3: bad", agent_rows=rows)
+    assert [a["name"] for a in d["agents"]] == ["z", "y"] and d["roster"]["error"] == "ring.txt:3: bad"
+
+
+def test_watcher_restarts_in_window():
+    w = {"pid": 5, "restarts": [NOW - 10, "2020-01-01T00:00:00+00:00", NOW - 5], "gave_up": True,
+         "last_poll_at": NOW - 2}
+    d = doc(watcher=w, watcher_is_alive=True)
+    assert d["watcher"] == {"pid": 5, "alive": True, "last_poll_at": d["watcher"]["last_poll_at"],
+                            "restarts": 2, "gave_up": True}
+    assert doc(watcher=w, watcher_is_alive=False)["watcher"]["pid"] is None
+
+
+def test_unknown_agent_message_is_short():
+    e = unknown_agent("q" * 10_000, [f"agent-{i}" for i in range(500)])
+    assert e.code == 2 and len(e.message) < 800 and "more)" in e.message
