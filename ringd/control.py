@@ -18,8 +18,8 @@ from typing import Callable, List, Optional
 from .config import Config
 from .heartbeat import read_heartbeat, same_process
 from .journal import Journal, JournalError, RunRow, journal_path
-from .status import (OperatorError, known_names, reap_if_orphaned, open_reader, require_state_dir,
-                     roster_view, unknown_agent)
+from .status import (OperatorError, alert_agent_state, known_names, reap_if_orphaned, open_reader,
+                     require_state_dir, roster_view, unknown_agent)
 
 MAX_REASON_CHARS = 500
 
@@ -90,8 +90,6 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
     writer = _writer(state_dir, create=True)  # a first-ever request may create the journal
     try:
         writer.request_skip(name)
-        # request_skip's last insert on this connection is its event row
-        request_event = writer.con.execute("SELECT last_insert_rowid()").fetchone()[0]
         running = writer.running_row()
         current = running is not None and running.agent == name
         result = SkipResult(agent=name, current=current, run_id=running.id if current else None)
@@ -104,8 +102,6 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
                 if row is None or row.status != "running":
                     result.final_status = row.status if row else None
                     result.waited = clock() - t0
-                    if result.final_status == "skipped":
-                        _consume_request(writer, name, request_event)
                     break
                 if clock() >= deadline:
                     result.waited = clock() - t0
@@ -114,18 +110,6 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
     finally:
         writer.close()
     return result
-
-
-def _consume_request(writer: Journal, name: str, request_event: Optional[int]) -> None:
-    """The current run was skipped: the request is used up. Clear the flag unless a
-    newer request for this agent came meanwhile, so the agent's *next* turn is
-    not skipped too. (The driver keeps the flag after a skipped run, see the
-    closing note of issue 4; once it clears it itself this is a no-op.)"""
-    with writer.write() as con:
-        con.execute(
-            "UPDATE agents SET skip_requested = 0 WHERE name = ? AND skip_requested = 1"
-            " AND NOT EXISTS (SELECT 1 FROM events WHERE id > ? AND kind = 'skip-requested'"
-            " AND detail = ?)", (name, request_event or 0, f"agent={name}"))
 
 
 # --- force-fail ------------------------------------------------------------------
@@ -166,11 +150,10 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         line = dict(roster).get(row.agent) if roster else None
         now = time.time()
 
-        # journal.close_run's ``settle`` computes the agent's new state in the same
-        # transaction (API changed from ``agent_update``: see ringd/journal.py).
-        closed = writer.close_run(row.id, "interrupted", source="operator", reason=text, now=now,
-                                  settle=lambda state: after_run(state, "interrupted", now,
-                                                                 config.ring, line)) is not None
+        # close_run's ``settle`` computes the agent's new state in the same transaction.
+        settled = writer.close_run(row.id, "interrupted", source="operator", reason=text, now=now,
+                                   settle=lambda state: after_run(state, "interrupted", now, config.ring, line))
+        closed = settled is not None
         after = writer.run(row.id)
         result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed,
                                  status=after.status if after else "interrupted")
@@ -179,6 +162,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
                                 f"nothing was forced", 1)
         from .reaper import kill_orphan
         result.killed = kill_orphan(state_dir, row)
+        alert_agent_state(state_dir, config, row, "interrupted", settled)
     finally:
         writer.close()
     return result

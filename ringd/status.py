@@ -95,11 +95,44 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
         from .reaper import reap
         writer = Journal.open(state_dir, create=False)
         try:
-            return reap(writer, state_dir, config, lock_held=False), None
+            return reap(writer, state_dir, config, lock_held=False,
+                        on_reaped=lambda row, state: _alert_reaped(state_dir, config, row, state)), None
         finally:
             writer.close()
     except (JournalError, sqlite3.Error, OSError) as e:
         return [], f"run {row.id} looks orphaned (its driver is gone) but could not be reaped: {e}"
+
+
+def _alert_reaped(state_dir: Path, config: Config, row: RunRow, state: Mapping[str, Any]) -> None:
+    """The alerts the driver would raise had it reaped this run itself."""
+    if not config.alerts.command:
+        return
+    from . import alerts
+    alerts.fire(config.alerts.command, alerts.RUN_REAPED, row.agent,
+                f"run {row.id} of {row.agent} was left running by a dead driver (pid {row.driver_pid}); "
+                f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
+                timeout=config.alerts.timeout, reaped_by_caller=False)
+    alert_agent_state(state_dir, config, row, "interrupted", state)
+
+
+def alert_agent_state(state_dir: Path, config: Config, row: RunRow, status: str,
+                      state: Optional[Mapping[str, Any]]) -> None:
+    """Quarantine entered / N failures in a row, after an operator command closed a run."""
+    if not config.alerts.command or not state:
+        return
+    from . import alerts
+    from .policy import FAILURES
+    extra = {"run_id": row.id}
+    if state.get("entered_quarantine"):
+        alerts.fire(config.alerts.command, alerts.QUARANTINED, row.agent,
+                    f"{row.agent} quarantined after {state.get('bad_streak')} bad endings in a row",
+                    state_dir, extra, timeout=config.alerts.timeout, reaped_by_caller=False)
+    failures = state.get("consecutive_failures") or 0
+    every = config.alerts.failures_in_a_row
+    if status in FAILURES and failures and failures % every == 0:
+        alerts.fire(config.alerts.command, alerts.FAILURES, row.agent,
+                    f"{row.agent} failed {failures} times in a row (last: {status})",
+                    state_dir, extra, timeout=config.alerts.timeout, reaped_by_caller=False)
 
 
 # --- the roster as status sees it ---------------------------------------------

@@ -191,7 +191,8 @@ def test_status_ok_then_stale_then_stopped_plain_80_columns(ring):
 
 def test_status_of_sigkilled_driver_is_dead_and_reaps(ring):
     ring.agent("slow", "sleep 30 & wait")
-    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25},
+                      alerts={"command": ["sh", "-c", 'cat > "$RING_STATE/alert-$RING_EVENT.json"']})
     ring.roster(f"slow {ring.agents_dir}/slow.sh")
     driver = ring.start_driver()
     row = wait_until(lambda: running_of(ring, "slow"), message="slow running")
@@ -209,6 +210,9 @@ def test_status_of_sigkilled_driver_is_dead_and_reaps(ring):
     assert final["status"] == "interrupted"
     assert [e["source"] for e in events_of(ring, row["id"])][-1] == "reaper"
     wait_until(lambda: not pid_alive(agent_pid), timeout=5, message="orphan killed")
+    alert = ring.state / "alert-run-reaped.json"
+    wait_until(lambda: alert.exists() and alert.read_text().strip(), timeout=5, message="run-reaped alert")
+    assert json.loads(alert.read_text())["agent"] == "slow"
     table = ring.cli("status", env=dict(ring.env, NO_COLOR="1"))
     assert table.returncode == 1 and "DEAD" in table.stdout and "interrupted" in table.stdout
 
