@@ -307,7 +307,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         logger(str(e))
         return e.code
     try:
-        journal = Journal.open(state_dir)
+        journal = Journal.open(state_dir, verify=True)
     except JournalError as e:
         logger(str(e))
         lock.release()

@@ -166,6 +166,17 @@ def _check_sqlite_header(path: Path) -> None:
                            f"it was left in place: move it aside to start a new journal")
 
 
+def _verify(con: sqlite3.Connection, path: Path) -> None:
+    """A valid header is not enough: a damaged page would only fail later, in the
+    middle of the loop. quick_check reads every page (O(size), once at start-up)."""
+    problems = [r[0] for r in con.execute("PRAGMA quick_check(3)").fetchall()]
+    if problems != ["ok"]:
+        con.close()
+        first = " ".join(str(problems[0]).split())[:120] if problems else "no result"
+        raise JournalError(f"{path}: journal is damaged ({first}); it was left in place: "
+                           f"move it aside to start a new journal")
+
+
 def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     if readonly:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout,
@@ -185,8 +196,11 @@ class Journal:
 
     # --- opening -------------------------------------------------------------
     @classmethod
-    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = 10.0) -> "Journal":
-        """Open for writing (the driver, the reaper, operator commands)."""
+    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = 10.0,
+             verify: bool = False) -> "Journal":
+        """Open for writing (the driver, the reaper, operator commands). ``verify``
+        (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)
+        before writing anything to it."""
         path = journal_path(state_dir)
         if path.exists() or path.is_symlink():
             if path.is_symlink():
@@ -200,6 +214,8 @@ class Journal:
             os.close(fd)
         try:
             con = _connect(path, readonly=False, timeout=busy_timeout)
+            if verify:
+                _verify(con, path)
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=FULL")
             con.execute("PRAGMA foreign_keys=ON")
