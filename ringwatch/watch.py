@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Set
 
@@ -107,7 +108,7 @@ class Watcher:
         self._save(pid=os.getpid(), pid_start=process_start_time(os.getpid()),
                    started_at=iso(time.time()), stopped=False, gave_up=False,
                    mode="restart_command" if self.command_mode else "owner")
-        for warning in self.config.warnings:
+        for warning in self._warnings():
             log(f"warning: {warning}")
         try:
             self._first_driver()
@@ -119,6 +120,14 @@ class Watcher:
                 self._wait(self._next_check_at(), self._fds())
         except Stop:
             return self._shutdown()
+
+    def _warnings(self):
+        out = list(self.config.warnings)
+        if self.w.stale_after <= self.config.ring.heartbeat_interval:
+            out.append(f"watch.stale_after ({self.w.stale_after}) is not longer than "
+                       f"ring.heartbeat_interval ({self.config.ring.heartbeat_interval}): "
+                       f"a healthy driver will look stale between two beats")
+        return out
 
     # --- start-up -------------------------------------------------------------
     def _first_driver(self) -> None:
@@ -411,7 +420,13 @@ class Watcher:
         except ConfigError as e:
             log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}")
             return
+        if config.watch.restart_command != self.w.restart_command:
+            log("SIGHUP: watch.restart_command changed; the deployment mode only changes "
+                "when ringwatch is restarted - keeping the current one")
+            config = replace(config, watch=replace(config.watch, restart_command=self.w.restart_command))
         self.config = config
+        for warning in self._warnings():
+            log(f"warning: {warning}")
         log("SIGHUP: configuration reloaded")
         if not self.command_mode and self.proc is not None:
             driverproc.forward(self.proc, signal.SIGHUP)
@@ -430,9 +445,11 @@ class Watcher:
         """Read-modify-write ringwatch.json, so a concurrent ``ringwatch reset`` of
         the history is not overwritten by our next poll."""
         data: Dict[str, Any] = state.load(self.state_dir)
-        data.setdefault("restarts", [])
         data.setdefault("gave_up", False)
         data.update(fields)
+        # only restarts still inside the window are "in window" (SPEC)
+        window = policy.prune(state.restart_times(data), time.time(), self.w.start_limit_interval)
+        data["restarts"] = state.encode_restarts(window)
         state.save(self.state_dir, data)
 
 

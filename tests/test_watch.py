@@ -54,7 +54,17 @@ def wait_driver(ring, not_pid=None, timeout=10.0) -> dict:
             return None
         first = seen.setdefault(hb["pid"], hb.get("seq"))
         return hb if hb.get("seq") != first else None   # it beat at least twice
-    return wait_until(beating, timeout, message=f"a beating driver other than {not_pid}")
+    try:
+        return wait_until(beating, timeout, message=f"a beating driver other than {not_pid}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- ringd.log (tail) ---\n{driver_log_tail(ring)}") from None
+
+
+def driver_log_tail(ring, lines=15) -> str:
+    try:
+        return "\n".join((ring.state / "logs" / "ringd.log").read_text().splitlines()[-lines:])
+    except OSError:
+        return "(no ringd.log)"
 
 
 def finish(proc: subprocess.Popen, timeout=15.0):
@@ -312,3 +322,29 @@ def test_sd_notify_from_the_watcher_only(ring, tmp_path):
         stop_watcher(ring, watcher)
     finally:
         sock.close()
+
+
+# --- the command line -------------------------------------------------------------------
+
+def run_cli(ring, *args):
+    return subprocess.run(watch_cmd(*args), env=ring.env, capture_output=True, text=True, timeout=30)
+
+
+def test_cli_reset_and_errors_are_one_line(ring):
+    res = run_cli(ring, "reset", "--state", str(ring.state))
+    assert res.returncode == 0 and "nothing to reset" in res.stdout
+    (ring.state / "ringwatch.json").write_text("{not json")
+    res = run_cli(ring, "reset", "--state", str(ring.state))
+    assert res.returncode == 0 and json.loads((ring.state / "ringwatch.json").read_text())["gave_up"] is False
+    res = run_cli(ring, "reset", "--state", str(ring.base / "nowhere"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    res = run_cli(ring, "--state", str(ring.state), "--config", str(ring.base / "missing.yaml"))
+    assert res.returncode == 78 and "missing.yaml" in res.stderr and "Traceback" not in res.stderr
+    os.chmod(ring.state, 0o770)
+    try:
+        res = run_cli(ring, *ring.common())
+    finally:
+        os.chmod(ring.state, 0o700)
+    assert res.returncode == 78 and "writable by group" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = run_cli(ring, "--help")
+    assert res.returncode == 0 and "reset" in res.stdout
