@@ -256,8 +256,8 @@ def test_new_watcher_adopts_a_running_driver(ring):
 
 # --- restart_command mode ----------------------------------------------------------------
 
-def test_restart_command_mode_never_starts_the_driver_itself(ring):
-    simple_ring(ring)
+def restart_script(ring) -> Path:
+    """A stand-in for `systemctl restart ringd`: starts a detached driver."""
     marker = ring.base / "restarted"
     script = ring.base / "restart.sh"
     driver_argv = " ".join([sys.executable, "-m", "ringd", "run", *ring.common()])
@@ -265,6 +265,12 @@ def test_restart_command_mode_never_starts_the_driver_itself(ring):
                       f"setsid {driver_argv} >> {ring.base}/driver.log 2>&1 < /dev/null &\n")
     script.chmod(0o700)
     ring.write_config(watch={"restart_command": [str(script)]})
+    return marker
+
+
+def test_restart_command_mode_never_starts_the_driver_itself(ring):
+    simple_ring(ring)
+    marker = restart_script(ring)
 
     driver = ring.start_driver(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = wait_driver(ring)["pid"]
@@ -283,6 +289,21 @@ def test_restart_command_mode_never_starts_the_driver_itself(ring):
     rc, err = finish(watcher)
     assert rc == 0, err
     assert alive(hb["pid"]), "in restart_command mode the driver belongs to the service manager"
+    os.kill(hb["pid"], signal.SIGTERM)
+    wait_until(lambda: not alive(hb["pid"]), 10)
+
+
+def test_restart_command_mode_without_a_driver_waits_grace_then_runs_the_command(ring):
+    simple_ring(ring)
+    marker = restart_script(ring)
+    watcher = ring.start_watcher()
+    t0 = time.monotonic()
+    hb = wait_driver(ring)
+    assert time.monotonic() - t0 >= ring.config["watch"]["stale_after"] - 0.5   # the grace came first
+    assert marker.read_text() == "x\n"
+    watcher.send_signal(signal.SIGTERM)
+    rc, err = finish(watcher)
+    assert rc == 0 and "no live driver yet" in err
     os.kill(hb["pid"], signal.SIGTERM)
     wait_until(lambda: not alive(hb["pid"]), 10)
 
