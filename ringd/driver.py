@@ -200,7 +200,10 @@ class Driver:
             else:
                 self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
             self.ctx.roster_error = self.roster.error
-            self.ctx.journal.set_meta("roster_error", self.roster.error)
+            try:
+                self.ctx.journal.set_meta("roster_error", self.roster.error)
+            except sqlite3.OperationalError as e:   # state dir full or read-only
+                self.log(f"cannot record the roster state in the journal: {e}")
 
     # --- the loop ------------------------------------------------------------
     def run(self) -> int:
@@ -235,7 +238,13 @@ class Driver:
             cursor_name, cursor_pos = agent.name, index
             if turns_left is not None:
                 turns_left -= 1
-            took = self.take_turn(agent, index)
+            try:
+                took = self.take_turn(agent, index)
+            except (sqlite3.OperationalError, OSError) as e:
+                # a skip or quarantine change that could not be written: nothing ran
+                self.log(f"{agent.name}: journal or state dir failure, turn not taken: {e}")
+                self.sleep(min(5.0, max(1.0, self.config.ring.heartbeat_interval)))
+                took = True
             passes = 0 if took else passes + 1
             if passes >= len(agents) and not self.once:
                 self.wait_for_backoff()
@@ -282,7 +291,10 @@ class Driver:
 
     def shutdown(self) -> None:
         self.notifier.notify("STOPPING=1")
-        self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
+        try:
+            self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
+        except OSError as e:
+            self.log(f"cannot record the clean stop in the heartbeat: {e}")
         self.log("driver stopped")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class Context:
     roster_error: Optional[str] = None
     on_run_end: Optional[Callable[["HopResult"], None]] = None
     on_beat: Optional[Callable[[Optional[str], Optional[float]], None]] = None
+    beat_error: Optional[str] = None   # why the last heartbeat could not be written
 
     @property
     def state_key(self) -> str:
@@ -51,9 +53,21 @@ class Context:
 
     def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None,
              run_pid: Optional[int] = None, run_started_at: Optional[float] = None) -> None:
-        self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
-                            run_started_at=run_started_at,
-                            extra={"roster_error": self.roster_error})
+        # A heartbeat that cannot be written (state dir full or read-only) must
+        # never abandon a running agent nor kill the driver: say so once, go on.
+        try:
+            self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
+                                run_started_at=run_started_at,
+                                extra={"roster_error": self.roster_error})
+        except OSError as e:
+            if self.beat_error is None:
+                self.log(f"cannot write the heartbeat ({proctree.errno_reason(e)}); "
+                         f"the ring goes on, a watcher will see it as stale")
+            self.beat_error = str(e)
+        else:
+            if self.beat_error is not None:
+                self.log("heartbeat written again")
+            self.beat_error = None
         if self.on_beat is not None:
             self.on_beat(agent, run_started_at)
 
@@ -144,7 +158,12 @@ class Hop:
         finally:
             os.close(log_fd)
         ctx.log(f"run {run_id}: {name} started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
-        ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
+        try:
+            ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
+        except (sqlite3.OperationalError, OSError) as e:
+            # the row exists (written before the start); only its pid is missing:
+            # supervise the agent anyway, never leave it running unwatched
+            ctx.log(f"run {run_id}: cannot record the pid of {name}: {e}")
         try:
             status_word, ending = self._wait(run_id, child, started)
         finally:
@@ -240,14 +259,45 @@ class Hop:
         self.ctx.log(f"run {run_id}: {self.agent.name} could not start: {reason}")
         return self._close(run_id, "error", "driver", None, None, reason)
 
+    def _until_recorded(self, run_id: int, write: Callable[[], object]) -> object:
+        """Run a journal write that must not be lost (closing a run that has ended):
+        while the state dir is full or read-only, say why once, keep beating and
+        retry; give up only when the driver is told to stop (the row then stays
+        ``running`` and the next driver's reaper closes it as ``interrupted``)."""
+        ctx = self.ctx
+        delay, failing = 0.2, False
+        while True:
+            try:
+                result = write()
+            except (sqlite3.OperationalError, OSError) as e:
+                if ctx.stop_requested:
+                    raise
+                if not failing:
+                    ctx.log(f"run {run_id}: cannot record the end of {self.agent.name} ({e}); "
+                            f"retrying until the state dir is writable")
+                failing = True
+                sigs, _ = ctx.wakeups.wait(delay)
+                if signal.SIGCHLD in sigs:
+                    proctree.reap_zombie_children()
+                if signal.SIGHUP in sigs:
+                    ctx.reload_requested = True
+                if signal.SIGTERM in sigs or signal.SIGINT in sigs:
+                    ctx.stop_requested = True
+                ctx.beat()
+                delay = min(delay * 2, 5.0)
+                continue
+            if failing:
+                ctx.log(f"run {run_id}: end of {self.agent.name} recorded")
+            return result
+
     def _close(self, run_id: int, status: str, source: str, exit_code: Optional[int],
                sig: Optional[int], reason: Optional[str]) -> HopResult:
         ctx = self.ctx
         now = time.time()
 
-        after = ctx.journal.close_run(
+        after = self._until_recorded(run_id, lambda: ctx.journal.close_run(
             run_id, status, source=source, exit_code=exit_code, signal=sig, reason=reason, now=now,
-            settle=lambda state: after_run(state, status, now, ctx.config.ring, self.agent.text))
+            settle=lambda state: after_run(state, status, now, ctx.config.ring, self.agent.text)))
         row = ctx.journal.run(run_id)
         result = HopResult(run_id=run_id, agent=self.agent.name, status=row.status if row else status,
                            exit_code=exit_code, signal=sig, reason=reason,
