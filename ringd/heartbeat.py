@@ -115,13 +115,16 @@ def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
     - no heartbeat, or a clean stop recorded in it: ``stopped``
     - process gone without a clean stop: ``dead``
     - heartbeat older than 2 x interval (or unreadable time): ``stale``
+    - heartbeat more than 2 x interval in the *future*: ``stale`` too - the wall
+      clock was set back since the driver last beat (a live driver's next beat
+      would carry the new time), so the stamp proves nothing
     """
     if not hb or hb.get("stopped"):
         return "stopped"
     if not alive:
         return "dead"
     age = heartbeat_age(hb, now)
-    if age is None or age > 2 * heartbeat_interval:
+    if age is None or abs(age) > 2 * heartbeat_interval:
         return "stale"
     return "ok"
 
