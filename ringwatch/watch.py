@@ -41,8 +41,14 @@ COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is kill
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
+# Under systemd (stderr is the journal) journald stamps each line itself.
+_STAMP = not os.environ.get("JOURNAL_STREAM")
+
+
 def log(message: str) -> None:
-    sys.stderr.write(f"ringwatch: {message}\n")
+    """One line per event on stderr: ``ringwatch: [UTC time ]message``."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) if _STAMP else ""
+    sys.stderr.write(f"ringwatch: {stamp}{message}\n")
     sys.stderr.flush()
 
 

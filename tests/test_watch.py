@@ -120,7 +120,7 @@ def test_starts_driver_replaces_a_killed_one_and_stops_cleanly(ring):
 
     err = stop_watcher(ring, watcher)
     assert not alive(hb["pid"])
-    assert "ringwatch: driver (pid %d) was killed by signal 9" % first in err
+    assert "driver (pid %d) was killed by signal 9" % first in err
     assert all(line.startswith("ringwatch: ") for line in err.splitlines()), err
     assert ring.heartbeat()["stopped"] is True                # the driver stopped cleanly
     assert watch_state(ring)["stopped"] is True
