@@ -132,6 +132,8 @@ def judge(view: DriverView, *, alive: bool, now: float, stale_after: float,
     grace = stale_after if grace is None else grace
     if view.beat_at is None:
         if view.pinned and not alive:
+            if view.pid is None:
+                return Verdict(DEAD, "the driver could not be started")
             return Verdict(DEAD, f"driver (pid {view.pid}) exited before its first heartbeat")
         waited = now - view.since
         if waited > grace:

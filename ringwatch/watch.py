@@ -172,7 +172,7 @@ class Watcher:
         self._save(last_poll_at=iso(time.time()),
                    driver={"pid": self.view.pid, "pid_start": self.view.pid_start,
                            "health": verdict.health})
-        self._status(f"driver {verdict.health}: {verdict.reason}")
+        self._status(f"driver {verdict.health}" + (f" (pid {self.view.pid})" if self.view.pid else ""))
         if verdict.unhealthy:
             return self._replace(verdict)
         return None
@@ -189,7 +189,9 @@ class Watcher:
             log(f"driver (pid {proc.pid}) exited 78, a configuration error{detail}; not restarting it. "
                 f"Fix the configuration (ringd check), then start ringwatch again")
             self._status("driver configuration error")
-            self._save(driver={"pid": proc.pid, "pid_start": proc.start_time, "health": "config-error"})
+            self._save(driver={"pid": proc.pid, "pid_start": proc.start_time, "health": "config-error"},
+                       stopped=True)
+            self._reap_orphan()   # a run its predecessor left behind must not run on unsupervised
             return EXIT_CONFIG
         if code == EXIT_LOCKED:
             log(f"driver (pid {proc.pid}) exited 75: another driver holds ringd.lock{detail}; "

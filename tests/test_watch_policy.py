@@ -58,6 +58,12 @@ def test_fresh_driver_that_exits_before_beating_is_dead():
     assert verdict.health == DEAD and "before its first heartbeat" in verdict.reason
 
 
+def test_driver_that_could_not_be_started_is_dead():
+    v = policy.DriverView(pid=None, pid_start=None, pinned=True, since=0.0)
+    verdict = judge(v, 0.1, alive=False)
+    assert verdict.health == DEAD and "could not be started" in verdict.reason
+
+
 def test_first_beat_of_our_driver_makes_it_ok_and_restarts_the_clock():
     v = policy.started(100, 1000.0, hb(pid=50), now=0.0)
     v = policy.observe(v, hb(pid=100, seq=1), 8.0)
