@@ -1,28 +1,37 @@
-"""Tables for people. The only module that imports rich, and only when a table is
-drawn (``status --json`` never loads it).
+"""Tables for people. The only module that imports rich, and only to colour a
+table on a terminal (``status --json`` never loads it; plain output neither).
 
-Output is plain text - no escape codes at all - when stdout is not a terminal or
-``NO_COLOR`` is set; tables fit an 80-column terminal (long cells are cut with
-an ellipsis rather than wrapped).
+A table is built once as lines of ``(text, style)`` segments laid out in fixed
+columns that fit the terminal (80 columns when there is none): long cells are
+cut with an ellipsis, never wrapped. Plain output - no escape codes at all - is
+those lines' text, written directly, when stdout is not a terminal or
+``NO_COLOR`` is set. On a terminal rich colours the same lines (rich's own
+Table lays out a 200-agent roster ~10x slower than this).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from .heartbeat import parse_iso
+
+Seg = Tuple[str, str]          # (text, rich style; "" for none)
+Line = List[Seg]
 
 HEALTH_STYLE = {"ok": "bold green", "stale": "bold yellow", "dead": "bold red", "stopped": "dim"}
 STATUS_STYLE = {
     "ok": "green", "running": "bold cyan", "failed": "red", "error": "red", "stalled": "bold red",
     "timeout": "yellow", "interrupted": "magenta", "deferred": "blue", "skipped": "dim",
 }
+GAP = "  "
+LABEL_WIDTH = 9
 
 
-# --- plain formatting (no rich) -----------------------------------------------
+# --- plain formatting ----------------------------------------------------------------
 
 def fmt_duration(seconds: Optional[float]) -> str:
     if seconds is None:
@@ -52,17 +61,19 @@ def fmt_ago(iso_time: Optional[str], now: float) -> str:
     return f"{fmt_duration(delta)} ago"
 
 
-def fmt_until(iso_time: Optional[str], now: float) -> str:
+def fmt_left(iso_time: Optional[str], now: float) -> str:
+    t = parse_iso(iso_time)
+    return "-" if t is None else f"{fmt_duration(max(0.0, t - now))} left"
+
+
+def fmt_local(iso_time: Optional[str], now: Optional[float] = None) -> str:
+    """Local time: ``HH:MM:SS`` today, ``MM-DD HH:MM`` before."""
     t = parse_iso(iso_time)
     if t is None:
         return "-"
-    local = datetime.fromtimestamp(t).strftime("%H:%M" if t - now < 86400 else "%m-%d %H:%M")
-    return f"{local} (in {fmt_duration(max(0.0, t - now))})"
-
-
-def fmt_local(iso_time: Optional[str]) -> str:
-    t = parse_iso(iso_time)
-    return "-" if t is None else datetime.fromtimestamp(t).strftime("%m-%d %H:%M:%S")
+    when = datetime.fromtimestamp(t)
+    today = datetime.fromtimestamp(time.time() if now is None else now).date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%m-%d %H:%M")
 
 
 def budget_bar(elapsed: float, budget: Optional[float], width: int = 20, plain: bool = False) -> str:
@@ -74,7 +85,7 @@ def budget_bar(elapsed: float, budget: Optional[float], width: int = 20, plain: 
     return f"[{on * full}{off * (width - full)}] {frac * 100:.0f}%"
 
 
-def _exit_text(code: Any, sig: Any) -> str:
+def exit_text(code: Any, sig: Any) -> str:
     if sig:
         try:
             import signal
@@ -84,26 +95,18 @@ def _exit_text(code: Any, sig: Any) -> str:
     return "-" if code is None else str(code)
 
 
-# --- rich ------------------------------------------------------------------------
+# --- layout ----------------------------------------------------------------------------
+
+def output_width(stream: Optional[TextIO] = None) -> int:
+    """The terminal's width; $COLUMNS or 80 when there is no terminal."""
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
 
 def plain_output(stream: Optional[TextIO] = None) -> bool:
     stream = stream or sys.stdout
     if os.environ.get("NO_COLOR"):
         return True
-    try:
-        return not stream.isatty()
-    except (AttributeError, ValueError):
-        return True
-
-
-def make_console(stream: Optional[TextIO] = None, live: bool = False):
-    from rich.console import Console
-    stream = stream or sys.stdout
-    if plain_output(stream) and not (live and _isatty(stream)):
-        # No terminal codes whatsoever: no colour, no bold, no cursor movement.
-        return Console(file=stream, color_system=None, force_terminal=False, force_interactive=False,
-                       highlight=False, emoji=False, markup=True)
-    return Console(file=stream, highlight=False, emoji=False, no_color=bool(os.environ.get("NO_COLOR")))
+    return not _isatty(stream)
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -113,25 +116,92 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def status_renderable(doc: Mapping[str, Any], now: Optional[float] = None, plain: bool = False,
-                      warnings: Sequence[str] = ()):
-    from rich import box
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
+def cut(text: str, width: int, plain: bool) -> str:
+    if len(text) <= width:
+        return text
+    if width <= 0:
+        return ""
+    mark = "..." if plain else "\u2026"
+    return text[: max(0, width - len(mark))] + mark[: width]
 
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Seg]], *, right: Sequence[bool],
+          max_widths: Sequence[Optional[int]], width: int, plain: bool) -> List[Line]:
+    """Fixed-width columns; the last column takes what is left of ``width``."""
+    n = len(headers)
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    for i, cap in enumerate(max_widths):
+        if cap is not None:
+            widths[i] = min(widths[i], cap)
+    used = sum(widths[:-1]) + len(GAP) * (n - 1)
+    widths[-1] = max(len(headers[-1]), min(widths[-1], width - used))
+
+    def line(cells: Sequence[Seg]) -> Line:
+        out: Line = []
+        for i, (text, style) in enumerate(cells):
+            text = cut(text, widths[i], plain)
+            pad = " " * (widths[i] - len(text))
+            if i:
+                out.append((GAP, ""))
+            if right[i]:
+                out += [(pad, ""), (text, style)]
+            elif i < n - 1:
+                out += [(text, style), (pad, "")]
+            else:
+                out.append((text, style))
+        return out
+
+    lines = [line([(h, "bold") for h in headers])]
+    lines.append([("-" * min(width, sum(widths) + len(GAP) * (n - 1)), "dim")])
+    lines += [line(r) for r in rows]
+    return lines
+
+
+def labelled(label: str, segs: Sequence[Seg], width: int) -> List[Line]:
+    """``label   text...`` wrapped under itself to ``width`` (styles kept per piece)."""
+    lines: List[Line] = []
+    cur: Line = [(label.ljust(LABEL_WIDTH), "bold")]
+    room = width - LABEL_WIDTH
+    used = 0
+    for text, style in segs:
+        parts = text.split("\n")
+        for k, part in enumerate(parts):
+            if k:
+                lines.append(cur)
+                cur, used = [(" " * LABEL_WIDTH, "")], 0
+            while used + len(part) > room and room - used > 0:
+                # break at a space if one is near, else hard
+                take = room - used
+                space = part.rfind(" ", 0, take + 1)
+                if space > take // 2:
+                    take = space
+                cur.append((part[:take], style))
+                lines.append(cur)
+                cur, used = [(" " * LABEL_WIDTH, "")], 0
+                part = part[take:].lstrip(" ")
+            if part:
+                cur.append((part, style))
+                used += len(part)
+    lines.append(cur)
+    return lines
+
+
+# --- status ------------------------------------------------------------------------------
+
+def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: bool = True,
+                 width: int = 80, warnings: Sequence[str] = ()) -> List[Line]:
     now = time.time() if now is None else now
-    head = Table.grid(padding=(0, 1))
-    head.add_column(style="bold", no_wrap=True)
-    head.add_column(overflow="fold")
+    out: List[Line] = []
 
     d = doc["driver"]
     health = d["health"]
-    line = Text(health.upper() if health != "ok" else "ok", style=HEALTH_STYLE.get(health, ""))
-    bits: List[str] = []
+    segs: List[Seg] = [(health if health == "ok" else health.upper(), HEALTH_STYLE.get(health, ""))]
     if health == "stale":
-        line.append(f"  likely stuck: heartbeat {int(d['heartbeat_age'] or 0)} s old", style="yellow")
+        segs.append((f"  likely stuck: heartbeat {int(d['heartbeat_age'] or 0)} s old", "bold yellow"))
+    bits: List[str] = []
     if d.get("pid"):
         bits.append(f"pid {d['pid']}")
     elif health == "dead" and d.get("last_pid"):
@@ -142,135 +212,147 @@ def status_renderable(doc: Mapping[str, Any], now: Optional[float] = None, plain
         bits.append(f"up {fmt_duration(now - (parse_iso(d['started_at']) or now))}")
     if health == "ok" and d.get("heartbeat_age") is not None:
         bits.append(f"beat {fmt_duration(d['heartbeat_age'])} ago")
-    if health == "stopped" and d.get("heartbeat_at") is None:
-        bits.append("never ran here")
-    elif health == "stopped":
-        bits.append(f"stopped {fmt_ago(d.get('heartbeat_at'), now)}")
+    if health == "stopped":
+        bits.append("never ran here" if d.get("heartbeat_at") is None
+                    else f"stopped {fmt_ago(d.get('heartbeat_at'), now)}")
     if bits:
-        line.append("  " + ", ".join(bits))
-    head.add_row("driver", line)
+        segs.append(("  " + ", ".join(bits), ""))
+    out += labelled("driver", segs, width)
 
     w = doc["watcher"]
     if w["alive"]:
-        wl = Text("alive", style="green")
-        wl.append(f"  pid {w['pid']}, polled {fmt_ago(w.get('last_poll_at'), now)}")
-    elif w.get("last_poll_at"):
-        wl = Text("not running", style="dim")
-        wl.append(f"  (last poll {fmt_ago(w.get('last_poll_at'), now)})")
+        segs = [("alive", "green"), (f"  pid {w['pid']}, polled {fmt_ago(w.get('last_poll_at'), now)}", "")]
     else:
-        wl = Text("not running", style="dim")
-    wl.append(f", {w['restarts']} restart{'s' if w['restarts'] != 1 else ''} in window")
+        segs = [("not running", "dim")]
+        if w.get("last_poll_at"):
+            segs.append((f"  (last poll {fmt_ago(w.get('last_poll_at'), now)})", "dim"))
+    segs.append((f", {w['restarts']} restart{'s' if w['restarts'] != 1 else ''} in window", ""))
     if w["gave_up"]:
-        wl.append("  GAVE UP (ringwatch reset to clear)", style="bold red")
-    head.add_row("watcher", wl)
+        segs.append(("  GAVE UP (ringwatch reset clears it)", "bold red"))
+    out += labelled("watcher", segs, width)
 
     c = doc.get("current")
     if c:
-        cl = Text(c["agent"], style="bold cyan")
-        cl.append(f"  run {c['run_id']}" + (f", pid {c['pid']}" if c.get("pid") else ""))
-        cl.append(f", {fmt_duration(c['elapsed'])} elapsed")
+        segs = [(c["agent"], "bold cyan"),
+                (f"  run {c['run_id']}" + (f", pid {c['pid']}" if c.get("pid") else "")
+                 + f", {fmt_duration(c['elapsed'])} elapsed", "")]
         if c.get("run_budget"):
-            left = max(0.0, c["run_budget"] - c["elapsed"])
             over = c["elapsed"] > c["run_budget"]
-            cl.append("\n" + budget_bar(c["elapsed"], c["run_budget"], plain=plain),
-                      style="red" if over else "cyan")
-            cl.append(f" of {fmt_duration(c['run_budget'])}, "
-                      + ("over budget" if over else f"{fmt_duration(left)} left"))
-        head.add_row("current", cl)
+            segs.append(("\n" + budget_bar(c["elapsed"], c["run_budget"], plain=plain), "red" if over else "cyan"))
+            left = "over budget" if over else f"{fmt_duration(c['run_budget'] - c['elapsed'])} left"
+            segs.append((f" of {fmt_duration(c['run_budget'])}, {left}", ""))
+        out += labelled("current", segs, width)
     else:
-        head.add_row("current", Text("-  (between runs)" if health == "ok" else "-", style="dim"))
+        out += labelled("current", [("-  (between runs)" if health == "ok" else "-", "dim")], width)
 
     r = doc["roster"]
-    rl = Text(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})")
+    segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
     if r.get("error"):
-        rl.append(f"\nERROR: {r['error']}", style="bold red")
-    head.add_row("roster", rl)
+        segs.append((f"\nERROR: {r['error']}", "bold red"))
+    out += labelled("roster", segs, width)
     for warning in warnings:
-        head.add_row("warning", Text(warning, style="yellow"))
+        out += labelled("warning", [(warning, "yellow")], width)
+    out.append([])
 
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), expand=False, show_edge=False,
-                  pad_edge=False, header_style="bold")
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("agent", no_wrap=True, overflow="ellipsis", max_width=20)
-    table.add_column("last", no_wrap=True)
-    table.add_column("took", justify="right", no_wrap=True)
-    table.add_column("when", justify="right", no_wrap=True)
-    table.add_column("fails", justify="right", no_wrap=True)
-    table.add_column("notes", overflow="fold", min_width=10)
+    rows = []
     for a in doc["agents"]:
         status = a.get("last_status")
         when = a.get("last_ended_at") or a.get("last_started_at")
-        notes = Text()
+        notes: List[str] = []
+        style = ""
         if a.get("quarantined_until"):
-            notes.append(f"QUARANTINED until {fmt_until(a['quarantined_until'], now)}", style="bold magenta")
+            notes.append(f"QUARANTINED {fmt_left(a['quarantined_until'], now)}")
+            style = "bold magenta"
         if a.get("skip_requested"):
-            notes.append(("; " if notes else "") + "skip requested", style="yellow")
+            notes.append("skip requested")
+            style = style or "yellow"
         if a.get("backoff_until"):
-            notes.append(("; " if notes else "") + f"back-off until {fmt_until(a['backoff_until'], now)}",
-                         style="blue")
+            notes.append(f"back-off {fmt_left(a['backoff_until'], now)}")
+            style = style or "blue"
         fails = a.get("consecutive_failures") or 0
-        table.add_row(
-            str(a["position"]), escape(a["name"]),
-            Text(status or "never", style=STATUS_STYLE.get(status or "", "dim")),
-            fmt_duration(a.get("last_duration")) if status != "running" else "-",
-            fmt_ago(when, now) if when else "-",
-            Text(str(fails), style="red" if fails else ""),
-            notes,
-        )
-    return Group(head, Text(""), table)
+        rows.append([
+            (str(a["position"]), ""), (a["name"], ""),
+            (status or "never", STATUS_STYLE.get(status or "", "dim")),
+            (fmt_duration(a.get("last_duration")) if status != "running" else "-", ""),
+            (fmt_ago(when, now) if when else "-", ""),
+            (str(fails), "red" if fails else ""),
+            ("; ".join(notes), style),
+        ])
+    out += table(("#", "agent", "last", "took", "when", "fails", "notes"), rows,
+                 right=(True, False, False, True, True, True, False),
+                 max_widths=(None, 20, None, None, None, None, None), width=width, plain=plain)
+    return out
+
+
+def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80) -> List[Line]:
+    if not runs:
+        return [[("no runs yet", "dim")]]
+    rows = [[(str(r["id"]), ""), (r["agent"], ""), (r["status"], STATUS_STYLE.get(r["status"], "")),
+             (fmt_local(r["started_at"]), ""), (fmt_duration(r["duration"]), ""),
+             (exit_text(r["exit_code"], r["signal"]), ""),
+             (" ".join((r.get("reason") or "").split()), "")] for r in runs]
+    return table(("run", "agent", "status", "started", "took", "exit", "reason"), rows,
+                 right=(True, False, False, False, True, True, False),
+                 max_widths=(None, 18, None, None, None, None, None), width=width, plain=plain)
+
+
+# --- output ------------------------------------------------------------------------------
+
+def emit(lines: Sequence[Line], stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout
+    if plain_output(stream):
+        stream.write("".join("".join(t for t, _ in line).rstrip() + "\n" for line in lines))
+        stream.flush()
+        return
+    console = _console(stream)
+    console.print(_rich_text(lines), no_wrap=True, overflow="crop", crop=True, soft_wrap=False)
+
+
+def _console(stream: TextIO):
+    from rich.console import Console
+    return Console(file=stream, highlight=False, emoji=False, markup=False,
+                   no_color=bool(os.environ.get("NO_COLOR")))
+
+
+def _rich_text(lines: Sequence[Line]):
+    from rich.text import Text
+    text = Text(end="")
+    for k, line in enumerate(lines):
+        if k:
+            text.append("\n")
+        for t, style in line:
+            text.append(t, style=style or None)
+    return text
 
 
 def print_status(doc: Mapping[str, Any], warnings: Sequence[str] = (), stream: Optional[TextIO] = None) -> None:
-    console = make_console(stream)
-    console.print(status_renderable(doc, plain=plain_output(stream), warnings=warnings))
+    stream = stream or sys.stdout
+    emit(status_lines(doc, plain=plain_output(stream), width=output_width(stream), warnings=warnings), stream)
+
+
+def print_history(runs: Sequence[Mapping[str, Any]], stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout
+    emit(history_lines(runs, plain=plain_output(stream), width=output_width(stream)), stream)
 
 
 def watch_status(gather: Callable[[], "tuple[Dict[str, Any], List[str]]"], interval: float = 1.0,
                  stream: Optional[TextIO] = None) -> None:
-    """Redraw the status every ``interval`` s until Ctrl-C (in place on a terminal;
-    one frame after another, separated by a blank line, otherwise)."""
+    """Redraw the status every ``interval`` s until Ctrl-C: in place on a terminal
+    (rich Live), else one frame after another separated by a blank line."""
     stream = stream or sys.stdout
-    console = make_console(stream, live=True)
-    plain = plain_output(stream)
-    if console.is_terminal:
-        from rich.live import Live
-        doc, warnings = gather()
-        with Live(status_renderable(doc, plain=plain, warnings=warnings), console=console,
-                  auto_refresh=False, transient=False) as live:
-            while True:
-                time.sleep(interval)
-                doc, warnings = gather()
-                live.update(status_renderable(doc, plain=plain, warnings=warnings), refresh=True)
-    else:
+    if not _isatty(stream):
         while True:
             doc, warnings = gather()
-            console.print(status_renderable(doc, plain=True, warnings=warnings))
-            console.print("")
-            stream.flush()
+            emit(status_lines(doc, plain=True, width=output_width(stream), warnings=warnings) + [[]], stream)
             time.sleep(interval)
+    from rich.live import Live
+    plain = plain_output(stream)
 
+    def frame():
+        doc, warnings = gather()
+        return _rich_text(status_lines(doc, plain=plain, width=output_width(stream), warnings=warnings))
 
-def print_history(runs: Sequence[Mapping[str, Any]], stream: Optional[TextIO] = None) -> None:
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-
-    console = make_console(stream)
-    if not runs:
-        console.print("no runs yet")
-        return
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False, pad_edge=False, header_style="bold")
-    table.add_column("run", justify="right", no_wrap=True)
-    table.add_column("agent", no_wrap=True, overflow="ellipsis", max_width=18)
-    table.add_column("status", no_wrap=True)
-    table.add_column("started", no_wrap=True)
-    table.add_column("took", justify="right", no_wrap=True)
-    table.add_column("exit", justify="right", no_wrap=True)
-    table.add_column("reason", overflow="ellipsis", no_wrap=True, min_width=8)
-    for r in runs:
-        table.add_row(str(r["id"]), escape(r["agent"]),
-                      Text(r["status"], style=STATUS_STYLE.get(r["status"], "")),
-                      fmt_local(r["started_at"]), fmt_duration(r["duration"]),
-                      _exit_text(r["exit_code"], r["signal"]), Text(r.get("reason") or ""))
-    console.print(table)
+    with Live(frame(), console=_console(stream), auto_refresh=False, transient=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(frame(), refresh=True)

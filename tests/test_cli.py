@@ -226,10 +226,45 @@ def test_status_json_does_not_import_rich(ring):
     imported = [line.split("|")[-1].strip() for line in res.stderr.splitlines() if "|" in line]
     assert "ringd.status" in imported
     assert not [m for m in imported if m == "rich" or m.startswith("rich.")]
-    # the table does use rich (sanity check of the probe)
+    # plain table output does not need rich either
     argv = [sys.executable, "-X", "importtime", "-m", "ringd", "status", *ring.common()]
     res = subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=30)
-    assert any(line.split("|")[-1].strip() == "rich" for line in res.stderr.splitlines())
+    assert not [line for line in res.stderr.splitlines() if line.split("|")[-1].strip() == "rich"]
+
+
+def run_on_tty(argv, env, timeout=30):
+    """Run with stdout on a pseudo-terminal; returns (exit code, bytes written)."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen(argv, stdout=slave, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        os.close(slave)
+        out = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        return p.wait(timeout=timeout), out
+    finally:
+        os.close(master)
+
+
+def test_status_on_a_terminal_colours_unless_no_color(ring):
+    ring.agent("a", "exit 3")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.start_driver("--once").wait(timeout=20)
+    argv = ring_cmd("status", *ring.common())
+    env = dict(ring.env, COLUMNS="80", TERM="xterm-256color")
+    env.pop("NO_COLOR", None)
+    code, out = run_on_tty(argv, env)
+    assert code == 3 and b"\x1b[" in out and b"failed" in out
+    code, out = run_on_tty(argv, dict(env, NO_COLOR="1"))
+    assert code == 3 and b"\x1b" not in out and b"failed" in out
 
 
 # --- skip -------------------------------------------------------------------------------
