@@ -16,11 +16,13 @@ from typing import List, Optional
 
 import click
 
+from . import __version__
 from .config import ConfigError, load_config, resolve_config_path, resolve_state_dir
 
 EXIT_CONFIG = 78
 EXIT_INTERRUPTED = 130
 MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
+RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 
 
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -125,7 +127,7 @@ def _warn(warnings: List[str]) -> None:
 
 
 @click.group(cls=RingGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ring", prog_name="ringd")
+@click.version_option(version=__version__, prog_name="ringd")
 def main() -> None:
     """ring's driver and operator commands."""
 
@@ -257,7 +259,7 @@ def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], l
 @main.command()
 @locations
 @click.argument("name")
-@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="ID",
+@click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="This run's log (default: NAME's last run).")
 @click.option("-f", "--follow", is_flag=True, help="Follow the log until the run ends.")
 @operator_command
@@ -276,7 +278,7 @@ def logs(state_dir: Path, config_path: Optional[Path], name: str, run_id: Option
 @main.command("force-fail")
 @locations
 @click.option("--reason", metavar="TEXT", default=None, help="Why (recorded in the run's reason).")
-@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="ID",
+@click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="Only if this is the run still running (guards against hitting the next run).")
 @operator_command
 def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[str], run_id: Optional[int]) -> None:

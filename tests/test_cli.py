@@ -523,6 +523,10 @@ def test_bad_input_is_one_line(ring):
     assert res.returncode == 2 and "--bogus" in one_error_line(res)
     res = ring.cli("logs")
     assert res.returncode == 2 and "NAME" in one_error_line(res)
+    res = ring.cli("logs", "a", "--run", "9" * 100_000)
+    assert res.returncode == 2 and len(one_error_line(res)) < 400
+    res = subprocess.run(ring_cmd("--version"), env=ring.env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and "ringd" in res.stdout
 
 
 def test_status_watch_refreshes_until_interrupted(ring):
