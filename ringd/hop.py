@@ -7,6 +7,7 @@ heartbeat is due. However the run ends, nothing it started survives it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sqlite3
@@ -115,6 +116,15 @@ def open_log(state_dir: Path, agent: str, run_id: int) -> "tuple[int, str]":
     return fd, str(state_dir / "logs" / agent / f"{run_id}.log")
 
 
+def _log_open_reason(e: OSError) -> str:
+    """Say plainly when the log path was tampered with (never followed)."""
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "a symbolic link (or a non-directory) is in the way; refusing to follow it"
+    if e.errno == errno.EEXIST:
+        return "a file or symbolic link is already there; refusing to write through it"
+    return proctree.errno_reason(e)
+
+
 def prune_logs(state_dir: Path, agent: str, keep: int) -> None:
     """Keep the newest ``keep`` run logs of an agent (by run id)."""
     folder = state_dir / "logs" / agent
@@ -148,7 +158,8 @@ class Hop:
         try:
             log_fd, log_path = open_log(ctx.state_dir, name, run_id)
         except OSError as e:
-            return self._close_error(run_id, f"cannot open run log: {proctree.errno_reason(e)}")
+            return self._close_error(run_id, f"cannot open run log logs/{name}/{run_id}.log: "
+                                             f"{_log_open_reason(e)}")
         try:
             child = self._spawn(run_id, started, log_fd, log_path)
         except OSError as e:
