@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,17 +33,26 @@ def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
 
 
 def open_log(state_dir: Path) -> int:
-    """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink."""
+    """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink -
+    neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed (the
+    directory is opened O_NOFOLLOW and the file relative to it)."""
     logs = state_dir / "logs"
-    os.makedirs(logs, mode=0o700, exist_ok=True)
-    path = logs / DRIVER_LOG
     try:
-        st = os.lstat(path)
-        if st.st_size > ROTATE_BYTES and not os.path.islink(path):
-            os.replace(path, logs / (DRIVER_LOG + ".1"))
-    except FileNotFoundError:
+        os.mkdir(logs, 0o700)
+    except FileExistsError:
         pass
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    dfd = os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            st = os.stat(DRIVER_LOG, dir_fd=dfd, follow_symlinks=False)
+            if st.st_size > ROTATE_BYTES and not stat.S_ISLNK(st.st_mode):
+                os.replace(DRIVER_LOG, DRIVER_LOG + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(DRIVER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dfd)
+    finally:
+        os.close(dfd)
     os.fchmod(fd, 0o600)
     return fd
 

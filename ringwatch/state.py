@@ -50,10 +50,22 @@ def prepare_state_dir(state_dir: Path) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise Refusal(f"{state_dir}: state dir is writable by group or others "
                       f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", 78)
+    logs = state_dir / "logs"
     try:
-        os.makedirs(state_dir / "logs", mode=0o700, exist_ok=True)
+        os.mkdir(logs, 0o700)
+    except FileExistsError:
+        pass
     except OSError as e:
-        raise Refusal(f"{state_dir / 'logs'}: cannot create log dir: {e.strerror}", 78) from None
+        raise Refusal(f"{logs}: cannot create log dir: {e.strerror}", 78) from None
+    st = os.lstat(logs)
+    if stat.S_ISLNK(st.st_mode):
+        raise Refusal(f"{logs}: log dir is a symbolic link; refusing to follow it "
+                      f"(remove it, ringwatch recreates the directory)", 78)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refusal(f"{logs}: log dir is not a directory", 78)
+    driver_log = logs / "ringd.log"
+    if driver_log.is_symlink():
+        raise Refusal(f"{driver_log}: driver log is a symbolic link; refusing to follow it", 78)
 
 
 def load(state_dir: Path) -> Dict[str, Any]:

@@ -287,7 +287,8 @@ class Watcher:
         except OSError as e:
             # e.g. the interpreter vanished (upgrade in progress): judged dead at the
             # next check and retried under the start limit, never a tight loop
-            log(f"cannot start the driver: {proctree.errno_reason(e)}")
+            where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+            log(f"cannot start the driver: {proctree.errno_reason(e)}{where}")
             self.proc = None
             self.view = policy.DriverView(pid=None, pid_start=None, pinned=True, since=time.monotonic(),
                                           last_key=None, beat_at=None)

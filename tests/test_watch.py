@@ -369,3 +369,21 @@ def test_cli_reset_and_errors_are_one_line(ring):
     assert res.returncode == 78 and "writable by group" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = run_cli(ring, "--help")
     assert res.returncode == 0 and "reset" in res.stdout
+
+
+def test_symlinked_logs_are_never_followed(ring, tmp_path):
+    simple_ring(ring)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    os.symlink(victim, ring.state / "logs")
+    rc, err = finish(ring.start_watcher(), 10)
+    assert rc == 78 and "symbolic link" in err and len(err.strip().splitlines()) == 1
+    assert os.listdir(victim) == []
+    os.unlink(ring.state / "logs")
+    (ring.state / "logs").mkdir(mode=0o700)
+    precious = victim / "precious"
+    precious.write_text("precious\n")
+    os.symlink(precious, ring.state / "logs" / "ringd.log")
+    rc, err = finish(ring.start_watcher(), 10)
+    assert rc == 78 and "ringd.log" in err and len(err.strip().splitlines()) == 1
+    assert precious.read_text() == "precious\n"
