@@ -113,6 +113,13 @@ def operator_command(fn):
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             raise
+        except PermissionError as e:
+            raise fail(f"{e.filename or 'state'}: permission denied "
+                       f"(operator commands run as the ring's user)", 1)
+        except OSError as e:
+            if e.filename is None:
+                raise fail(f"{e.strerror or e}", 1)
+            raise fail(f"{e.filename}: {e.strerror or e}", 1)
         except Exception as e:  # noqa: BLE001 - the operator gets one line, not a traceback
             if os.environ.get("RINGD_DEBUG"):
                 raise
