@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Lap time and idle cost of the ring driver (issue 2, "Benchmark").
+
+Run from the repo root (after ``pip install -e .``; without it the repo root is
+put on PYTHONPATH so ``python -m ringd`` still works):
+
+    python3 benchmarks/bench_lap.py [--reps 3] [--agents 200] [--idle-seconds 30]
+
+1. Lap time for a ring of N agents running ``/bin/true``, measured side by side
+   with interleaved repetitions (median reported):
+     a. ``ringd run --once`` -- wall time of the subprocess, and the lap itself
+        from the journal (first ``started_at`` to last ``ended_at``), so the
+        driver's start-up is separated from the lap;
+     b. a plain Python loop of ``subprocess.run(["/bin/true"])``;
+     c. a bash loop of ``timeout -k 600 3600 /bin/true``.
+   Goal: ringd lap <= 2x the bash timeout loop.
+2. Idle cost: ``ringd run`` with one agent running ``sleep 3600``; over the
+   window the driver's CPU % (goal < 0.05 %), RSS (goal < 25 MB) and context
+   switches (to show it sleeps rather than spins).
+
+Always exits 0 (unless the harness itself breaks); a missed goal prints MISS.
+The ringd laps run on one state dir after an untimed warm-up lap, so each timed
+lap is a steady-state lap (journal, log folders exist). Processes started here are killed by pid only.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+try:
+    import psutil
+except ImportError:  # psutil is a dependency of ring, but be explicit
+    sys.exit("bench_lap: needs psutil (pip install -e . installs it)")
+
+REPO = Path(__file__).resolve().parent.parent
+LAP_RATIO_GOAL = 2.0
+IDLE_CPU_GOAL = 0.05      # percent of one CPU
+IDLE_RSS_GOAL = 25.0      # MB (MiB)
+HEARTBEAT_INTERVAL = 10   # s, as in CONFIG below
+
+CONFIG = """\
+ring:
+  run_budget: 3600
+  stall_threshold: 4200
+  heartbeat_interval: 10
+"""
+
+
+def ringd_env():
+    """Environment for the driver: make ``-m ringd`` importable without an install."""
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    env.pop("RING_STATE", None)
+    env.pop("RING_CONFIG", None)
+    probe = subprocess.run([sys.executable, "-c", "import ringd"], env=env, cwd="/",
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def make_ring(root: Path, name: str, roster_lines):
+    """A fresh 0700 state dir with a 0600 roster, and a 0600 config next to it."""
+    state = root / name
+    state.mkdir(mode=0o700)
+    os.chmod(state, 0o700)
+    write_private(state / "ring.txt", "".join(line + "\n" for line in roster_lines))
+    config = root / (name + ".yaml")
+    write_private(config, CONFIG)
+    return state, config
+
+
+# --- lap time -----------------------------------------------------------------
+
+def ringd_once(state: Path, config: Path, env) -> float:
+    cmd = [sys.executable, "-m", "ringd", "run", "--once", "--state", str(state), "--config", str(config)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"ringd run --once exited {proc.returncode}:\n{proc.stdout.decode(errors='replace')[-2000:]}")
+    return wall
+
+
+def journal_query(state: Path, sql: str, args=()):
+    db = sqlite3.connect(f"file:{state / 'journal.db'}?mode=ro", uri=True)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def time_ringd_lap(state: Path, config: Path, n: int, env) -> dict:
+    """One steady-state lap on an existing ring: the wall time of ``ringd run --once``
+    and the lap from the journal rows this run wrote."""
+    before = journal_query(state, "SELECT coalesce(max(id), 0) FROM runs")[0][0]
+    wall = ringd_once(state, config, env)
+    (first, last, count), = journal_query(
+        state, "SELECT min(started_at), max(ended_at), count(*) FROM runs WHERE id > ?", (before,))
+    statuses = dict(journal_query(state, "SELECT status, count(*) FROM runs WHERE id > ? GROUP BY status", (before,)))
+    if count != n or statuses.get("ok") != n:
+        raise RuntimeError(f"ringd lap did not run {n} agents ok: {statuses}")
+    return {"wall": wall, "lap": last - first}
+
+
+def time_python_loop(n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(["/bin/true"])
+    return time.perf_counter() - t0
+
+
+def time_bash_loop(n: int) -> float:
+    script = f"for i in $(seq {n}); do timeout -k 600 3600 /bin/true; done"
+    t0 = time.perf_counter()
+    subprocess.run(["bash", "-c", script], check=True)
+    return time.perf_counter() - t0
+
+
+def bench_laps(root: Path, reps: int, n: int, env) -> dict:
+    results = {"ringd_wall": [], "ringd_lap": [], "python": [], "bash": []}
+    state, config = make_ring(root, "lap", [f"a{i:03d} /bin/true" for i in range(n)])
+    # untimed warm-up lap: journal, log folders and page cache exist, as on a ring
+    # that has been running; every timed lap is then a steady-state lap
+    ringd_once(state, config, env)
+    runners = [
+        ("ringd", lambda r: time_ringd_lap(state, config, n, env)),
+        ("python", lambda r: time_python_loop(n)),
+        ("bash", lambda r: time_bash_loop(n)),
+    ]
+    for rep in range(reps):
+        # interleave, rotating the order so no contender always goes first
+        order = runners[rep % 3:] + runners[:rep % 3]
+        for name, run in order:
+            out = run(rep)
+            if name == "ringd":
+                results["ringd_wall"].append(out["wall"])
+                results["ringd_lap"].append(out["lap"])
+            else:
+                results[name].append(out)
+        print(f"  rep {rep + 1}/{reps}: ringd wall {results['ringd_wall'][-1]:.3f}s "
+              f"lap {results['ringd_lap'][-1]:.3f}s, python {results['python'][-1]:.3f}s, "
+              f"bash+timeout {results['bash'][-1]:.3f}s", flush=True)
+    return results
+
+
+# --- idle cost ------------------------------------------------------------------
+
+def sched_runtime_ns(pid: int):
+    """Sum of on-CPU time (ns) over all threads from /proc/<pid>/task/*/schedstat, or None."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
+def proc_rss_split(pid: int):
+    """(anon MB, file MB) from /proc/<pid>/status, or None off Linux."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["RssAnon"].split()[0]) / 1024, int(fields["RssFile"].split()[0]) / 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def wait_running(state: Path, proc, limit: float) -> dict:
+    deadline = time.monotonic() + limit
+    hb_path = state / "ringd.heartbeat"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ringd run exited {proc.returncode} before the agent started")
+        try:
+            hb = json.loads(hb_path.read_text())
+            if hb.get("run_id") is not None:
+                return hb
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"agent not running after {limit:.0f}s (no run_id in {hb_path})")
+
+
+def bench_idle(root: Path, seconds: float, env) -> dict:
+    state, config = make_ring(root, "idle", ["sleeper sleep 3600"])
+    log = open(root / "idle-driver.log", "wb")
+    cmd = [sys.executable, "-m", "ringd", "run", "--state", str(state), "--config", str(config)]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    children = []
+    out = {}
+    try:
+        driver = psutil.Process(proc.pid)
+        wait_running(state, proc, limit=30)
+        children = driver.children(recursive=True)
+        time.sleep(1.0)  # let the start of the run settle before the window
+        ct0, cs0, sch0 = driver.cpu_times(), driver.num_ctx_switches(), sched_runtime_ns(proc.pid)
+        t0 = time.monotonic()
+        rss_max = driver.memory_info().rss
+        rss_split = proc_rss_split(proc.pid)
+        while time.monotonic() - t0 < seconds:
+            time.sleep(max(0.01, min(1.0, seconds - (time.monotonic() - t0))))
+            rss_max = max(rss_max, driver.memory_info().rss)
+        ct1, cs1, sch1 = driver.cpu_times(), driver.num_ctx_switches(), sched_runtime_ns(proc.pid)
+        window = time.monotonic() - t0
+        if proc.poll() is not None:
+            raise RuntimeError(f"ringd run exited {proc.returncode} during the idle window")
+        cpu_s = (ct1.user - ct0.user) + (ct1.system - ct0.system)
+        out = {
+            "window": window,
+            "cpu_s": cpu_s,
+            "cpu_pct": 100.0 * cpu_s / window,
+            "sched_pct": (100.0 * (sch1 - sch0) / 1e9 / window) if sch0 is not None and sch1 is not None else None,
+            "rss_mb": rss_max / 2**20,
+            "rss_split": rss_split,
+            "ctx_vol": cs1.voluntary - cs0.voluntary,
+            "ctx_invol": cs1.involuntary - cs0.involuntary,
+            "threads": driver.num_threads(),
+            "agents": [c.pid for c in children],
+        }
+        # stop the driver the way an operator would
+        t_stop = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out["stop_rc"] = proc.wait(timeout=20)
+            out["stop_s"] = time.monotonic() - t_stop
+        except subprocess.TimeoutExpired:
+            out["stop_rc"] = None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        leftovers = []
+        for child in children:
+            try:
+                if child.is_running():  # psutil checks pid *and* create time
+                    leftovers.append(child.pid)
+                    child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        out["leftovers"] = leftovers
+        log.close()
+    return out
+
+
+# --- report ---------------------------------------------------------------------
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per contender (default 3)")
+    ap.add_argument("--agents", type=int, default=200, help="agents in the ring (default 200)")
+    ap.add_argument("--idle-seconds", type=float, default=30.0, help="idle sampling window (default 30)")
+    ap.add_argument("--skip-idle", action="store_true", help="lap times only")
+    args = ap.parse_args()
+
+    env = ringd_env()
+    load = os.getloadavg()
+    print(f"ring bench_lap: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"load avg {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    root = Path(tempfile.mkdtemp(prefix="ring-bench-"))
+    os.chmod(root, 0o700)
+    try:
+        print(f"\nLap: {args.agents} agents running /bin/true, {args.reps} interleaved reps, median")
+        r = bench_laps(root, args.reps, args.agents, env)
+        med = {k: statistics.median(v) for k, v in r.items()}
+        n = args.agents
+        rows = [
+            ("ringd run --once (wall, incl. start-up)", med["ringd_wall"]),
+            ("ringd lap (journal first start..last end)", med["ringd_lap"]),
+            ("ringd start-up + shutdown (wall - lap)", med["ringd_wall"] - med["ringd_lap"]),
+            ("python subprocess.run loop", med["python"]),
+            ("bash loop: timeout -k 600 3600 /bin/true", med["bash"]),
+        ]
+        print(f"\n  {'contender':44} {'total s':>9} {'ms/agent':>9}")
+        for label, v in rows:
+            print(f"  {label:44} {v:9.3f} {1000 * v / n:9.2f}")
+        lap_ratio = med["ringd_lap"] / med["bash"]
+        wall_ratio = med["ringd_wall"] / med["bash"]
+        print(f"\n  ringd lap  / bash-timeout = {lap_ratio:5.2f}x   goal <= {LAP_RATIO_GOAL:g}x  "
+              f"{verdict(lap_ratio <= LAP_RATIO_GOAL)}")
+        print(f"  ringd wall / bash-timeout = {wall_ratio:5.2f}x   (incl. interpreter start-up; "
+              f"{verdict(wall_ratio <= LAP_RATIO_GOAL)} against the same goal)")
+        print(f"  ringd lap  / python loop  = {med['ringd_lap'] / med['python']:5.2f}x   (information)")
+
+        if not args.skip_idle:
+            print(f"\nIdle: one agent running `sleep 3600`, driver sampled for {args.idle_seconds:g}s")
+            idle = bench_idle(root, args.idle_seconds, env)
+            print(f"  CPU (psutil user+system)  {idle['cpu_s'] * 1000:7.1f} ms over {idle['window']:.1f}s"
+                  f" = {idle['cpu_pct']:.4f} %   goal < {IDLE_CPU_GOAL:g} %  {verdict(idle['cpu_pct'] < IDLE_CPU_GOAL)}")
+            if idle["sched_pct"] is not None:
+                print(f"  CPU (schedstat, ns)                = {idle['sched_pct']:.4f} %   "
+                      f"(cross-check; psutil resolution is one clock tick, 10 ms)")
+            split = (f"  (anon {idle['rss_split'][0]:.1f} + file-backed {idle['rss_split'][1]:.1f} MB)"
+                     if idle["rss_split"] else "")
+            print(f"  RSS (max over window)     {idle['rss_mb']:7.1f} MB             goal < {IDLE_RSS_GOAL:g} MB  "
+                  f"{verdict(idle['rss_mb'] < IDLE_RSS_GOAL)}{split}")
+            ctx = idle["ctx_vol"] + idle["ctx_invol"]
+            print(f"  context switches          {ctx:7d} ({idle['ctx_vol']} voluntary, {idle['ctx_invol']} involuntary)"
+                  f" = {ctx / idle['window']:.2f}/s (~{ctx * HEARTBEAT_INTERVAL / idle['window']:.0f} per {HEARTBEAT_INTERVAL:g}s heartbeat),"
+                  f" {idle['threads']} thread(s)  "
+                  f"{'not spinning' if ctx / idle['window'] < 5 else 'BUSY: looks like polling'}")
+            stop = (f"exit {idle['stop_rc']} after {idle['stop_s']:.2f}s" if idle.get("stop_rc") is not None
+                    else "did not exit within 20s, killed")
+            print(f"  SIGTERM -> driver {stop}; leftover agent processes killed: {idle['leftovers'] or 'none'}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
