@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Set
 
-from ringd import proctree
+from ringd import alerts, proctree
 from ringd.config import Config, ConfigError, load_config
 from ringd.heartbeat import Notifier, iso, process_start_time, read_heartbeat, same_process
 from ringd.wakeup import Wakeups
@@ -50,12 +50,6 @@ def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) if _STAMP else ""
     sys.stderr.write(f"ringwatch: {stamp}{message}\n")
     sys.stderr.flush()
-
-
-def on_event(kind: str, detail: str) -> None:
-    """Alerts hook: ``kind`` is ``watcher gave up`` or ``driver replaced``.
-    Only logs for now; the alerts command will be wired here."""
-    log(f"event: {kind}: {detail}")
 
 
 class Stop(Exception):
@@ -258,8 +252,14 @@ class Watcher:
                 self._stop(old, "survived restart command")
         else:
             self._start_driver(n)
-        on_event("driver replaced", f"{verdict.reason}; {n}")
+        self.on_event(alerts.DRIVER_REPLACED, f"{verdict.reason}; {n}")
         return None
+
+    def on_event(self, kind: str, detail: str) -> None:
+        """Log the event and run the operator's alert command (detached, time-limited)."""
+        log(f"event: {kind}: {detail}")
+        alerts.fire(self.config.alerts.command, kind, None, detail, self.state_dir,
+                    timeout=self.config.alerts.timeout, log=log, reaped_by_caller=False)
 
     def _old_proc(self) -> Optional[DriverProc]:
         view = self.view
@@ -349,7 +349,7 @@ class Watcher:
         self._save(gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason, stopped=True)
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
-        on_event("watcher gave up", reason)
+        self.on_event(alerts.WATCHER_GAVE_UP, reason)
         return EXIT_GAVE_UP
 
     def _shutdown(self) -> int:

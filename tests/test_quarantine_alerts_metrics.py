@@ -1,6 +1,7 @@
 """Issue 6 with real processes: quarantine of repeat offenders, alert commands
 that can never hurt the ring, and metrics.prom that agree with status."""
 import json
+import os
 import time
 
 import pytest
@@ -153,3 +154,19 @@ def test_metrics_parse_and_agree_with_status(ring):
     assert "ring_driver_heartbeat_timestamp_seconds" in families
     last = {s.labels["agent"]: s.value for s in families["ring_last_run_duration_seconds"].samples}
     assert set(last) == {"a", "b", "c"}
+
+
+def test_watcher_alerts_when_it_replaces_the_driver(ring):
+    import signal as sig
+    seen = ring.base / "watch-alerts"
+    alert = ring.agent("alert", f"cat >> {seen}; echo >> {seen}")
+    ring.write_config(alerts={"command": [str(alert)]})
+    ring.agent("a", "sleep 0.1")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.start_watcher()
+    first = wait_until(lambda: (ring.heartbeat() or {}).get("pid"), timeout=15, message="driver up")
+    os.kill(first, sig.SIGKILL)
+    wait_until(lambda: seen.exists() and "driver-replaced" in seen.read_text(), timeout=20,
+               message="driver-replaced alert")
+    event = json.loads(seen.read_text().strip().splitlines()[0])
+    assert event["event"] == "driver-replaced" and event["state_dir"] == str(ring.state)
