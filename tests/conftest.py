@@ -85,6 +85,13 @@ def processes_of(state: Path) -> List[psutil.Process]:
     return found
 
 
+def _not_zombie(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def kill_tree(pid: int) -> None:
     try:
         root = psutil.Process(pid)
@@ -172,8 +179,16 @@ class Ring:
     def cleanup(self) -> None:
         for p in self.procs:
             kill_tree(p.pid)
-        for p in processes_of(self.state):
-            kill_tree(p.pid)
+        # Agents may still be forking while we kill: repeat until none is left
+        # (bounded; a zombie whose parent died is reaped by init meanwhile).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            alive = [p for p in processes_of(self.state) if _not_zombie(p)]
+            if not alive:
+                break
+            for p in alive:
+                kill_tree(p.pid)
+            time.sleep(0.02)
         for p in self.procs:
             try:
                 p.wait(timeout=10)
@@ -213,5 +228,5 @@ def ring(tmp_path):
     r = Ring(tmp_path)
     yield r
     r.cleanup()
-    leftovers = processes_of(r.state)
+    leftovers = [p for p in processes_of(r.state) if _not_zombie(p)]
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"

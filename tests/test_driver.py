@@ -259,9 +259,15 @@ def test_driver_leaves_no_zombies(ring):
     drv = ring.start_driver()
     wait_until(lambda: len(ring.runs()) >= 4, message="a few runs")
     def no_zombies():
-        kids = psutil.Process(drv.pid).children()
-        return not [k for k in kids if k.status() == psutil.STATUS_ZOMBIE and k.pid not in
-                    {r["pid"] for r in ring.runs() if r["status"] == "running"}]
+        running = {r["pid"] for r in ring.runs() if r["status"] == "running"}
+        zombies = []
+        for k in psutil.Process(drv.pid).children():
+            try:
+                if k.status() == psutil.STATUS_ZOMBIE and k.pid not in running:
+                    zombies.append(k.pid)
+            except psutil.NoSuchProcess:
+                pass  # reaped while we looked
+        return not zombies
     wait_until(no_zombies, timeout=5, message="no zombie children of the driver")
 
 
