@@ -1,0 +1,799 @@
+#!/usr/bin/env python3
+"""Fault-injection soak (issue 5): ringwatch + ringd on a ring of every kind of
+agent with sub-second budgets, while a chaos loop injects faults, then proves
+the ring lost nothing, leaked nothing and kept turning.
+
+    python3 benchmarks/soak.py [--seconds 120] [--seed N] [--keep] [--workdir DIR]
+
+Faults, injected in shuffled rounds (each kind once per round, so every kind
+gets a bounded, near-equal share): SIGKILL and SIGSTOP of the driver, SIGKILL
+of the running agent, ``ringd skip`` (current run) and ``ringd skip NAME``,
+roster edits (valid edit, broken then fixed, agent removed then re-added, agent
+added then removed), SIGKILL of ringwatch followed by a fresh ringwatch. Two
+reader threads run ``ringd status --json`` and ``ringd history --json`` all
+along. After each fault the loop waits (bounded) for the ring to recover; a
+fault counts as survived when it did.
+
+At the end everything is stopped and checked:
+- nothing lost: every run id an agent wrote to its marks file has its row; no
+  row left ``running``; every terminal row coherent (times, exit code / signal
+  vs status, exactly one closing event); ``PRAGMA integrity_check`` ok; per-agent
+  counters equal the rows;
+- one at a time: never two runs' processes alive at once (sampled);
+- nothing leaked: no process of the soak alive afterwards; the driver's open
+  descriptors do not grow across hops (sampled with psutil ``num_fds``);
+- the ring kept turning: every healthy agent ran in every stretch of two laps;
+- no reader ever saw "database is locked", a traceback or broken JSON.
+
+Prints a table (fault kind / injected / survived) and the checks; exits 1 if
+any check failed or any fault was not survived. Processes are addressed by pid
+(and start time) only, never by name. The core, :func:`run_soak`, is imported
+by ``tests/test_soak.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+RECOVER = 25.0          # s: bound on every recovery wait (a loaded 2-core box is slow)
+FD_SLACK = 3            # descriptors a driver may legitimately vary by across hops
+
+CONFIG = """\
+ring:
+  run_budget: 0.6
+  stall_threshold: 1.2
+  heartbeat_interval: 0.2
+  lap_pause: 0
+  backoff_initial: 0.5
+  backoff_max: 1.5
+  keep_logs: 5
+  quarantine_after: 3
+  quarantine_cooloff: 4
+watch:
+  poll_interval: 0.2
+  stale_after: 1.5
+  restart_sec: 0.2
+  start_limit_burst: 10000
+  start_limit_interval: 60
+"""
+
+# name -> (shell body, healthy: exits by itself promptly, so it must run every lap)
+AGENTS: Dict[str, Tuple[str, bool]] = {
+    "ok":       ("echo ok", True),
+    "fail":     ("echo failing >&2; exit 3", True),
+    "slow":     ("exec sleep 5", False),                                   # timeout at the budget
+    "wedge":    ("trap '' TERM\nsetsid sh -c 'trap \"\" TERM; exec sleep 30' &\n"
+                 "while :; do sleep 0.05; done", False),                   # stalled; escaped grandchild
+    "tempfail": ("exit 75", False),                                        # deferred, backs off
+    "chatty":   ("head -c 300000 /dev/zero | od -v | head -n 4000", True),  # prints a lot
+    "quick":    ("sleep 0.1", True),
+    "forker":   ("for i in 1 2 3; do (sleep 0.05 &); done; sleep 0.05", True),
+    "extra":    ("echo extra", True),                                      # only while added
+}
+BASE = ["ok", "fail", "slow", "wedge", "tempfail", "chatty", "quick", "forker"]
+
+KINDS = ["driver SIGKILL", "driver SIGSTOP", "agent SIGKILL", "skip current", "skip named",
+         "roster valid edit", "roster broken+fixed", "roster remove+re-add", "roster add+remove",
+         "ringwatch SIGKILL+fresh"]
+READERS = "readers status/history"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class SoakResult:
+    seconds: float
+    faults: Dict[str, List[int]]            # kind -> [injected, survived]
+    checks: List[Check]
+    figures: Dict[str, object]
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks) and all(s == i for i, s in self.faults.values())
+
+    def table(self) -> str:
+        out = [f"{'fault kind':<28}{'injected':>9}{'survived':>10}"]
+        for kind, (i, s) in self.faults.items():
+            out.append(f"{kind:<28}{i:>9}{s:>10}{'' if i == s else '   <-- NOT SURVIVED'}")
+        out.append("")
+        for c in self.checks:
+            out.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        out.append("")
+        for k, v in self.figures.items():
+            out.append(f"{k}: {v}")
+        for n in self.notes[-30:]:
+            out.append(f"note: {n}")
+        return "\n".join(out)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Soak:
+    def __init__(self, seconds: float, workdir: Path, seed: int, log: Callable[[str], None] = print):
+        self.seconds = seconds
+        self.work = workdir
+        self.rnd = random.Random(seed)
+        self.say = log
+        self.state = workdir / "state"
+        self.agents_dir = workdir / "agents"
+        self.config = workdir / "ring.yaml"
+        self.marks = workdir / "marks"
+        self.env = dict(os.environ)
+        for k in list(self.env):
+            if k == "NOTIFY_SOCKET" or k.startswith("WATCHDOG_") or k.startswith("RING_"):
+                self.env.pop(k)
+        self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.watchers: List[subprocess.Popen] = []
+        self.watcher: Optional[subprocess.Popen] = None
+        self.faults: Dict[str, List[int]] = {k: [0, 0] for k in KINDS}
+        self.faults[READERS] = [0, 0]
+        self.notes: List[str] = []
+        self.reader_problems: List[str] = []
+        self.roster_names: List[str] = list(BASE)
+        self.roster_edits: List[float] = []          # times the roster file changed
+        self.names_by_edit: Dict[float, List[str]] = {}  # ... and the membership from then on
+        self.quick_variant = 0
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        # samplers
+        self.overlaps: List[str] = []
+        self.samples = 0
+        self.fd_samples: Dict[Tuple[int, float], List[Tuple[int, int]]] = {}
+        self.drivers_seen: Set[Tuple[int, float]] = set()
+        self.all_pids: Set[Tuple[int, float]] = set()
+
+    # --- set-up ----------------------------------------------------------------------
+    def setup(self) -> None:
+        self.state.mkdir(mode=0o700, parents=True)
+        self.agents_dir.mkdir()
+        self.config.write_text(CONFIG)
+        os.chmod(self.config, 0o600)
+        for name, (body, _) in AGENTS.items():
+            p = self.agents_dir / f"{name}.sh"
+            p.write_text(f"#!/bin/sh\necho $RING_RUN_ID >> {self.marks}\n{body}\n")
+            p.chmod(0o755)
+        self.write_roster(self.roster_names)
+
+    def line(self, name: str) -> str:
+        extra = f" --variant {self.quick_variant}" if name == "quick" and self.quick_variant else ""
+        return f"{name} {self.agents_dir}/{name}.sh{extra}"
+
+    def write_roster(self, names: List[str], broken: bool = False) -> None:
+        lines = ["# soak roster"] + [self.line(n) for n in names]
+        if broken:
+            lines.append("broken 'unbalanced quote")
+        tmp = self.state / ".ring.txt.soak"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.state / "ring.txt")
+        if not broken:
+            self.roster_names = list(names)
+        t = time.time()
+        self.roster_edits.append(t)
+        self.names_by_edit[t] = list(self.roster_names)
+
+    def common(self) -> List[str]:
+        return ["--state", str(self.state), "--config", str(self.config)]
+
+    def start_watcher(self) -> subprocess.Popen:
+        n = len(self.watchers)
+        err = open(self.work / f"ringwatch-{n}.err", "wb")
+        p = subprocess.Popen([sys.executable, "-m", "ringwatch", *self.common()], env=self.env,
+                             stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+        err.close()
+        self.watchers.append(p)
+        self.watcher = p
+        return p
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ringd", args[0], *self.common(), *args[1:]],
+                              env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    # --- looking at the ring ---------------------------------------------------------
+    def heartbeat(self) -> Optional[dict]:
+        try:
+            return json.loads((self.state / "ringd.heartbeat").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def driver(self) -> Optional[Tuple[int, float]]:
+        """(pid, start) of the live driver named by the heartbeat, checked by pid,
+        start time and command line - never a recycled pid."""
+        hb = self.heartbeat()
+        if not hb or hb.get("stopped"):
+            return None
+        pid, start = hb.get("pid"), hb.get("pid_start")
+        try:
+            p = psutil.Process(pid)
+            if not _alive(p) or abs(p.create_time() - float(start)) > 0.05:
+                return None
+            if str(self.state) not in " ".join(p.cmdline()):
+                return None
+        except (psutil.Error, TypeError, ValueError):
+            return None
+        return pid, float(start)
+
+    def rows(self, sql: str = "SELECT * FROM runs ORDER BY id", *params) -> List[sqlite3.Row]:
+        path = self.state / "journal.db"
+        if not path.exists():
+            return []
+        for attempt in range(50):
+            try:
+                con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+                con.row_factory = sqlite3.Row
+                try:
+                    return con.execute(sql, params).fetchall()
+                finally:
+                    con.close()
+            except sqlite3.OperationalError as e:
+                if "no such table" in str(e):
+                    return []
+                time.sleep(0.05)
+        raise RuntimeError("journal unreadable for 2.5 s")
+
+    def last_id(self) -> int:
+        r = self.rows("SELECT max(id) AS m FROM runs")
+        return (r[0]["m"] or 0) if r else 0
+
+    def wait(self, pred: Callable[[], object], timeout: float = RECOVER) -> object:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            v = pred()
+            if v:
+                return v
+            time.sleep(0.05)
+        return None
+
+    def new_runs(self, after: int, n: int = 1, timeout: float = RECOVER) -> bool:
+        return bool(self.wait(lambda: len(self.rows("SELECT id FROM runs WHERE id > ?", after)) >= n, timeout))
+
+    def ring_processes(self) -> List[psutil.Process]:
+        """Every live process of this soak: environment names our state dir, or the
+        command line names our work dir (watchers, drivers, CLI readers, agents)."""
+        key, work = str(self.state), str(self.work)
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if p.pid == os.getpid():
+                continue
+            try:
+                if not _alive(p):
+                    continue
+                if any(work in part for part in (p.info["cmdline"] or [])):
+                    found.append(p)
+                elif p.environ().get("RING_STATE") == key:
+                    found.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    # --- samplers --------------------------------------------------------------------
+    def sampler(self) -> None:
+        key = str(self.state)
+        while not self.stopping.is_set():
+            runs: Dict[str, List[int]] = {}
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    env = p.environ()
+                    if env.get("RING_STATE") != key or "RING_RUN_ID" not in env or not _alive(p):
+                        continue
+                    runs.setdefault(env["RING_RUN_ID"], []).append(p.pid)
+                    self.all_pids.add((p.pid, p.create_time()))
+                except (psutil.Error, OSError):
+                    continue
+            with self.lock:
+                self.samples += 1
+                if len(runs) > 1:
+                    self.overlaps.append(f"{time.strftime('%H:%M:%S')} runs alive at once: {runs}")
+            drv = self.driver()
+            if drv:
+                self.drivers_seen.add(drv)
+                try:
+                    nfds = psutil.Process(drv[0]).num_fds()
+                    hb = self.heartbeat() or {}
+                    self.fd_samples.setdefault(drv, []).append((int(hb.get("run_id") or 0), nfds))
+                except (psutil.Error, OSError):
+                    pass
+            self.stopping.wait(0.15)
+
+    def reader(self, which: str) -> None:
+        args = ("status", "--json") if which == "status" else ("history", "--json", "--limit", "50")
+        ok_codes = {0, 1, 3} if which == "status" else {0}
+        while not self.stopping.is_set():
+            try:
+                r = self.cli(*args, timeout=60)
+                problem = None
+                text = r.stdout + r.stderr
+                if "database is locked" in text:
+                    problem = "database is locked"
+                elif "Traceback" in text:
+                    problem = "traceback"
+                elif r.returncode not in ok_codes:
+                    problem = f"exit {r.returncode}"
+                else:
+                    try:
+                        doc = json.loads(r.stdout)
+                        if which == "status" and not isinstance(doc, dict):
+                            problem = "status JSON is not an object"
+                        if which == "history" and not isinstance(doc, list):
+                            problem = "history JSON is not a list"
+                    except ValueError:
+                        problem = "unparsable JSON"
+            except subprocess.TimeoutExpired:
+                problem = "reader hung for 60 s"
+                r = None
+            with self.lock:
+                self.faults[READERS][0] += 1
+                if problem is None:
+                    self.faults[READERS][1] += 1
+                else:
+                    detail = (r.stderr.strip().splitlines() or [""])[-1][:200] if r else ""
+                    self.reader_problems.append(f"{which}: {problem}: {detail}")
+            self.stopping.wait(0.25)
+
+    # --- faults ------------------------------------------------------------------------
+    def fault(self, kind: str) -> Optional[bool]:
+        """Inject one fault and wait for the recovery. None: could not be injected now."""
+        return {
+            "driver SIGKILL": self.f_driver_sigkill,
+            "driver SIGSTOP": self.f_driver_sigstop,
+            "agent SIGKILL": self.f_agent_sigkill,
+            "skip current": self.f_skip_current,
+            "skip named": self.f_skip_named,
+            "roster valid edit": self.f_roster_valid_edit,
+            "roster broken+fixed": self.f_roster_broken_fixed,
+            "roster remove+re-add": self.f_roster_remove_re_add,
+            "roster add+remove": self.f_roster_add_remove,
+            "ringwatch SIGKILL+fresh": self.f_ringwatch_sigkill_fresh,
+        }[kind]()
+
+    def _replaced(self, old: Tuple[int, float]) -> bool:
+        def new_driver():
+            d = self.driver()
+            hb = self.heartbeat() or {}
+            return d and d != old and hb.get("seq", 0) >= 2
+        return bool(self.wait(new_driver))
+
+    def f_driver_sigkill(self) -> Optional[bool]:
+        drv = self.driver()
+        if not drv:
+            return None
+        before = self.last_id()
+        os.kill(drv[0], signal.SIGKILL)
+        return self._replaced(drv) and self.new_runs(before)
+
+    def f_driver_sigstop(self) -> Optional[bool]:
+        drv = self.driver()
+        if not drv:
+            return None
+        before = self.last_id()
+        os.kill(drv[0], signal.SIGSTOP)
+        try:
+            ok = self._replaced(drv)
+        finally:
+            try:
+                p = psutil.Process(drv[0])
+                if abs(p.create_time() - drv[1]) < 0.05 and p.status() == psutil.STATUS_STOPPED:
+                    self.notes.append(f"SIGSTOPped driver {drv[0]} not stopped by the watcher; SIGCONT")
+                    p.send_signal(signal.SIGCONT)
+                    ok = False
+            except psutil.Error:
+                pass
+        return ok and self.new_runs(before)
+
+    def f_agent_sigkill(self) -> Optional[bool]:
+        hb = self.heartbeat() or {}
+        pid, run_id = hb.get("run_pid"), hb.get("run_id")
+        if not pid or not run_id:
+            return None
+        try:
+            p = psutil.Process(pid)
+            env = p.environ()
+            if env.get("RING_STATE") != str(self.state) or env.get("RING_RUN_ID") != str(run_id) or not _alive(p):
+                return None
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            return None
+
+        def closed():
+            r = self.rows("SELECT status FROM runs WHERE id = ?", run_id)
+            return r and r[0]["status"] != "running"
+        return bool(self.wait(closed)) and self.new_runs(run_id)
+
+    def f_skip_current(self) -> Optional[bool]:
+        hb = self.heartbeat() or {}
+        if not hb.get("run_id"):
+            return None
+        r = self.cli("skip")
+        if r.returncode == 1 and "nothing is running" in r.stderr:
+            return None
+        if r.returncode != 0 or "Traceback" in r.stderr:
+            self.notes.append(f"skip: exit {r.returncode}: {r.stderr.strip()[:200]}")
+            return False
+        return self.new_runs(self.last_id())
+
+    def f_skip_named(self) -> Optional[bool]:
+        name = self.rnd.choice([n for n in self.roster_names if AGENTS[n][1]])
+        before = self.last_id()
+        r = self.cli("skip", name, "--no-wait")
+        if r.returncode != 0 or "Traceback" in r.stderr:
+            self.notes.append(f"skip {name}: exit {r.returncode}: {r.stderr.strip()[:200]}")
+            return False
+        return bool(self.wait(lambda: self.rows(
+            "SELECT id FROM runs WHERE id > ? AND agent = ? AND status = 'skipped'", before, name)))
+
+    def _roster_error(self) -> Optional[str]:
+        return (self.heartbeat() or {}).get("roster_error")
+
+    def f_roster_valid_edit(self) -> Optional[bool]:
+        self.quick_variant += 1
+        before = self.last_id()
+        self.write_roster(self.roster_names)
+        return self.new_runs(before, 3) and not self._roster_error()
+
+    def f_roster_broken_fixed(self) -> Optional[bool]:
+        self.write_roster(self.roster_names, broken=True)
+        if not self.wait(self._roster_error):
+            self.notes.append("broken roster: no roster error recorded")
+            return False
+        before = self.last_id()
+        turning = self.new_runs(before, 2)
+        self.write_roster(self.roster_names)
+        cleared = self.wait(lambda: not self._roster_error())
+        return bool(turning and cleared)
+
+    def f_roster_remove_re_add(self) -> Optional[bool]:
+        candidates = [n for n in ("quick", "forker", "chatty") if n in self.roster_names]
+        if not candidates:
+            return None
+        name = self.rnd.choice(candidates)
+        names = list(self.roster_names)
+        pos = names.index(name)
+        self.write_roster([n for n in names if n != name])
+        t = time.time()
+        before = self.last_id()
+        turned = self.new_runs(before, len(names) + 1)
+        ran_after = self.rows("SELECT id FROM runs WHERE agent = ? AND started_at > ? + 0.05", name, t)
+        if ran_after:
+            self.notes.append(f"removed agent {name} still ran: {[r['id'] for r in ran_after]}")
+        names_back = [n for n in self.roster_names]
+        names_back.insert(min(pos, len(names_back)), name)
+        t = time.time()
+        self.write_roster(names_back)
+        back = self.wait(lambda: self.rows("SELECT id FROM runs WHERE agent = ? AND started_at > ?", name, t))
+        return bool(turned and not ran_after and back)
+
+    def f_roster_add_remove(self) -> Optional[bool]:
+        if "extra" in self.roster_names:
+            return None
+        t = time.time()
+        self.write_roster(self.roster_names + ["extra"])
+        ran = self.wait(lambda: self.rows("SELECT id FROM runs WHERE agent = 'extra' AND started_at > ?", t))
+        self.write_roster([n for n in self.roster_names if n != "extra"])
+        t = time.time()
+        before = self.last_id()
+        turned = self.new_runs(before, 3)
+        late = self.rows("SELECT id FROM runs WHERE agent = 'extra' AND started_at > ? + 0.05", t)
+        return bool(ran and turned and not late)
+
+    def f_ringwatch_sigkill_fresh(self) -> Optional[bool]:
+        old = self.watcher
+        if old is None or old.poll() is not None:
+            return None
+        old.send_signal(signal.SIGKILL)
+        old.wait(timeout=30)
+        before = self.last_id()
+        new = self.start_watcher()
+
+        def adopted():
+            try:
+                data = json.loads((self.state / "ringwatch.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return data.get("pid") == new.pid and new.poll() is None
+        return bool(self.wait(adopted)) and self.new_runs(before) and new.poll() is None
+
+    # --- the run -------------------------------------------------------------------------
+    def run(self) -> SoakResult:
+        self.setup()
+        t_start = time.time()
+        self.start_watcher()
+        threads = [threading.Thread(target=self.sampler, daemon=True)]
+        threads += [threading.Thread(target=self.reader, args=(w,), daemon=True) for w in ("status", "history")]
+        try:
+            if not self.wait(lambda: self.driver() and len(self.rows()) >= 3, 60):
+                raise RuntimeError("the ring never started turning")
+            for t in threads:
+                t.start()
+            end = time.monotonic() + self.seconds
+            rounds = 0
+            while time.monotonic() < end:
+                kinds = list(KINDS)
+                self.rnd.shuffle(kinds)
+                rounds += 1
+                for kind in kinds:
+                    if time.monotonic() >= end:
+                        break
+                    self.stopping.wait(self.rnd.uniform(0.2, 1.0))
+                    t0 = time.monotonic()
+                    try:
+                        survived = self.fault(kind)
+                    except Exception as e:  # noqa: BLE001 - a harness error is a failed fault, reported
+                        survived = False
+                        self.notes.append(f"{kind}: harness error {type(e).__name__}: {e}")
+                    if survived is None:
+                        continue
+                    self.faults[kind][0] += 1
+                    self.faults[kind][1] += int(bool(survived))
+                    if not survived:
+                        self.notes.append(f"{kind} at +{time.time() - t_start:.1f}s not survived")
+                    self.say(f"  +{time.time() - t_start:6.1f}s {kind}: {'survived' if survived else 'NOT SURVIVED'}"
+                             f" ({time.monotonic() - t0:.1f}s)")
+        finally:
+            stopped_cleanly = self.stop_all()
+        return self.evaluate(t_start, stopped_cleanly)
+
+    def stop_all(self) -> bool:
+        """Stop the readers, then SIGTERM the watcher (it stops the driver). Whatever
+        is still alive after that is killed by pid - and reported."""
+        self.stopping.set()
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and t.daemon and t.is_alive():
+                t.join(timeout=70)
+        clean = True
+        w = self.watcher
+        if w is not None and w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            try:
+                rc = w.wait(timeout=40)
+                if rc != 0:
+                    clean = False
+                    self.notes.append(f"final ringwatch exited {rc}")
+            except subprocess.TimeoutExpired:
+                clean = False
+                self.notes.append("final ringwatch did not stop within 40 s")
+        else:
+            clean = False
+            self.notes.append("no live watcher at the end")
+        for p in self.watchers:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+        return clean
+
+    def kill_leftovers(self) -> List[str]:
+        left = []
+        for p in self.ring_processes():
+            try:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except psutil.Error:
+                pass
+        return left
+
+    # --- the verdict ------------------------------------------------------------------------
+    def evaluate(self, t_start: float, stopped_cleanly: bool) -> SoakResult:
+        checks: List[Check] = []
+        leftovers = self.wait(lambda: not self.ring_processes(), 10)
+        left = [] if leftovers else self.kill_leftovers()
+        checks.append(Check("stopped cleanly", stopped_cleanly, "SIGTERM to ringwatch stopped it and its driver"
+                            if stopped_cleanly else "; ".join(self.notes[-3:])))
+        rows = self.rows()
+        ids = {str(r["id"]) for r in rows}
+        try:
+            marks = self.marks.read_text().split()
+        except OSError:
+            marks = []
+        lost = sorted(set(marks) - ids, key=int)
+        checks.append(Check("nothing lost", not lost,
+                            f"{len(set(marks))} agent starts, every one with its row" if not lost
+                            else f"agent runs without a row: {lost[:20]}"))
+        running = [r["id"] for r in rows if r["status"] == "running"]
+        checks.append(Check("no row left running", not running, f"{len(rows)} rows" if not running
+                            else f"running: {running}"))
+        bad = self.incoherent(rows)
+        checks.append(Check("every terminal row coherent", not bad, "times, exit code/signal, one closing "
+                            "event each, counters = rows" if not bad else "; ".join(bad[:8])))
+        con = sqlite3.connect(f"file:{self.state / 'journal.db'}?mode=ro", uri=True)
+        integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+        con.close()
+        checks.append(Check("integrity_check", integrity == "ok", integrity))
+        checks.append(Check("one agent at a time", not self.overlaps,
+                            f"{self.samples} samples, never two runs alive" if not self.overlaps
+                            else "; ".join(self.overlaps[:5])))
+        checks.append(Check("nothing leaked: processes", not left,
+                            "no process of the soak alive after the stop" if not left else f"left: {left[:10]}"))
+        fd_ok, fd_detail = self.fd_verdict()
+        checks.append(Check("nothing leaked: driver fds", fd_ok, fd_detail))
+        turn_ok, turn_detail, laps = self.turning(rows)
+        checks.append(Check("the ring kept turning", turn_ok, turn_detail))
+        checks.append(Check("readers never saw a lock or a traceback", not self.reader_problems,
+                            f"{self.faults[READERS][0]} reader calls, all clean" if not self.reader_problems
+                            else "; ".join(self.reader_problems[:5])))
+        by_status: Dict[str, int] = {}
+        for r in rows:
+            by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+        starts = sorted(r["started_at"] for r in rows if r["started_at"] >= t_start)
+        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        figures = {
+            "duration": f"{time.time() - t_start:.0f} s",
+            "runs": f"{len(rows)} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items()))})",
+            "laps checked": laps,
+            "drivers": len(self.drivers_seen),
+            "watchers": len(self.watchers),
+            "longest gap between two run starts": f"{max(gaps):.1f} s" if gaps else "n/a",
+            "agent processes seen": len(self.all_pids),
+        }
+        return SoakResult(seconds=self.seconds, faults=self.faults, checks=checks, figures=figures,
+                          notes=self.notes)
+
+    def incoherent(self, rows) -> List[str]:
+        bad = []
+        closing = {}
+        for e in self.rows("SELECT run_id, kind FROM events WHERE run_id IS NOT NULL"):
+            closing.setdefault(e["run_id"], []).append(e["kind"])
+        prev_start = None
+        for r in rows:
+            rid, st = r["id"], r["status"]
+            if st == "running":
+                continue
+            if r["ended_at"] is None or r["duration"] is None or r["ended_at"] < r["started_at"] \
+                    or r["duration"] < 0 or abs(r["duration"] - (r["ended_at"] - r["started_at"])) > 0.01:
+                bad.append(f"run {rid}: times")
+            code, sig = r["exit_code"], r["signal"]
+            if st == "ok" and code != 0:
+                bad.append(f"run {rid}: ok with exit {code}")
+            if st == "deferred" and code != 75:
+                bad.append(f"run {rid}: deferred with exit {code}")
+            if st == "failed" and code in (0, 75) and sig is None:
+                bad.append(f"run {rid}: failed with exit {code}")
+            if st == "stalled" and sig != signal.SIGKILL:
+                bad.append(f"run {rid}: stalled without SIGKILL")
+            if st == "error" and not r["reason"]:
+                bad.append(f"run {rid}: error without a reason")
+            kinds = closing.get(rid, [])
+            # a quarantine entry is a skipped row whose closing event says why
+            n_close = kinds.count(st) + (kinds.count("quarantined") if st == "skipped" else 0)
+            if n_close != 1:
+                bad.append(f"run {rid}: {n_close} closing events for '{st}' ({kinds})")
+            if prev_start is not None and r["started_at"] + 1e-6 < prev_start:
+                bad.append(f"run {rid}: started before the run before it")
+            prev_start = r["started_at"]
+        counted: Dict[str, int] = {}
+        for r in rows:
+            if r["status"] != "running":
+                counted[r["agent"]] = counted.get(r["agent"], 0) + 1
+        for a in self.rows("SELECT name, runs FROM agents"):
+            if a["runs"] != counted.get(a["name"], 0):
+                bad.append(f"agent {a['name']}: runs {a['runs']} != {counted.get(a['name'], 0)} rows")
+        for a in self.rows("SELECT agent, sum(n) AS n FROM run_counts GROUP BY agent"):
+            if a["n"] != counted.get(a["agent"], 0):
+                bad.append(f"agent {a['agent']}: run_counts {a['n']} != rows")
+        return bad
+
+    def fd_verdict(self) -> Tuple[bool, str]:
+        grew = []
+        checked = 0
+        lo, hi = None, None
+        for drv, samples in self.fd_samples.items():
+            hops = len({run for run, _ in samples})
+            fds = [n for _, n in samples]
+            lo = min(fds + ([lo] if lo is not None else []))
+            hi = max(fds + ([hi] if hi is not None else []))
+            if hops < 8 or len(samples) < 12:
+                continue
+            checked += 1
+            q = max(3, len(samples) // 4)
+            first, last = max(fds[:q]), max(fds[-q:])
+            if last > first + FD_SLACK:
+                grew.append(f"driver {drv[0]}: {first} -> {last} fds over {hops} hops")
+        if grew:
+            return False, "; ".join(grew)
+        return True, (f"{checked} long-lived driver(s) checked; open fds stayed within {lo}..{hi}"
+                      if checked else f"no driver lived 8+ hops (fds seen {lo}..{hi})")
+
+    def turning(self, rows) -> Tuple[bool, str, int]:
+        """Between roster edits, split the rows into laps (position wraps: the
+        healthy agent at position 0 runs every lap) and check every healthy agent
+        in the roster ran (any row counts as its turn) in every two consecutive
+        complete laps."""
+        edges = sorted(self.roster_edits)
+        problems, laps_checked = [], 0
+        windows = []
+        for i, t in enumerate(edges):
+            t_end = edges[i + 1] if i + 1 < len(edges) else float("inf")
+            windows.append((t, t_end))
+        for t0, t1 in windows:
+            names = self.names_at(t0)
+            healthy = {n for n in names if AGENTS[n][1]}
+            win = [r for r in rows if t0 < r["started_at"] < t1 and r["agent"] in names]
+            laps: List[List[sqlite3.Row]] = []
+            cur: List[sqlite3.Row] = []
+            prev = None
+            for r in win:
+                if prev is not None and r["position"] is not None and r["position"] < prev:
+                    laps.append(cur)
+                    cur = []
+                cur.append(r)
+                prev = r["position"]
+            laps.append(cur)
+            complete = laps[1:-1]   # the first and last may be partial
+            for a, b in zip(complete, complete[1:]):
+                laps_checked += 1
+                seen = {r["agent"] for r in a + b}
+                missing = healthy - seen
+                if missing:
+                    problems.append(f"runs {a[0]['id']}..{b[-1]['id']}: {sorted(missing)} missing")
+        if problems:
+            return False, "; ".join(problems[:5]), laps_checked
+        return True, f"{laps_checked} two-lap stretches, every healthy agent in each", laps_checked
+
+    def names_at(self, t: float) -> List[str]:
+        return self.names_by_edit.get(t, BASE)
+
+
+def run_soak(seconds: float = 120, workdir: Optional[Path] = None, seed: Optional[int] = None,
+             log: Callable[[str], None] = print) -> SoakResult:
+    """Run the soak for ``seconds`` in ``workdir`` (a fresh temp dir by default) and
+    return the verdict. Never leaves a process behind."""
+    seed = seed if seed is not None else random.randrange(1 << 30)
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ring-soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    soak = Soak(seconds, work, seed, log)
+    log(f"soak: {seconds:g}s, seed {seed}, work dir {work}")
+    try:
+        result = soak.run()
+    finally:
+        soak.stopping.set()
+        soak.kill_leftovers()
+    result.figures["seed"] = seed
+    result.figures["work dir"] = str(work)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=120, help="how long to inject faults (default 120)")
+    ap.add_argument("--seed", type=int, default=None, help="random seed (printed; replays the fault order)")
+    ap.add_argument("--workdir", default=None, help="work dir (default: a new temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (always kept on failure)")
+    args = ap.parse_args(argv)
+    result = run_soak(args.seconds, Path(args.workdir) if args.workdir else None, args.seed)
+    print()
+    print(result.table())
+    print()
+    print("SOAK PASSED" if result.ok else "SOAK FAILED")
+    if result.ok and not args.keep and not args.workdir:
+        shutil.rmtree(result.figures["work dir"], ignore_errors=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
