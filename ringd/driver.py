@@ -20,6 +20,7 @@ from .config import Config, ConfigError, load_config
 from .heartbeat import Heartbeat, Notifier, read_heartbeat
 from .hop import Context, Hop, HopResult
 from .journal import Journal, JournalError
+from .lock import KernelLock, LockHeld
 from .policy import FAILURES, turn_decision
 from .reaper import reap
 from .roster import RosterSource, next_index
@@ -29,6 +30,7 @@ EXIT_OK = 0
 EXIT_LOCKED = 75     # EX_TEMPFAIL: another driver holds the lock
 EXIT_CONFIG = 78     # EX_CONFIG
 LOCK_FILE = "ringd.lock"
+METRICS_MIN_INTERVAL = 1.0  # s between metrics rewrites at hop ends
 
 
 def log(message: str) -> None:
@@ -60,37 +62,20 @@ def prepare_state_dir(state_dir: Path) -> None:
                       f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EXIT_CONFIG)
 
 
-def lock_holder_pid(lock_path: Path) -> Optional[int]:
-    """Who holds the flock on ``lock_path``: /proc/locks on Linux, else the heartbeat."""
-    try:
-        ino = os.stat(lock_path).st_ino
-        with open("/proc/locks") as f:
-            for line in f:
-                parts = line.split()
-                # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
-                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].split(":")[-1] == str(ino):
-                    return int(parts[4])
-    except (OSError, ValueError):
-        pass
-    hb = read_heartbeat(lock_path.parent)
-    return hb.get("pid") if hb else None
-
-
-def acquire_lock(state_dir: Path):
-    """Exclusive kernel lock on ``ringd.lock`` (released if we die). Never the
-    soft (file-existence) fallback: a stale soft lock would outlive a crash."""
-    from filelock import Timeout, UnixFileLock
+def acquire_lock(state_dir: Path) -> KernelLock:
+    """Exclusive kernel lock on ``ringd.lock`` (released by the kernel if we die)."""
     path = state_dir / LOCK_FILE
-    lock = UnixFileLock(str(path), timeout=0, mode=0o600)
     try:
-        lock.acquire()
-    except Timeout:
-        holder = lock_holder_pid(path)
+        return KernelLock(path).acquire()
+    except LockHeld as e:
+        holder = e.holder
+        if holder is None:  # no /proc/locks: the heartbeat names the live driver
+            hb = read_heartbeat(state_dir)
+            holder = hb.get("pid") if hb and not hb.get("stopped") else None
         raise Refused(f"{path}: another driver holds the lock"
                       f"{f' (pid {holder})' if holder else ''}", EXIT_LOCKED) from None
     except OSError as e:
         raise Refused(f"{path}: cannot lock: {e.strerror}", EXIT_CONFIG) from None
-    return lock
 
 
 class Driver:
@@ -111,6 +96,7 @@ class Driver:
                            on_run_end=self.after_run, on_beat=self.beat_metrics)
         self._metrics_failing = False
         self._metrics_at = float("-inf")
+        self._metrics_dirty = False
 
     # --- helpers -------------------------------------------------------------
     @property
@@ -142,13 +128,15 @@ class Driver:
     # --- what others see: metrics and alerts -----------------------------------
     def beat_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
         """With a heartbeat: refresh metrics.prom unless a hop end just did."""
-        if time.monotonic() - self._metrics_at >= 0.9 * self.config.ring.heartbeat_interval:
+        due = self.config.ring.heartbeat_interval * 0.9
+        if self._metrics_dirty or time.monotonic() - self._metrics_at >= due:
             self.write_metrics(agent, run_started_at)
 
     def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
         """metrics.prom at every hop end and heartbeat; never allowed to hurt the ring."""
         now = time.time()
         self._metrics_at = time.monotonic()
+        self._metrics_dirty = False
         try:
             snap = metrics.snapshot(
                 self.ctx.journal, now=now,
@@ -168,7 +156,13 @@ class Driver:
                     timeout=self.config.alerts.timeout, log=self.log)
 
     def after_run(self, result: HopResult) -> None:
-        self.write_metrics()
+        # Every hop end refreshes metrics, at most once a second: a ring of
+        # sub-second agents would otherwise spend its time rewriting the file.
+        # Idle waits and the stop write them too, so they settle when runs do.
+        if time.monotonic() - self._metrics_at >= METRICS_MIN_INTERVAL:
+            self.write_metrics()
+        else:
+            self._metrics_dirty = True
         self.alert_on_agent_state(result.agent, result.status, result.agent_state, run_id=result.run_id)
 
     def alert_on_agent_state(self, agent: str, status: str, state: dict, **extra) -> None:
@@ -291,6 +285,7 @@ class Driver:
 
     def shutdown(self) -> None:
         self.notifier.notify("STOPPING=1")
+        self.write_metrics()
         try:
             self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
         except OSError as e:

@@ -47,6 +47,7 @@ class Context:
     on_run_end: Optional[Callable[["HopResult"], None]] = None
     on_beat: Optional[Callable[[Optional[str], Optional[float]], None]] = None
     beat_error: Optional[str] = None   # why the last heartbeat could not be written
+    last_beat: float = float("-inf")   # monotonic time of the last heartbeat
 
     @property
     def state_key(self) -> str:
@@ -56,6 +57,7 @@ class Context:
              run_pid: Optional[int] = None, run_started_at: Optional[float] = None) -> None:
         # A heartbeat that cannot be written (state dir full or read-only) must
         # never abandon a running agent nor kill the driver: say so once, go on.
+        self.last_beat = time.monotonic()
         try:
             self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
                                 run_started_at=run_started_at,
@@ -206,8 +208,8 @@ class Hop:
         term_at = t0 + self.limits.run_budget
         stall_at = t0 + self.limits.stall_threshold
         ending = _Ending()
-        next_beat = t0  # beat at once so status shows the new run
         hb_interval = ctx.config.ring.heartbeat_interval
+        next_beat = ctx.last_beat + hb_interval  # keeps its rhythm across hops (status reads the journal)
         while proctree.peek_exit(child.pid) is None:
             now = time.monotonic()
             if now >= next_beat:

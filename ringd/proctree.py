@@ -176,10 +176,54 @@ def run_processes(state_key: str, run_id: int, pgid: Optional[int],
 
 
 def my_descendants() -> List[psutil.Process]:
+    """Our descendants. On Linux walk /proc/<pid>/task/*/children down from us
+    (a few small reads) instead of scanning every process on the host."""
+    pids = _descendant_pids_linux()
+    if pids is None:
+        try:
+            return psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _children_of(pid: int) -> Optional[List[int]]:
     try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
         return []
+    except OSError:
+        return None
+    kids: List[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return kids
+
+
+def _descendant_pids_linux() -> Optional[List[int]]:
+    if not os.path.exists("/proc/self/task"):
+        return None
+    found: List[int] = []
+    todo = [os.getpid()]
+    while todo:
+        kids = _children_of(todo.pop())
+        if kids is None:
+            return None  # no CONFIG_PROC_CHILDREN: fall back to a full scan
+        found.extend(kids)
+        todo.extend(kids)
+    return found
 
 
 def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
@@ -201,14 +245,9 @@ def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
 
 def child_pids() -> List[int]:
     """Pids of our direct children (cheap on Linux: /proc/self/task/*/children)."""
-    pids: List[int] = []
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.extend(int(x) for x in f.read().split())
+    pids = _children_of(os.getpid()) if os.path.exists("/proc/self/task") else None
+    if pids is not None:
         return pids
-    except OSError:
-        pass
     try:
         return [c.pid for c in psutil.Process().children()]
     except psutil.Error:

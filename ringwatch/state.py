@@ -8,8 +8,8 @@ restarts still inside the start-limit window) and ``gave_up``, plus ``pid_start`
 driver being watched). The restart history survives the watcher's own restarts;
 ``ringwatch reset`` clears it.
 
-The lock is a kernel flock (filelock's UnixFileLock): released when the holder
-dies, so it never needs cleaning up. filelock truncates the lock file, so the
+The lock is a kernel flock (ringd.lock.KernelLock): released when the holder
+dies, so it never needs cleaning up. The lock file holds nothing, so the
 holder's pid is published in ``ringwatch.json``, not in the lock.
 """
 from __future__ import annotations
@@ -107,17 +107,15 @@ class WatchLock:
         self._lock = None
 
     def acquire(self) -> None:
-        from filelock import Timeout, UnixFileLock
+        from ringd.lock import KernelLock, LockHeld
         if self.path.is_symlink():
             raise Refusal(f"{self.path}: lock file is a symlink; refusing to follow it", 78)
-        lock = UnixFileLock(str(self.path), timeout=0, mode=0o600)
         try:
-            lock.acquire()
-        except Timeout:
+            self._lock = KernelLock(self.path).acquire()
+        except LockHeld:
             raise Refusal(self._holder_message(), 75) from None
         except OSError as e:
             raise Refusal(f"{self.path}: cannot lock: {e.strerror}", 78) from None
-        self._lock = lock
 
     def _holder_message(self) -> str:
         data = load(self.state_dir)
