@@ -437,10 +437,12 @@ def test_corrupt_journal_is_refused_and_left_in_place(ring, damage):
 
 @pytest.fixture
 def small_state(ring):
-    """ring.state on its own 1 MiB tmpfs (unmounted afterwards, lazily if busy)."""
+    """ring.state on its own small tmpfs (unmounted afterwards, lazily if busy).
+    16 MiB: SQLite's WAL grows to ~4 MiB before its automatic checkpoint, so a
+    smaller file system would be filled by the ring itself."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("needs root to mount a tiny tmpfs")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(ring.state)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(ring.state)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -522,7 +524,9 @@ def _fault_and_recover(ring, inject, repair):
 def test_state_dir_full_says_why_keeps_alive_and_recovers(small_state):
     ring = small_state
     filler = ring.state / "filler"
-    _fault_and_recover(ring, lambda: _fill(ring.state), lambda: filler.unlink())
+    log = _fault_and_recover(ring, lambda: _fill(ring.state), lambda: filler.unlink())
+    assert not list(ring.state.glob(".*.tmp")), "failed atomic writes left temp files"
+    assert "No space left" in log or "disk is full" in log
 
 
 @pytest.fixture
