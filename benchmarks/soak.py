@@ -108,15 +108,18 @@ class SoakResult:
     checks: List[Check]
     figures: Dict[str, object]
     notes: List[str] = field(default_factory=list)
+    recovery: Dict[str, List[float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks) and all(s == i for i, s in self.faults.values())
 
     def table(self) -> str:
-        out = [f"{'fault kind':<28}{'injected':>9}{'survived':>10}"]
+        out = [f"{'fault kind':<28}{'injected':>9}{'survived':>10}   recovered in (mean / max)"]
         for kind, (i, s) in self.faults.items():
-            out.append(f"{kind:<28}{i:>9}{s:>10}{'' if i == s else '   <-- NOT SURVIVED'}")
+            rec = self.recovery.get(kind) or []
+            times = f"   {sum(rec) / len(rec):.1f}s / {max(rec):.1f}s" if rec else ""
+            out.append(f"{kind:<28}{i:>9}{s:>10}{times}{'' if i == s else '   <-- NOT SURVIVED'}")
         out.append("")
         for c in self.checks:
             out.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
@@ -154,6 +157,7 @@ class Soak:
         self.watcher: Optional[subprocess.Popen] = None
         self.faults: Dict[str, List[int]] = {k: [0, 0] for k in KINDS}
         self.faults[READERS] = [0, 0]
+        self.recovery: Dict[str, List[float]] = {k: [] for k in KINDS}   # s until recovered
         self.notes: List[str] = []
         self.reader_problems: List[str] = []
         self.roster_names: List[str] = list(BASE)
@@ -428,7 +432,8 @@ class Soak:
 
     def f_skip_current(self) -> Optional[bool]:
         hb = self.heartbeat() or {}
-        if not hb.get("run_id"):
+        run_id = hb.get("run_id")
+        if not run_id:
             return None
         r = self.cli("skip")
         if r.returncode == 1 and "nothing is running" in r.stderr:
@@ -436,7 +441,9 @@ class Soak:
         if r.returncode != 0 or "Traceback" in r.stderr:
             self.notes.append(f"skip: exit {r.returncode}: {r.stderr.strip()[:200]}")
             return False
-        return self.new_runs(self.last_id())
+        ended = self.wait(lambda: (self.rows("SELECT status FROM runs WHERE id = ?", run_id) or [{"status": "x"}])[0]
+                          ["status"] != "running")
+        return bool(ended) and self.new_runs(self.last_id())
 
     def f_skip_named(self) -> Optional[bool]:
         name = self.rnd.choice([n for n in self.roster_names if AGENTS[n][1]])
@@ -551,6 +558,8 @@ class Soak:
                         continue
                     self.faults[kind][0] += 1
                     self.faults[kind][1] += int(bool(survived))
+                    if survived:
+                        self.recovery[kind].append(time.monotonic() - t0)
                     if not survived:
                         self.notes.append(f"{kind} at +{time.time() - t_start:.1f}s not survived")
                     self.say(f"  +{time.time() - t_start:6.1f}s {kind}: {'survived' if survived else 'NOT SURVIVED'}"
@@ -652,7 +661,7 @@ class Soak:
             "agent processes seen": len(self.all_pids),
         }
         return SoakResult(seconds=self.seconds, faults=self.faults, checks=checks, figures=figures,
-                          notes=self.notes)
+                          notes=self.notes, recovery=self.recovery)
 
     def incoherent(self, rows) -> List[str]:
         bad = []
