@@ -324,3 +324,42 @@ def test_thirty_sigkills_leave_a_coherent_journal(ring):
     recorded = {str(r["id"]) for r in rows}
     assert set(marks.read_text().split()) <= recorded, "an agent ran without a row"
     assert any(r["status"] == "interrupted" for r in rows)
+
+
+def test_sighup_rereads_the_config(ring):
+    ring.agent("nap", "sleep 1")
+    ring.roster(f"nap {ring.agents_dir}/nap.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: any(r["status"] == "ok" for r in ring.runs()), timeout=15, message="a run ok")
+    ring.write_config(agents={"nap": {"run_budget": 0.2, "stall_threshold": 0.5}})
+    drv.send_signal(signal.SIGHUP)
+    wait_until(lambda: any(r["status"] == "timeout" for r in ring.runs()), timeout=15,
+               message="the new budget applies without a restart")
+
+
+def test_speaks_sd_notify_and_keeps_it_from_agents(ring, tmp_path):
+    import socket
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    try:
+        out = ring.base / "agent-env"
+        ring.agent("a", f"env > {out}; sleep 0.3")
+        ring.roster(f"a {ring.agents_dir}/a.sh")
+        drv = ring.start_driver(env=dict(ring.env, NOTIFY_SOCKET=path))
+        got = []
+        def heard_all():
+            try:
+                got.append(sock.recv(4096).decode())
+            except socket.timeout:
+                pass
+            text = "\n".join(got)
+            return "READY=1" in text and "WATCHDOG=1" in text and "STATUS=" in text
+        wait_until(heard_all, timeout=15, message="READY, WATCHDOG and STATUS from the driver")
+        wait_until(lambda: out.exists() and out.read_text(), timeout=10, message="agent ran")
+        assert "NOTIFY_SOCKET" not in out.read_text()
+        drv.send_signal(signal.SIGTERM)
+        assert drv.wait(timeout=15) == 0
+    finally:
+        sock.close()
