@@ -7,7 +7,6 @@ due, so an idle driver costs nothing.
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 import stat
 import sys
@@ -113,17 +112,8 @@ class Driver:
             self.ctx.beat()
             timeout = min(end - now, self.config.ring.heartbeat_interval)
             sigs, _ = self.wakeups.wait(timeout)
-            if self._on_idle_signals(sigs):
+            if self.ctx.absorb(sigs):
                 return
-
-    def _on_idle_signals(self, sigs) -> bool:
-        if signal.SIGCHLD in sigs:
-            proctree.reap_zombie_children()
-        if signal.SIGTERM in sigs or signal.SIGINT in sigs:
-            self.ctx.stop_requested = True
-        if signal.SIGHUP in sigs:
-            self.ctx.reload_requested = True
-        return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
 
     # --- what others see: metrics and alerts -----------------------------------
     def beat_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:

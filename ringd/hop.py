@@ -14,7 +14,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import proctree
 from .config import Config
@@ -52,6 +52,18 @@ class Context:
     @property
     def state_key(self) -> str:
         return str(self.state_dir)
+
+    def absorb(self, sigs, keep_unreaped: Iterable[int] = ()) -> bool:
+        """Turn the signals a wait returned into the driver's flags (and reap
+        exited children but ``keep_unreaped``). True if one asks the caller to
+        stop waiting (stop, reload, operator request)."""
+        if signal.SIGCHLD in sigs:
+            proctree.reap_zombie_children(keep_unreaped)  # orphans re-parented to us, alerts
+        if signal.SIGHUP in sigs:
+            self.reload_requested = True
+        if signal.SIGTERM in sigs or signal.SIGINT in sigs:
+            self.stop_requested = True
+        return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
 
     def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None,
              run_pid: Optional[int] = None, run_started_at: Optional[float] = None) -> None:
@@ -247,12 +259,8 @@ class Hop:
 
     def _on_signals(self, sigs, run_id: int, child: proctree.Child, ending: _Ending) -> None:
         ctx = self.ctx
-        if signal.SIGCHLD in sigs:
-            proctree.reap_zombie_children(keep=[child.pid])  # orphans re-parented to us
-        if signal.SIGHUP in sigs:
-            ctx.reload_requested = True
-        if (signal.SIGTERM in sigs or signal.SIGINT in sigs) and ending.kind != "stop":
-            ctx.stop_requested = True
+        ctx.absorb(sigs, keep_unreaped=[child.pid])
+        if ctx.stop_requested and ending.kind != "stop":
             self._begin_end(child, ending, "stop", STOP_GRACE, "driver stopping")
             ctx.log(f"run {run_id}: stopping {self.agent.name}: the driver is shutting down")
         if signal.SIGUSR1 in sigs and ending.kind is None:
@@ -290,12 +298,7 @@ class Hop:
                             f"retrying until the state dir is writable")
                 failing = True
                 sigs, _ = ctx.wakeups.wait(delay)
-                if signal.SIGCHLD in sigs:
-                    proctree.reap_zombie_children()
-                if signal.SIGHUP in sigs:
-                    ctx.reload_requested = True
-                if signal.SIGTERM in sigs or signal.SIGINT in sigs:
-                    ctx.stop_requested = True
+                ctx.absorb(sigs)
                 ctx.beat()
                 delay = min(delay * 2, 5.0)
                 continue

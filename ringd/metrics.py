@@ -5,7 +5,6 @@ writes it atomically.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

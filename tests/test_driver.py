@@ -8,7 +8,6 @@ import stat
 import time
 
 import psutil
-import pytest
 
 from conftest import processes_of, wait_until
 
