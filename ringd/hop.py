@@ -249,6 +249,11 @@ class Hop:
         # Whatever happened, nothing of this run may survive it. The leader is
         # kept as an unreaped zombie meanwhile so its group id cannot be reused.
         proctree.signal_process(child.pid, child.start_time, signal.SIGKILL)
+        # Let the leader finish dying first: until it is a zombie its escaped
+        # children are still being re-parented to us, and a walk of our process
+        # tree at that moment misses them (they leave the leader's list after we
+        # read ours) - found by the soak: a setsid grandchild survived its run.
+        proctree.wait_exit(child.pidfd, timeout=2.0)
         killed = proctree.kill_run(ctx.state_key, run_id, child.pid, keep_unreaped=[child.pid])
         if killed:
             ctx.log(f"run {run_id}: killed {killed} leftover process(es) of {self.agent.name}")

@@ -81,6 +81,19 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     return Child(pid=popen.pid, start_time=start, pidfd=pidfd, popen=popen)
 
 
+def wait_exit(pidfd: Optional[int], timeout: float) -> bool:
+    """Bounded wait until the process behind ``pidfd`` has exited (a pidfd turns
+    readable then). True if it has; without a pidfd, False at once."""
+    if pidfd is None:
+        return False
+    import select
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    except (OSError, ValueError):
+        return False
+    return bool(ready)
+
+
 def peek_exit(pid: int) -> Optional[int]:
     """The wait status of our child ``pid`` if it has exited, without reaping it:
     while it is an unreaped zombie its pid and process group id cannot be reused,

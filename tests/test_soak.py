@@ -29,3 +29,42 @@ def test_soak_twenty_seconds(tmp_path):
     injected = sum(i for kind, (i, _) in result.faults.items() if kind != soak.READERS)
     assert injected >= 5, report
     assert result.faults[soak.READERS][0] >= 5, report
+
+
+def test_escaped_grandchildren_never_outlive_their_run(ring):
+    """Regression for what the soak found: a setsid grandchild of an agent killed at
+    its stall threshold survived when the driver walked its process tree while the
+    agent's leader was still dying (the grandchild was being re-parented to the
+    driver and appeared in neither list). Many quick stalls, then a stop mid-run."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from conftest import wait_until
+
+    pids = ring.base / "pids"
+    ring.agent("wedge", f"""
+        trap '' TERM
+        setsid sh -c 'trap "" TERM; echo $$ >> {pids}; exec sleep 60' &
+        while :; do sleep 0.02; done
+        """)
+    ring.write_config(ring={"run_budget": 0.1, "stall_threshold": 0.2, "quarantine_after": 0})
+    ring.roster(f"wedge {ring.agents_dir}/wedge.sh")
+    drv = ring.start_driver(stderr=open(ring.base / "driver.err", "wb"))
+    wait_until(lambda: len(ring.runs()) >= 20, 60, message="20 stalled runs")
+    drv.send_signal(signal.SIGTERM)
+    drv.wait(timeout=30)
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) >= 20
+    time.sleep(0.2)
+    survivors = [p for p in started if alive(p)]
+    assert not survivors, f"{len(survivors)} of {len(started)} escaped grandchildren outlived their run"
+    assert all(r["status"] in ("stalled", "interrupted") for r in ring.runs())
