@@ -158,6 +158,7 @@ class Soak:
         self.faults: Dict[str, List[int]] = {k: [0, 0] for k in KINDS}
         self.faults[READERS] = [0, 0]
         self.recovery: Dict[str, List[float]] = {k: [] for k in KINDS}   # s until recovered
+        self.skips_used_by_ending_run = 0
         self.notes: List[str] = []
         self.reader_problems: List[str] = []
         self.roster_names: List[str] = list(BASE)
@@ -283,8 +284,9 @@ class Soak:
         command line names our work dir (watchers, drivers, CLI readers, agents)."""
         key, work = str(self.state), str(self.work)
         found = []
+        mine = {os.getpid()} | {a.pid for a in psutil.Process().parents()}   # e.g. `timeout ... soak.py`
         for p in psutil.process_iter(["pid", "cmdline"]):
-            if p.pid == os.getpid():
+            if p.pid in mine:
                 continue
             try:
                 if not _alive(p):
@@ -452,8 +454,26 @@ class Soak:
         if r.returncode != 0 or "Traceback" in r.stderr:
             self.notes.append(f"skip {name}: exit {r.returncode}: {r.stderr.strip()[:200]}")
             return False
-        return bool(self.wait(lambda: self.rows(
-            "SELECT id FROM runs WHERE id > ? AND agent = ? AND status = 'skipped'", before, name)))
+        skipped = self.wait(lambda: self.rows(
+            "SELECT id FROM runs WHERE id > ? AND agent = ? AND status = 'skipped'", before, name), 10)
+        if skipped:
+            return True
+        # The request reached NAME while it was running and that run ended on
+        # its own first: the request is used up by the run it targeted (no
+        # skipped row, and its next turn runs). Survived if it did not linger.
+        ev = self.rows("SELECT at FROM events WHERE kind = 'skip-requested' AND detail = ? "
+                       "ORDER BY id DESC LIMIT 1", f"agent={name}")
+        state = self.rows("SELECT skip_requested FROM agents WHERE name = ?", name)
+        if ev and state and not state[0]["skip_requested"]:
+            at = ev[0]["at"]
+            hit = self.rows("SELECT id, status FROM runs WHERE agent = ? AND started_at <= ? AND ended_at >= ?",
+                            name, at, at)
+            if hit:
+                self.skips_used_by_ending_run += 1
+                self.notes.append(f"skip {name}: landed on run {hit[0]['id']}, which ended by itself "
+                                  f"({hit[0]['status']}); request used up, next turn ran")
+                return True
+        return False
 
     def _roster_error(self) -> Optional[str]:
         return (self.heartbeat() or {}).get("roster_error")
@@ -659,6 +679,7 @@ class Soak:
             "watchers": len(self.watchers),
             "longest gap between two run starts": f"{max(gaps):.1f} s" if gaps else "n/a",
             "agent processes seen": len(self.all_pids),
+            "named skips used up by the run they landed on": self.skips_used_by_ending_run,
         }
         return SoakResult(seconds=self.seconds, faults=self.faults, checks=checks, figures=figures,
                           notes=self.notes, recovery=self.recovery)
