@@ -449,18 +449,20 @@ class Soak:
 
     def f_skip_named(self) -> Optional[bool]:
         name = self.rnd.choice([n for n in self.roster_names if AGENTS[n][1]])
-        before = self.last_id()
+        t_req = time.time()
         r = self.cli("skip", name, "--no-wait")
         if r.returncode != 0 or "Traceback" in r.stderr:
             self.notes.append(f"skip {name}: exit {r.returncode}: {r.stderr.strip()[:200]}")
             return False
         skipped = self.wait(lambda: self.rows(
-            "SELECT id FROM runs WHERE id > ? AND agent = ? AND status = 'skipped'", before, name), 10)
+            "SELECT id FROM runs WHERE agent = ? AND status = 'skipped' AND ended_at >= ?", name, t_req), 10)
         if skipped:
             return True
-        # The request reached NAME while it was running and that run ended on
-        # its own first: the request is used up by the run it targeted (no
-        # skipped row, and its next turn runs). Survived if it did not linger.
+        # The request reached NAME while it was running (it started before the
+        # request) and that run ended on its own first: the request is used up
+        # by the run it targeted (no skipped row; its next turn runs). Survived
+        # if it did not linger. A run that *started* after the request must have
+        # been skipped instead - that case fails here.
         ev = self.rows("SELECT at FROM events WHERE kind = 'skip-requested' AND detail = ? "
                        "ORDER BY id DESC LIMIT 1", f"agent={name}")
         state = self.rows("SELECT skip_requested FROM agents WHERE name = ?", name)

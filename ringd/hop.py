@@ -169,6 +169,12 @@ class Hop:
                                        stall_threshold=self.limits.stall_threshold,
                                        driver_pid=ctx.heartbeat.pid, driver_start=ctx.heartbeat.pid_start,
                                        now=started)
+        if ctx.journal.agent_state(name).get("skip_requested"):
+            # `ringd skip NAME` landed after this turn was decided but before the
+            # row existed (the CLI saw nothing running and promised to skip the
+            # next turn): honour it now, never start (found by the soak)
+            ctx.log(f"run {run_id}: {name} skipped by operator before it started")
+            return self._close(run_id, "skipped", "operator", None, None, "operator requested skip")
         try:
             log_fd, log_path = open_log(ctx.state_dir, name, run_id)
         except OSError as e:
