@@ -561,7 +561,10 @@ def immutable(ring):
 def test_state_dir_unwritable_says_why_keeps_alive_and_recovers(ring, immutable):
     freeze, thaw = immutable
     j = str(ring.journal_path)
-    _fault_and_recover(ring, lambda: freeze(ring.state, j, j + "-wal", j + "-shm"), thaw)
+    # not the -shm file: SQLite maps it into memory, and a store into a mapped
+    # page of an immutable file is a SIGBUS - an artefact of chattr, which no
+    # full or read-only file system produces (SQLite pre-allocates -shm pages)
+    _fault_and_recover(ring, lambda: freeze(ring.state, j, j + "-wal"), thaw)
 
 
 def test_read_only_state_dir_at_startup_is_one_line(ring):
