@@ -106,6 +106,19 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+class FileErrPopen(subprocess.Popen):
+    """Popen whose stderr may be a file: communicate() then returns its bytes."""
+    err_path: Optional[Path] = None
+
+    def communicate(self, input=None, timeout=None):
+        out, err = super().communicate(input, timeout)
+        if self.err_path is not None:
+            err = self.err_path.read_bytes()
+            if self.text_mode:
+                err = err.decode()
+        return out, err
+
+
 class Ring:
     """A private ring under ``tmp_path``: state dir, config, roster, agent scripts."""
 
@@ -161,8 +174,18 @@ class Ring:
 
     def start(self, argv: List[str], **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
-        kw.setdefault("stderr", subprocess.PIPE)
-        p = subprocess.Popen(argv, env=kw.pop("env", self.env), start_new_session=True, **kw)
+        err_path = None
+        if "stderr" not in kw:
+            # A daemon logs a line per run: a pipe nobody reads fills up and
+            # blocks it. Its stderr goes to a file; communicate() returns it.
+            err_path = self.base / f"proc-{len(self.procs)}.stderr"
+            kw["stderr"] = open(err_path, "wb")
+        try:
+            p = FileErrPopen(argv, env=kw.pop("env", self.env), start_new_session=True, **kw)
+        finally:
+            if err_path is not None:
+                kw["stderr"].close()
+        p.err_path = err_path
         self.procs.append(p)
         return p
 

@@ -536,7 +536,7 @@ def test_status_watch_refreshes_until_interrupted(ring):
     ring.start_driver()
     wait_until(lambda: running_of(ring, "a"), message="a running")
     for extra, marker in ((("--json",), b'"health": "ok"'), ((), b"running")):
-        p = ring.start(ring_cmd("status", *ring.common(), "--watch", *extra))
+        p = ring.start(ring_cmd("status", *ring.common(), "--watch", *extra), stderr=subprocess.PIPE)
         first = p.stdout.readline()
         wait_until(lambda: p.poll() is None, message="watch running")
         # a second frame arrives about a second later

@@ -401,8 +401,9 @@ def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(sh
     ring.roster(f"long {ring.agents_dir}/long.sh", f"short {ring.agents_dir}/short.sh")
     os.chmod(ring.roster_path, 0o644)
     ring.start_driver(stderr=subprocess.DEVNULL)
-    wait_until(lambda: [r for r in ring.runs() if r["status"] == "running" and r["agent"] == "long"],
-               20, message="long agent running")
+    wait_until(lambda: [r for r in ring.runs() if r["status"] == "running" and r["agent"] == "long"
+                        and r["pid"] is not None and r["log_path"] is not None],
+               20, message="long agent running, its pid recorded")
     if layout == "readable":
         wait_until(lambda: Path(f"{ring.journal_path}-shm").exists(), 5, message="WAL files")
         _open_up(ring)
