@@ -59,6 +59,7 @@ class Stop(Exception):
 class Watcher:
     def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config):
         self.state_dir = state_dir
+        self._unsaved: Optional[Dict[str, Any]] = None  # state we could not write (full disk)
         self.config_path = config_path
         self.config = config
         self.notifier = Notifier()
@@ -235,7 +236,7 @@ class Watcher:
         if old is not None and not self.command_mode:
             self._stop(old, "unhealthy")
         self._sleep(time.monotonic() + self.w.restart_sec)
-        data = state.load(self.state_dir)
+        data = self._load()
         now = time.time()
         window = policy.prune(state.restart_times(data), now, self.w.start_limit_interval)
         if not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval):
@@ -450,16 +451,32 @@ class Watcher:
             self.last_status = text
             self.notifier.notify(f"STATUS={text}")
 
+    def _load(self) -> Dict[str, Any]:
+        """Our state: the file, or what we could not write to it (full disk)."""
+        return dict(self._unsaved) if self._unsaved is not None else state.load(self.state_dir)
+
     def _save(self, **fields: Any) -> None:
         """Read-modify-write ringwatch.json, so a concurrent ``ringwatch reset`` of
-        the history is not overwritten by our next poll."""
-        data: Dict[str, Any] = state.load(self.state_dir)
+        the history is not overwritten by our next poll. A state dir that is full
+        or read-only must not stop the watching: keep the state in memory (the
+        start limit still counts), say so once, write it when we can again."""
+        data: Dict[str, Any] = self._load()
         data.setdefault("gave_up", False)
         data.update(fields)
         # only restarts still inside the window are "in window" (SPEC)
         window = policy.prune(state.restart_times(data), time.time(), self.w.start_limit_interval)
         data["restarts"] = state.encode_restarts(window)
-        state.save(self.state_dir, data)
+        try:
+            state.save(self.state_dir, data)
+        except OSError as e:
+            if self._unsaved is None:
+                log(f"cannot write {state.state_path(self.state_dir)} ({e.strerror}); "
+                    f"watching on with the state in memory")
+            self._unsaved = data
+            return
+        if self._unsaved is not None:
+            log(f"{state.state_path(self.state_dir)} written again")
+        self._unsaved = None
 
 
 def _live_driver(hb: Any):

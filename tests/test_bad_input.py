@@ -676,3 +676,29 @@ def test_status_health_is_not_fooled_by_a_heartbeat_from_the_future():
     assert heartbeat_health({"pid": 1, "at_epoch": now + 1}, True, now, 10) == "ok"   # small skew
     assert heartbeat_health(future, True, now, 10) == "stale"
     assert heartbeat_health({"pid": 1, "at": "garbage"}, True, now, 10) == "stale"
+
+
+def test_watcher_keeps_watching_on_a_full_state_dir(small_state):
+    """ringwatch.json cannot be written: the watcher says so once and watches on
+    (its state in memory), instead of exiting and leaving the driver unsupervised."""
+    ring = small_state
+    ring.write_config(watch={"stale_after": 30, "poll_interval": 0.2})
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    err_path, err_file = driver_stderr(ring, "watch.err")
+    w = ring.start_watcher(stderr=err_file)
+    err_file.close()
+    wait_until(lambda: (ring.state / "ringwatch.json").exists() and ring.heartbeat(), 20,
+               message="watcher and driver up")
+    filler = _fill(ring.state)
+    try:
+        wait_until(lambda: _lines_with(err_path, "watching on with the state in memory"), 20,
+                   message="watcher reports the unwritable state")
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:   # several polls on the full disk
+            assert w.poll() is None, read_text(err_path)[-2000:]
+            time.sleep(0.1)
+    finally:
+        filler.unlink()
+    wait_until(lambda: _lines_with(err_path, "written again"), 20, message="state written again")
+    assert w.poll() is None
