@@ -31,21 +31,8 @@ RUN_REAPED = "run-reaped"
 
 def open_alert_log(state_dir: Path) -> int:
     """Append-only ``logs/alerts.log`` (0600), never through a planted symlink."""
-    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    base = os.open(state_dir, flags_dir)
-    try:
-        try:
-            os.mkdir("logs", 0o700, dir_fd=base)
-        except FileExistsError:
-            pass
-        logs = os.open("logs", flags_dir, dir_fd=base)
-        try:
-            return os.open("alerts.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                           0o600, dir_fd=logs)
-        finally:
-            os.close(logs)
-    finally:
-        os.close(base)
+    from .safefile import open_file
+    return open_file(state_dir, ("logs",), "alerts.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,

@@ -7,7 +7,6 @@ driver acts on the request at once (no polling tick on either side).
 """
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import time

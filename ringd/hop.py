@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import proctree
+from . import proctree, safefile
 from .config import Config
 from .heartbeat import Heartbeat, Notifier
 from .journal import Journal
@@ -112,21 +112,8 @@ class _Ending:
 def open_log(state_dir: Path, agent: str, run_id: int) -> "tuple[int, str]":
     """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
     local user planted in the state dir."""
-    flags_dir = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    base = os.open(state_dir, flags_dir)
-    try:
-        for part in ("logs", agent):
-            try:
-                os.mkdir(part, 0o700, dir_fd=base)
-            except FileExistsError:
-                pass
-            nxt = os.open(part, flags_dir, dir_fd=base)
-            os.close(base)
-            base = nxt
-        fd = os.open(f"{run_id}.log", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=base)
-    finally:
-        os.close(base)
+    fd = safefile.open_file(state_dir, ("logs", agent), f"{run_id}.log",
+                            os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     return fd, str(state_dir / "logs" / agent / f"{run_id}.log")
 
 

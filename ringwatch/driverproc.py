@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from ringd import proctree
+from ringd import proctree, safefile
 from ringd.heartbeat import same_process
 
 DRIVER_LOG = "ringd.log"
@@ -36,12 +36,7 @@ def open_log(state_dir: Path) -> int:
     """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink -
     neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed (the
     directory is opened O_NOFOLLOW and the file relative to it)."""
-    logs = state_dir / "logs"
-    try:
-        os.mkdir(logs, 0o700)
-    except FileExistsError:
-        pass
-    dfd = os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dfd = safefile.open_dir(state_dir, ("logs",))
     try:
         try:
             st = os.stat(DRIVER_LOG, dir_fd=dfd, follow_symlinks=False)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from ringd.heartbeat import iso, parse_iso, read_json, same_process, write_json_atomic
 
