@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
@@ -343,8 +343,3 @@ def load_config(path: Optional[Path]) -> Config:
         return parse_config(data, path)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-
-
-def with_ring(config: Config, **changes: Any) -> Config:
-    """A copy with some ``ring`` settings changed (tests and benchmarks)."""
-    return replace(config, ring=replace(config.ring, **changes))

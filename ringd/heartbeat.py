@@ -136,13 +136,6 @@ def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
     return "ok"
 
 
-def heartbeat_alive(hb: Optional[Dict[str, Any]]) -> bool:
-    """Is the process that wrote this heartbeat still the same live process?"""
-    if not hb:
-        return False
-    return same_process(hb.get("pid"), hb.get("pid_start"))
-
-
 class Heartbeat:
     """The driver's heartbeat writer (also the sd_notify speaker)."""
 

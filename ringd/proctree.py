@@ -296,33 +296,6 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         time.sleep(0.01)
 
 
-def wait_gone(pid: int, start_time: Optional[float], timeout: float) -> bool:
-    """Bounded wait until a (not necessarily our) process is gone or a zombie."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if start_time is None or not _started_at(pid, start_time):
-            return True
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.Error:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def stop_process(pid: int, start_time: Optional[float], grace: float) -> bool:
-    """SIGTERM (plus SIGCONT for a stopped process), wait ``grace``, then SIGKILL.
-    Identifies the process by pid and start time. Returns True once it is gone."""
-    if not signal_process(pid, start_time, signal.SIGTERM):
-        return True
-    signal_process(pid, start_time, signal.SIGCONT)
-    if wait_gone(pid, start_time, grace):
-        return True
-    signal_process(pid, start_time, signal.SIGKILL)
-    return wait_gone(pid, start_time, 5.0)
-
-
 def errno_reason(e: OSError) -> str:
     name = errno.errorcode.get(e.errno or 0, "")
     return f"{e.strerror or e}{f' ({name})' if name else ''}"
