@@ -107,7 +107,7 @@ def measure(argv, repeat: int, env=None, before=None, ok_codes=(0,)) -> list:
     return times
 
 
-RINGD_DEPS = ("psutil", "PyYAML", "click", "sdnotify", "filelock", "rich")
+RINGD_DEPS = ("psutil", "PyYAML", "click", "sdnotify", "rich")
 
 
 def setup_venv(base: Path):
