@@ -30,6 +30,9 @@ class AgentOverride:
     run_budget: Optional[float] = None
     stall_threshold: Optional[float] = None
     cwd: Optional[str] = None
+    watchdog: Optional[float] = None       # s without WATCHDOG=1 before the run is ended
+    schedule: Optional[str] = None         # five-field cron (local time): a scheduled agent
+    every: Optional[float] = None          # s between starts: a scheduled agent
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class RingSettings:
     quarantine_after: int = 3
     quarantine_cooloff: float = 86400
     roster: Optional[str] = None
+    watchdog: Optional[float] = None   # default agent watchdog (s); None: off
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,18 @@ class Config:
             run_budget=o.run_budget if o.run_budget is not None else self.ring.run_budget,
             stall_threshold=o.stall_threshold if o.stall_threshold is not None else self.ring.stall_threshold,
         )
+
+    def watchdog_for(self, agent: str) -> Optional[float]:
+        o = self.agents.get(agent)
+        return o.watchdog if o and o.watchdog is not None else self.ring.watchdog
+
+    def schedule_for(self, agent: str):
+        """The agent's :class:`ringd.schedule.Schedule`, or None for an ordinary agent."""
+        o = self.agents.get(agent)
+        if o is None or (o.schedule is None and o.every is None):
+            return None
+        from .schedule import Schedule
+        return Schedule(cron=o.schedule, every=o.every)
 
     def cwd_for(self, agent: str) -> Optional[str]:
         o = self.agents.get(agent)
@@ -209,7 +225,7 @@ _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backo
 def _ring(raw: Mapping[str, Any]) -> RingSettings:
     known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
              "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs",
-             "quarantine_after", "quarantine_cooloff", "roster"}
+             "quarantine_after", "quarantine_cooloff", "roster", "watchdog"}
     _unknown("ring", raw, known)
     values: dict = {}
     for k, v in raw.items():
@@ -226,6 +242,8 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
             values[k] = _integer(key, v, minimum=1)
         elif k == "quarantine_after":
             values[k] = _integer(key, v, minimum=0)
+        elif k == "watchdog":
+            values[k] = None if v is None else _number(key, v)
         elif k == "roster":
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
@@ -248,11 +266,12 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
         if not NAME_RE.fullmatch(name):
             raise ConfigError(f"agents: {excerpt(name)} is not a valid agent name")
         spec = _mapping(section, spec)
-        _unknown(section, spec, {"run_budget", "stall_threshold", "cwd"})
+        _unknown(section, spec, {"run_budget", "stall_threshold", "cwd", "watchdog", "schedule", "every"})
         values: dict = {}
         for k in ("run_budget", "stall_threshold"):
             if k in spec:
                 values[k] = _number(f"{section}.{k}", spec[k])
+        values.update(_talk_keys(section, spec))
         if "cwd" in spec:
             if not isinstance(spec["cwd"], str) or not spec["cwd"]:
                 raise ConfigError(f"{section}.cwd: must be a directory path, got {excerpt(spec['cwd'])}")
@@ -266,6 +285,26 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
                               f"for agent {name} ({stall} <= {budget})")
         out[name] = o
     return out
+
+
+def _talk_keys(section: str, spec: Mapping[str, Any]) -> dict:
+    """``watchdog``, ``schedule`` and ``every`` of one agent (null = off)."""
+    from .schedule import MAX_EVERY, ScheduleError, check_cron
+    values: dict = {}
+    if spec.get("watchdog") is not None:
+        values["watchdog"] = _number(f"{section}.watchdog", spec["watchdog"])
+    if spec.get("schedule") is not None and spec.get("every") is not None:
+        raise ConfigError(f"{section}.every: give either schedule or every, not both")
+    if spec.get("schedule") is not None:
+        try:
+            values["schedule"] = check_cron(spec["schedule"])
+        except ScheduleError as e:
+            raise ConfigError(f"{section}.schedule: {e}, got {excerpt(spec['schedule'])}") from None
+    if spec.get("every") is not None:
+        values["every"] = _number(f"{section}.every", spec["every"])
+        if values["every"] > MAX_EVERY:
+            raise ConfigError(f"{section}.every: must be at most {MAX_EVERY:g} s, got {excerpt(spec['every'])}")
+    return values
 
 
 def _watch(raw: Mapping[str, Any]) -> WatchSettings:

@@ -1,0 +1,152 @@
+"""Scheduled agents: when is one due? Pure functions of a schedule, the agent's
+last start, the time its schedule was first seen, and a clock value.
+
+A scheduled agent (``agents.<name>.schedule: "CRON"`` or ``every: SECONDS``)
+takes no ordinary turn; the driver asks :func:`due` at each hop boundary.
+
+Cron expressions are evaluated by ``cronsim`` in the box's local time zone
+(a ``zoneinfo`` zone, so DST is known). The next due time is always the first
+match *strictly after the last start* (an instant, not a wall-clock reading):
+so a job runs at most once per slot whatever the clock or the zone does, a
+slot missed while the ring was down runs once (not once per missed slot), and
+a DST change never skips a day (cronsim follows Debian cron: a time skipped by
+spring-forward runs right after the jump; the repeated hour of fall-back runs
+a daily job once).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone, tzinfo
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+MAX_EVERY = 100 * 365 * 86400.0  # s; far beyond any sane interval, keeps datetimes in range
+_MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be used; the message says why (the config adds the key)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One agent's schedule: exactly one of ``cron`` and ``every`` is set."""
+    cron: Optional[str] = None
+    every: Optional[float] = None
+
+    def describe(self) -> str:
+        return f"schedule {self.cron!r}" if self.cron is not None else f"every {self.every:g}s"
+
+
+def check_cron(expr: object) -> str:
+    """Validate a five-field cron expression; returns it normalised (single spaces)."""
+    from cronsim import CronSim, CronSimError
+
+    if not isinstance(expr, str):
+        raise ScheduleError(f"must be a cron expression in quotes, e.g. \"0 0 * * *\"")
+    fields = expr.split()
+    if len(fields) != 5:
+        # cronsim also takes a sixth (seconds) field; SPEC says five-field cron
+        raise ScheduleError(f"must have five fields (minute hour day month weekday), got {len(fields)}")
+    norm = " ".join(fields)
+    try:
+        next(CronSim(norm, datetime(2000, 1, 1, tzinfo=timezone.utc)))
+    except CronSimError as e:
+        raise ScheduleError(f"bad cron expression: {str(e).lower()}") from None
+    except StopIteration:
+        raise ScheduleError("cron expression never matches") from None
+    return norm
+
+
+def local_zone() -> tzinfo:
+    """The box's local time zone as a zoneinfo zone (so DST rules are known):
+    ``$TZ`` if it names a zone, else ``/etc/localtime``, else UTC."""
+    from zoneinfo import ZoneInfo
+
+    tz = os.environ.get("TZ")
+    if tz:
+        key = tz[1:] if tz.startswith(":") else tz
+        try:
+            if key.startswith("/"):
+                with open(key, "rb") as f:
+                    return ZoneInfo.from_file(f, key=key)
+            return ZoneInfo(key)
+        except (OSError, ValueError):
+            pass  # a POSIX rule string such as "CET-1CEST,M3.5.0,M10.5.0/3": fall back below
+        if key in ("UTC", "UTC0", "GMT", "GMT0"):
+            return timezone.utc
+    try:
+        with open("/etc/localtime", "rb") as f:
+            return ZoneInfo.from_file(f, key="localtime")
+    except (OSError, ValueError):
+        return timezone.utc
+
+
+def next_due(schedule: Schedule, last_start: Optional[float], since: float,
+             tz: Optional[tzinfo] = None, last_wall: Optional[datetime] = None) -> float:
+    """Epoch time at which the agent is next due.
+
+    ``last_start``: epoch time its last run started (None: never ran).
+    ``since``: when this schedule was first seen by the ring (persisted, so a
+    restart does not move it). ``every`` is due ``every`` s after the last
+    start, at once if it never ran. A cron schedule is due at its first match
+    after the later of the two (so a new schedule waits for its next matching
+    minute instead of catching up on slots from before it existed).
+
+    ``last_wall``: the local wall-clock time (naive) of the last start as read
+    in the zone of that moment. A match must also be later on the wall clock
+    than that, so a box moved west (or an hour repeated by DST) never runs a
+    slot whose wall-clock time was already run. None: read in ``tz``."""
+    if schedule.every is not None:
+        return since if last_start is None else last_start + schedule.every
+    from cronsim import CronSim
+
+    zone = tz if tz is not None else local_zone()
+    base = since if last_start is None else max(last_start, since)
+    start = datetime.fromtimestamp(base, tz=zone)
+    if last_wall is not None:
+        wall_start = last_wall.replace(tzinfo=zone)
+        if wall_start.timestamp() > base:
+            start = wall_start
+    it = CronSim(schedule.cron, start)
+    try:
+        for _ in range(_MAX_WALL_SKIPS):
+            match = next(it)
+            if last_wall is None or match.replace(tzinfo=None) > last_wall:
+                return match.timestamp()
+    except StopIteration:  # no match within cronsim's 50-year horizon
+        pass
+    return float("inf")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the driver knows of one scheduled agent (from the journal)."""
+    name: str
+    schedule: Schedule
+    last_start: Optional[float]
+    since: float
+    last_wall: Optional[datetime] = None
+
+    def next_due(self, tz: tzinfo) -> float:
+        return next_due(self.schedule, self.last_start, self.since, tz, self.last_wall)
+
+
+def due(entries: Iterable[Entry], now: float, tz: Optional[tzinfo] = None) -> List[str]:
+    """Names of the scheduled agents due at ``now``, in the order given (roster order)."""
+    zone = tz if tz is not None else local_zone()
+    return [e.name for e in entries if e.next_due(zone) <= now]
+
+
+def first_due(entries: Sequence[Entry], tz: Optional[tzinfo] = None) -> Optional[float]:
+    """The earliest next due time among ``entries`` (None when there are none):
+    how long an otherwise idle ring may sleep."""
+    zone = tz if tz is not None else local_zone()
+    times = [e.next_due(zone) for e in entries]
+    return min(times) if times else None
+
+
+def wall_clock(t: float, tz: Optional[tzinfo] = None) -> datetime:
+    """The naive local wall-clock reading of epoch time ``t`` (what to persist as
+    ``last_wall`` when a scheduled run starts)."""
+    return datetime.fromtimestamp(t, tz=tz if tz is not None else local_zone()).replace(tzinfo=None)

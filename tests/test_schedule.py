@@ -1,0 +1,191 @@
+"""Pure scheduling (ringd/schedule.py): when a scheduled agent is due, with a
+controllable clock and DST zones. No processes, microseconds per case."""
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from ringd.config import ConfigError, parse_config
+
+from ringd.schedule import (Entry, Schedule, ScheduleError, check_cron, due, first_due, local_zone,
+                            next_due, wall_clock)
+
+BERLIN = ZoneInfo("Europe/Berlin")
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def ts(zone, *parts, fold=0) -> float:
+    return datetime(*parts, tzinfo=zone, fold=fold).timestamp()
+
+
+def local(t: float, zone) -> datetime:
+    return datetime.fromtimestamp(t, tz=zone)
+
+
+def simulate(schedule: Schedule, start: float, end: float, step: float, zones) -> list:
+    """A driver that looks at every hop boundary (every ``step`` s) and runs the
+    agent whenever it is due; ``zones(now)`` is the box's zone at that moment
+    (a TZ change mid-way). Returns the start times of the runs."""
+    since, last, wall, starts = start, None, None, []
+    now = start
+    while now < end:
+        if due([Entry("job", schedule, last, since, wall)], now, zones(now)):
+            starts.append(now)
+            last, wall = now, wall_clock(now, zones(now))
+        now += step
+    return starts
+
+
+def test_every_never_run_is_due_at_once_then_every_n_seconds_after_its_start():
+    s = Schedule(every=2)
+    assert next_due(s, None, since=100.0) == 100.0
+    assert due([Entry("a", s, None, 100.0)], now=100.0) == ["a"]
+    assert next_due(s, 100.5, since=100.0) == 102.5
+    assert due([Entry("a", s, 100.5, 100.0)], now=102.4) == []
+    assert due([Entry("a", s, 100.5, 100.0)], now=102.5) == ["a"]
+
+
+def test_cron_never_run_waits_for_the_next_matching_minute():
+    s = Schedule(cron="* * * * *")
+    since = ts(BERLIN, 2026, 6, 1, 12, 59, 30)
+    assert next_due(s, None, since, BERLIN) == ts(BERLIN, 2026, 6, 1, 13, 0)
+    assert due([Entry("a", s, None, since)], since + 29.9, BERLIN) == []
+    assert due([Entry("a", s, None, since)], since + 30, BERLIN) == ["a"]
+    # a schedule seen at 10:17 is not "behind" on the 10:00 slot
+    hourly = Schedule(cron="0 * * * *")
+    assert next_due(hourly, ts(BERLIN, 2026, 6, 1, 3, 0), ts(BERLIN, 2026, 6, 1, 10, 17),
+                    BERLIN) == ts(BERLIN, 2026, 6, 1, 11, 0)
+
+
+def test_slots_missed_while_down_run_once():
+    s = Schedule(cron="*/5 * * * *")
+    since = ts(BERLIN, 2026, 6, 1, 0, 0)
+    last = ts(BERLIN, 2026, 6, 1, 0, 5, 2)            # ran, then the ring was down for hours
+    now = ts(BERLIN, 2026, 6, 1, 7, 41, 10)
+    assert due([Entry("a", s, last, since)], now, BERLIN) == ["a"]
+    # it runs now; the next due is the next slot after that start, not the 06:10 backlog
+    assert next_due(s, now + 1, since, BERLIN) == ts(BERLIN, 2026, 6, 1, 7, 45)
+    every = Schedule(every=600)
+    assert next_due(every, now + 1, since) == now + 601
+
+
+def test_several_due_are_listed_in_roster_order_and_first_due_is_the_earliest():
+    entries = [Entry("z", Schedule(every=10), 0.0, 0.0), Entry("a", Schedule(every=5), 0.0, 0.0),
+               Entry("m", Schedule(every=100), 0.0, 0.0)]
+    assert due(entries, 20.0) == ["z", "a"]
+    assert first_due(entries) == 5.0
+    assert first_due([]) is None
+
+
+@pytest.mark.parametrize("zone,spring,fall", [
+    (BERLIN, (2026, 3, 29), (2026, 10, 25)),
+    (NEW_YORK, (2026, 3, 8), (2026, 11, 1)),
+])
+@pytest.mark.parametrize("expr", ["30 2 * * *", "0 2 * * *", "30 1 * * *", "0 3 * * *"])
+def test_a_daily_job_runs_exactly_once_a_day_across_both_dst_transitions(zone, spring, fall, expr):
+    for day in (spring, fall):
+        start = ts(zone, *day) - 2 * 86400
+        starts = simulate(Schedule(cron=expr), start, start + 5 * 86400, 300.0, lambda _: zone)
+        per_day = Counter(local(t, zone).date() for t in starts)
+        days = [(datetime(*day) + timedelta(days=d)).date() for d in range(-2, 3)]
+        assert [per_day[d] for d in days] == [1, 1, 1, 1, 1], (expr, per_day)
+
+
+def test_spring_forward_runs_a_skipped_time_right_after_the_jump():
+    s = Schedule(cron="30 2 * * *")   # 02:30 does not exist in Berlin on 2026-03-29
+    before = ts(BERLIN, 2026, 3, 29, 1, 59)
+    assert local(next_due(s, before, before, BERLIN), BERLIN) == datetime(2026, 3, 29, 3, 0, tzinfo=BERLIN)
+
+
+def test_fall_back_never_runs_a_job_twice_in_its_slot():
+    s = Schedule(cron="30 2 * * *")   # 02:30 happens twice in Berlin on 2026-10-25
+    first = ts(BERLIN, 2026, 10, 25, 2, 30, 1, fold=0)
+    second = ts(BERLIN, 2026, 10, 25, 2, 30, 1, fold=1)
+    assert second - first == 3600
+    assert due([Entry("a", s, first, first - 86400)], second, BERLIN) == []
+    assert local(next_due(s, first, first - 86400, BERLIN), BERLIN).date().day == 26
+
+
+def test_hourly_jobs_stay_an_hour_apart_through_fall_back():
+    zone = BERLIN
+    start = ts(zone, 2026, 10, 24, 22, 0)
+    starts = simulate(Schedule(cron="0 * * * *"), start, start + 8 * 3600, 30.0, lambda _: zone)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # 8 real hours from 22:00 CEST: 23, 0, 1, 2 CEST, (2 CET: the same wall-clock
+    # slot again, not run), 3, 4
+    walls = [local(t, zone).strftime("%H:%M") for t in starts]
+    assert walls == ["23:00", "00:00", "01:00", "02:00", "03:00", "04:00"], walls
+    assert all(3600 - 30 <= g <= 2 * 3600 + 30 for g in gaps), gaps
+
+
+def test_a_time_zone_change_neither_repeats_nor_skips_a_day():
+    s = Schedule(cron="0 9 * * *")
+    start = ts(BERLIN, 2026, 6, 1, 0, 0)
+    switch = start + 2.5 * 86400                       # the box moves from Berlin to New York
+    zones = lambda now: BERLIN if now < switch else NEW_YORK
+    starts = simulate(s, start, start + 6 * 86400, 300.0, zones)
+    slots = [local(t, zones(t)).replace(tzinfo=None) for t in starts]
+    assert len(set(slots)) == len(slots)                  # never twice in one slot
+    assert all(slot.time().hour == 9 for slot in slots)
+    days = sorted({slot.date() for slot in slots})
+    assert len(days) == 6 and (days[-1] - days[0]).days == 5  # never a skipped day
+
+
+def test_a_clock_stepped_back_never_runs_a_slot_again():
+    s = Schedule(cron="0 0 * * *")
+    ran = ts(BERLIN, 2026, 6, 2, 0, 0, 3)
+    stepped_back = ran - 3 * 3600
+    assert due([Entry("a", s, ran, ran - 86400)], stepped_back, BERLIN) == []
+    assert due([Entry("a", s, ran, ran - 86400)], ran + 3600, BERLIN) == []
+
+
+def test_local_zone_follows_tz(monkeypatch):
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    assert local_zone().key == "Europe/Berlin"
+    monkeypatch.setenv("TZ", ":America/New_York")
+    assert local_zone().key == "America/New_York"
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    s = Schedule(cron="0 12 * * *")
+    since = ts(BERLIN, 2026, 1, 5, 11, 0)
+    assert next_due(s, None, since) == ts(BERLIN, 2026, 1, 5, 12, 0)   # zone taken from TZ
+
+
+@pytest.mark.parametrize("expr,why", [
+    ("* * * *", "five fields"), ("* * * * * *", "five fields"), ("61 * * * *", "minute"),
+    ("0 0 30 2 *", "day-of-month"), (5, "cron expression in quotes"), ("@daily", "five fields"),
+])
+def test_bad_cron_expressions_are_refused_with_a_reason(expr, why):
+    with pytest.raises(ScheduleError, match=why):
+        check_cron(expr)
+
+
+def test_a_good_cron_expression_is_normalised():
+    assert check_cron(" 0  0 * * MON-FRI ") == "0 0 * * MON-FRI"
+
+
+@pytest.mark.parametrize("spec,key,why", [
+    ({"schedule": "61 * * * *"}, "agents.job.schedule", "bad minute"),
+    ({"schedule": "* * * *"}, "agents.job.schedule", "five fields"),
+    ({"every": 0}, "agents.job.every", "greater than zero"),
+    ({"every": -5}, "agents.job.every", "greater than zero"),
+    ({"every": "soon"}, "agents.job.every", ""),
+    ({"every": 5, "schedule": "* * * * *"}, "agents.job.every", "not both"),
+    ({"watchdog": 0}, "agents.job.watchdog", "greater than zero"),
+])
+def test_bad_schedule_or_watchdog_is_a_config_error_naming_the_key(spec, key, why):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"agents": {"job": spec}})
+    assert str(e.value).startswith(key + ":") and why in str(e.value)
+
+
+def test_schedule_and_watchdog_keys_reach_the_config():
+    cfg = parse_config({"ring": {"watchdog": 30},
+                        "agents": {"a": {"schedule": "0 0 * * *"}, "b": {"every": 2, "watchdog": 5}}})
+    assert cfg.schedule_for("a") == Schedule(cron="0 0 * * *")
+    assert cfg.schedule_for("b") == Schedule(every=2)
+    assert cfg.schedule_for("c") is None
+    assert (cfg.watchdog_for("a"), cfg.watchdog_for("b")) == (30, 5)
+    assert parse_config({}).watchdog_for("a") is None
