@@ -24,6 +24,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A throwaway PostgreSQL cluster for the many-host tests (fixtures pg_cluster, pg_dsn).
+pytest_plugins = ["pgcluster"]
+
 FAST_CONFIG = {
     "ring": {
         "run_budget": 2.0,

@@ -1,0 +1,284 @@
+"""The journal in PostgreSQL (``ring.journal: "postgresql://..."``) and the SQL of
+the lease: the ring that survives its box.
+
+``PgJournal`` is the SQLite ``Journal`` with another connection under it: the
+same transitions run as the same statements (translated at one choke point,
+``_Con.execute``: ``?`` placeholders become ``%s``, an insert into ``runs`` or
+``events`` returns its id), so the two backends cannot drift apart, and one
+shared test suite holds both to the same behaviour. The schema is
+``schema_pg``.
+
+What PostgreSQL adds is the lease (decisions in ``lease``, pure): a leader's
+every write transaction first checks, with the lease row share-locked, that the
+lease is still its own, same epoch and not expired on the server's clock
+(``Fenced`` otherwise). A standby taking over must lock that row for update,
+so it waits for any such write in flight, and no write of the old epoch can
+commit after the hand-over.
+
+psycopg (v3) is imported here and nowhere else: ``import ringd`` and the
+SQLite path never load it.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence
+
+try:
+    import psycopg
+except ImportError:  # only this backend needs it: say how to get it, in one line
+    psycopg = None
+
+from . import lease as leaselib
+from .journal import Journal, JournalError
+from .schema_pg import MIGRATION_LOCK, SCHEMA
+
+# Client side: fail fast instead of hanging on a dead server or a partition
+# (keepalives notice a silent peer, tcp_user_timeout unacknowledged writes).
+CONNECT_ARGS = dict(connect_timeout=3, keepalives=1, keepalives_idle=2, keepalives_interval=1,
+                    keepalives_count=2, application_name="ringd")
+# Server side: no statement or lock wait of ours may outlast a short lease.
+SESSION_SETTINGS = ("SET statement_timeout = '5s'", "SET lock_timeout = '5s'",
+                    "SET idle_in_transaction_session_timeout = '10s'")
+
+
+class PgJournalError(JournalError, sqlite3.OperationalError):
+    """The database cannot be reached or refused a write. (Also an
+    ``sqlite3.OperationalError``, so the driver's handlers for a failing journal
+    serve both backends alike.)"""
+
+
+class PgIntegrityError(JournalError, sqlite3.IntegrityError):
+    """A constraint of the schema refused a write (as sqlite3's would)."""
+
+
+class Fenced(PgJournalError):
+    """This driver's lease is gone (taken over, or expired): it records nothing more."""
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+_PLACEHOLDER = re.compile(r"\?")
+_INSERT_WITH_ID = re.compile(r"^\s*INSERT\s+INTO\s+(runs|events)\b(?!.*\bRETURNING\b)", re.I | re.S)
+
+
+def translate(sql: str) -> str:
+    """sqlite3's dialect of our statements -> psycopg's (the only differences we use)."""
+    sql = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+    if _INSERT_WITH_ID.match(sql):
+        sql += " RETURNING id"  # sqlite3's cursor.lastrowid
+    return sql
+
+
+class _Row:
+    """A row that reads like ``sqlite3.Row``: by name, by index, ``keys()``, ``dict(row)``."""
+    __slots__ = ("_names", "_values")
+
+    def __init__(self, names: Sequence[str], values: Sequence[Any]):
+        self._names, self._values = names, values
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, slice)):
+            return self._values[key]
+        try:
+            return self._values[self._names.index(key)]
+        except ValueError:
+            raise IndexError(f"no such column: {key}") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> List[str]:
+        return list(self._names)
+
+
+def _row_factory(cursor):
+    names = [c.name for c in cursor.description or ()]
+    return lambda values: _Row(names, values)
+
+
+class _Cursor:
+    def __init__(self, rows: List[_Row], lastrowid: Optional[int], rowcount: int):
+        self._rows, self.lastrowid, self.rowcount = rows, lastrowid, rowcount
+
+    def fetchone(self) -> Optional[_Row]:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchall(self) -> List[_Row]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def __iter__(self):
+        return iter(self.fetchall())
+
+
+class _Con:
+    """The slice of ``sqlite3.Connection`` the journal and its readers use, on psycopg.
+    Autocommit: a statement outside ``write()`` is its own transaction."""
+
+    def __init__(self, dsn: str, readonly: bool):
+        self.dsn, self.readonly = dsn, readonly
+        self.pg = None
+        self.connect()
+
+    def connect(self) -> None:
+        try:
+            self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory, **CONNECT_ARGS)
+            for s in SESSION_SETTINGS + (("SET default_transaction_read_only = on",) if self.readonly else ()):
+                self.pg.execute(s)
+        except psycopg.Error as e:
+            self.pg = None
+            raise PgJournalError(f"{redact(self.dsn)}: cannot connect: {_one_line(e)}") from None
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
+        if self.pg is None or self.pg.closed or self.pg.broken:
+            if self.pg is not None and not self.pg.closed:
+                self.pg.close()
+            if sql.strip().upper() in ("COMMIT", "ROLLBACK"):
+                raise PgJournalError(f"{redact(self.dsn)}: connection lost in a transaction")
+            self.connect()  # a new connection after an outage (its transaction died with it)
+        try:
+            cur = self.pg.execute(translate(sql), tuple(params), prepare=False)
+            rows = cur.fetchall() if cur.description is not None else []
+        except psycopg.IntegrityError as e:
+            raise PgIntegrityError(_one_line(e)) from None
+        except psycopg.Error as e:
+            raise PgJournalError(f"{redact(self.dsn)}: {_one_line(e)}") from None
+        lastrowid = rows[0][0] if rows and _INSERT_WITH_ID.match(sql) else None
+        return _Cursor(rows, lastrowid, cur.rowcount)
+
+    def close(self) -> None:
+        if self.pg is not None:
+            self.pg.close()
+
+
+def redact(dsn: str) -> str:
+    """A DSN fit for a log line: never its password."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
+
+
+@dataclass
+class Fence:
+    """The lease this driver holds: checked by every one of its writes."""
+    holder: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    holder: Optional[str]
+    epoch: int
+    expires_at: Optional[float]   # server epoch seconds
+    server_now: float
+
+
+class PgJournal(Journal):
+    """The journal on PostgreSQL. ``fence`` (set by ``acquire``) makes every write
+    of this connection a fenced one."""
+
+    def __init__(self, con: _Con, dsn: str):
+        super().__init__(con, redact(dsn))  # type: ignore[arg-type]
+        self.fence: Optional[Fence] = None
+
+    @classmethod
+    def connect(cls, dsn: str, *, readonly: bool = False) -> "PgJournal":
+        if psycopg is None:
+            raise JournalError("ring.journal names PostgreSQL, but psycopg is not installed: "
+                               "pip install 'ring[pg]' (or psycopg[binary])")
+        j = cls(_Con(dsn, readonly), dsn)
+        if not readonly:
+            j._migrate()
+        return j
+
+    def _migrate(self) -> None:
+        with self._transaction():
+            self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            self.con.pg.execute(SCHEMA)
+
+    def close(self) -> None:
+        self.con.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[_Con]:
+        self.con.execute("BEGIN")
+        try:
+            yield self.con
+        except BaseException:
+            try:
+                self.con.execute("ROLLBACK")
+            except JournalError:
+                pass  # the connection died: so did the transaction
+            raise
+        else:
+            self.con.execute("COMMIT")
+
+    @contextmanager
+    def write(self) -> Iterator[_Con]:
+        """One write transaction; a leader's is fenced by its lease."""
+        with self._transaction() as con:
+            if self.fence is not None:
+                row = con.execute(
+                    "SELECT holder, epoch, expires_at > clock_timestamp() AS valid FROM lease WHERE id = 1"
+                    " FOR SHARE").fetchone()
+                if row is None or row["holder"] != self.fence.holder or row["epoch"] != self.fence.epoch \
+                        or not row["valid"]:
+                    raise Fenced(f"lease lost (epoch {self.fence.epoch} is no longer current): "
+                                 f"not recording")
+            yield con
+
+    # --- the lease -------------------------------------------------------------------
+    def read_lease(self) -> LeaseView:
+        row = self.con.execute(
+            "SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
+            " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1").fetchone()
+        if row is None:
+            now = self.con.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+            return LeaseView(None, 0, None, now)
+        return LeaseView(row["holder"], row["epoch"], row["expires_at"], row["server_now"])
+
+    def acquire(self, me: str, ttl: float) -> leaselib.Decision:
+        """One beat of leadership: take, renew or wait (``lease.decide``), in one
+        transaction holding the lease row. On TAKE or RENEW this connection's
+        writes are fenced with the new epoch; on WAIT they are not fenced (a
+        standby writes nothing of the ring). Raises on a database failure."""
+        my_epoch = self.fence.epoch if self.fence is not None and self.fence.holder == me else None
+        with self._transaction() as con:
+            row = con.execute(
+                "SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
+                " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1"
+                " FOR UPDATE").fetchone()
+            now = row["server_now"]
+            d = leaselib.decide(leaselib.LeaseRow(row["holder"], row["epoch"], row["expires_at"]),
+                                me, my_epoch, now)
+            if d.action == leaselib.TAKE:
+                con.execute("UPDATE lease SET holder = ?, epoch = ?, acquired_at = clock_timestamp(),"
+                            " expires_at = clock_timestamp() + make_interval(secs => ?) WHERE id = 1",
+                            (me, d.epoch, ttl))
+            elif d.action == leaselib.RENEW:
+                con.execute("UPDATE lease SET expires_at = clock_timestamp() + make_interval(secs => ?)"
+                            " WHERE id = 1", (ttl,))
+        if d.action == leaselib.WAIT:
+            self.fence = None
+        else:
+            self.fence = Fence(me, d.epoch)
+        return d
+
+    def release(self) -> None:
+        """A clean stop hands the lease on at once (a standby need not wait for it
+        to expire). Only our own epoch is released."""
+        if self.fence is None:
+            return
+        with self._transaction() as con:
+            con.execute("UPDATE lease SET holder = NULL, expires_at = clock_timestamp() "
+                        "WHERE id = 1 AND holder = ? AND epoch = ?", (self.fence.holder, self.fence.epoch))
+        self.fence = None
+
+    def server_time(self) -> float:
+        return self.con.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]

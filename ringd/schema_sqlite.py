@@ -1,0 +1,106 @@
+"""The SQLite journal's schema: the SPEC's invariants enforced by the database.
+
+Status set and terminal coherence by CHECK constraints, at most one ``running``
+row by a partial unique index, final statuses final and per-agent counters by
+triggers. ``schema_pg`` is the same schema for PostgreSQL.
+"""
+SCHEMA_VERSION = 1
+
+# The journal's vocabulary, whatever the backend (schema_pg uses the same).
+TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
+STATUSES = ("running",) + TERMINAL
+SOURCES = ("driver", "reaper", "operator")
+
+_STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
+_SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent        TEXT NOT NULL,
+    position     INTEGER,
+    status       TEXT NOT NULL CHECK (status IN ({_STATUS_LIST})),
+    started_at   REAL NOT NULL,
+    ended_at     REAL,
+    duration     REAL,
+    exit_code    INTEGER,
+    signal       INTEGER,
+    reason       TEXT,
+    pid          INTEGER,
+    pid_start    REAL,
+    run_budget   REAL,
+    stall_threshold REAL,
+    log_path     TEXT,
+    driver_pid   INTEGER,
+    driver_start REAL,
+    CHECK (
+        (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
+                            AND signal IS NULL AND duration IS NULL)
+     OR (status <> 'running' AND ended_at IS NOT NULL AND duration IS NOT NULL
+                             AND duration >= 0 AND ended_at >= started_at)
+    )
+);
+CREATE UNIQUE INDEX IF NOT EXISTS runs_one_running ON runs(status) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS runs_by_agent ON runs(agent, id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at     REAL NOT NULL,
+    run_id INTEGER REFERENCES runs(id),
+    kind   TEXT NOT NULL,
+    source TEXT NOT NULL CHECK (source IN ({_SOURCE_LIST})),
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id);
+
+-- Per-agent state the driver decides with and status shows. Survives restarts.
+CREATE TABLE IF NOT EXISTS agents (
+    name                  TEXT PRIMARY KEY,
+    runs                  INTEGER NOT NULL DEFAULT 0 CHECK (runs >= 0),
+    last_run_id           INTEGER,
+    consecutive_failures  INTEGER NOT NULL DEFAULT 0 CHECK (consecutive_failures >= 0),
+    consecutive_deferrals INTEGER NOT NULL DEFAULT 0 CHECK (consecutive_deferrals >= 0),
+    bad_streak            INTEGER NOT NULL DEFAULT 0 CHECK (bad_streak >= 0),
+    backoff_until         REAL,
+    skip_requested        INTEGER NOT NULL DEFAULT 0 CHECK (skip_requested IN (0, 1)),
+    quarantined_until     REAL,
+    quarantine_line       TEXT
+);
+
+-- Finished runs by agent and status (metrics); kept by triggers, never by hand.
+CREATE TABLE IF NOT EXISTS run_counts (
+    agent  TEXT NOT NULL,
+    status TEXT NOT NULL,
+    n      INTEGER NOT NULL CHECK (n >= 0),
+    PRIMARY KEY (agent, status)
+);
+
+CREATE TRIGGER IF NOT EXISTS runs_closed AFTER UPDATE OF status ON runs
+WHEN OLD.status = 'running' AND NEW.status <> 'running'
+BEGIN
+    INSERT INTO run_counts(agent, status, n) VALUES (NEW.agent, NEW.status, 1)
+        ON CONFLICT(agent, status) DO UPDATE SET n = n + 1;
+    INSERT INTO agents(name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
+        ON CONFLICT(name) DO UPDATE SET runs = runs + 1, last_run_id = NEW.id;
+END;
+
+CREATE TRIGGER IF NOT EXISTS runs_inserted_closed AFTER INSERT ON runs
+WHEN NEW.status <> 'running'
+BEGIN
+    INSERT INTO run_counts(agent, status, n) VALUES (NEW.agent, NEW.status, 1)
+        ON CONFLICT(agent, status) DO UPDATE SET n = n + 1;
+    INSERT INTO agents(name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
+        ON CONFLICT(name) DO UPDATE SET runs = runs + 1, last_run_id = NEW.id;
+END;
+
+-- A terminal row never changes status again (a guarded close cannot clobber).
+CREATE TRIGGER IF NOT EXISTS runs_terminal_is_final BEFORE UPDATE OF status ON runs
+WHEN OLD.status <> 'running'
+BEGIN
+    SELECT RAISE(ABORT, 'a finished run cannot change status');
+END;
+"""

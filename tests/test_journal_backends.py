@@ -1,0 +1,166 @@
+"""One journal test suite, two backends: SQLite (the embedded default) and
+PostgreSQL (a real server, see pgcluster). The schema itself enforces the
+SPEC's invariants; the transitions behave alike on both."""
+import sqlite3
+
+import pytest
+
+from ringd.journal import Journal
+
+
+class Backend:
+    """An opened journal plus a second, raw connection that bypasses it."""
+
+    def __init__(self, name, journal, raw_exec, integrity_error):
+        self.name, self.journal = name, journal
+        self.raw_exec, self.integrity_error = raw_exec, integrity_error
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path):
+    if request.param == "sqlite":
+        j = Journal.open(tmp_path)
+        con = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+        yield Backend("sqlite", j, lambda sql, params=(): con.execute(sql, params).fetchall(),
+                      sqlite3.IntegrityError)
+        con.close()
+        j.close()
+    else:
+        import psycopg
+        from ringd.journal_pg import PgJournal
+        dsn = request.getfixturevalue("pg_cluster").fresh_dsn()
+        j = PgJournal.connect(dsn)
+        con = psycopg.connect(dsn, autocommit=True)
+
+        def raw_exec(sql, params=()):
+            cur = con.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+        yield Backend("postgresql", j, raw_exec, psycopg.IntegrityError)
+        con.close()
+        j.close()
+
+
+def start(j, agent="a", position=0):
+    return j.start_run(agent, position, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+
+
+@pytest.mark.parametrize("sql", [
+    # unknown status
+    "INSERT INTO runs(agent, status, started_at) VALUES ('a', 'bogus', 1)",
+    # NULL status
+    "INSERT INTO runs(agent, status, started_at) VALUES ('a', NULL, 1)",
+    # running with an end time / exit code / duration
+    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'running', 1, 2)",
+    "INSERT INTO runs(agent, status, started_at, exit_code) VALUES ('a', 'running', 1, 0)",
+    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'running', 1, 0)",
+    # terminal without end time or duration, or with a negative duration
+    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'ok', 1, 1)",
+    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'ok', 1, 2)",
+    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 1, 2, -1)",
+    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 5, 2, 0)",
+    # an event with an unknown source
+    "INSERT INTO events(at, kind, source) VALUES (1, 'x', 'cron')",
+    # counters never negative
+    "INSERT INTO agents(name, runs) VALUES ('a', -1)",
+])
+def test_incoherent_rows_are_refused(backend, sql):
+    with pytest.raises(backend.integrity_error):
+        backend.raw_exec(sql)
+
+
+def test_at_most_one_running_row(backend):
+    backend.raw_exec("INSERT INTO runs(agent, status, started_at) VALUES ('a', 'running', 1)")
+    with pytest.raises(backend.integrity_error):
+        backend.raw_exec("INSERT INTO runs(agent, status, started_at) VALUES ('b', 'running', 2)")
+
+
+def test_a_second_start_is_refused_through_the_journal_too(backend):
+    start(backend.journal, "a")
+    with pytest.raises(sqlite3.IntegrityError):  # PostgreSQL's is raised as sqlite3's kind too
+        start(backend.journal, "b")
+    assert backend.journal.running_row().agent == "a"
+
+
+def test_guarded_close_never_clobbers(backend):
+    j = backend.journal
+    rid = start(j)
+    assert j.close_run(rid, "interrupted", source="operator", reason="stuck")
+    assert not j.close_run(rid, "ok", source="driver", exit_code=0)
+    row = j.run(rid)
+    assert row.status == "interrupted" and row.exit_code is None and row.reason == "stuck"
+    kinds = [(r[0], r[1]) for r in j.con.execute("SELECT kind, source FROM events ORDER BY id")]
+    assert kinds == [("started", "driver"), ("interrupted", "operator")]
+
+
+@pytest.mark.parametrize("new", ["ok", "running", "interrupted"])
+def test_final_statuses_are_final_whoever_writes(backend, new):
+    rid = start(backend.journal)
+    backend.journal.close_run(rid, "failed", source="driver", exit_code=3)
+    with pytest.raises(Exception) as e:
+        backend.raw_exec("UPDATE runs SET status = ? WHERE id = ?", (new, rid))
+    assert "cannot change status" in str(e.value)
+    assert backend.journal.run(rid).status == "failed"
+
+
+def test_counters_follow_runs(backend):
+    j = backend.journal
+    for status in ("ok", "ok", "failed"):
+        j.close_run(start(j), status, source="driver")
+    j.record_skip("a", 0, "operator requested skip", "operator")
+    assert j.run_counts() == {"a": {"ok": 2, "failed": 1, "skipped": 1}}
+    assert j.agent_state("a")["runs"] == 4
+    assert j.agent_state("a")["last_run_id"] == j.last_run().id
+
+
+def test_counters_are_kept_by_the_database_not_the_journal_code(backend):
+    backend.raw_exec("INSERT INTO runs(agent, status, started_at, ended_at, duration) "
+                     "VALUES ('z', 'ok', 1, 2, 1)")
+    assert backend.journal.run_counts() == {"z": {"ok": 1}}
+    assert backend.journal.agent_state("z")["runs"] == 1
+
+
+def test_settle_stores_agent_state_and_quarantine_writes_its_row(backend):
+    j = backend.journal
+    rid = start(j)
+    after = j.close_run(rid, "stalled", source="driver", reason="no exit",
+                        settle=lambda st: {"bad_streak": st["bad_streak"] + 1, "quarantined_until": 5e9})
+    assert after["entered_quarantine"] and after["bad_streak"] == 1
+    last = j.last_run()
+    assert last.status == "skipped" and "quarantined" in last.reason
+    assert j.agent_state("a")["quarantined_until"] == 5e9
+    kinds = [r["kind"] for r in j.con.execute("SELECT kind FROM events ORDER BY id")]
+    assert kinds == ["started", "stalled", "quarantined"]
+
+
+def test_process_skip_request_and_meta(backend):
+    j = backend.journal
+    rid = start(j)
+    j.set_process(rid, 4242, 12.5, "/x/1.log")
+    row = j.running_row()
+    assert (row.pid, row.pid_start, row.log_path) == (4242, 12.5, "/x/1.log")
+    j.request_skip("a")
+    assert j.agent_state("a")["skip_requested"] == 1
+    j.set_meta("roster_error", "bad line")
+    assert j.meta("roster_error") == "bad line"
+    j.set_meta("roster_error", None)
+    assert j.meta("roster_error") is None
+
+
+def test_history_is_newest_first_and_by_agent(backend):
+    j = backend.journal
+    for name in ("a", "b", "a"):
+        j.close_run(start(j, name), "ok", source="driver", exit_code=0)
+    assert [r.agent for r in j.history()] == ["a", "b", "a"]
+    assert [r.id for r in j.history("a", limit=1)] == [j.last_run_of("a").id]
+    assert set(j.agent_states()) == {"a", "b"}
+
+
+def test_a_failed_transaction_leaves_nothing_behind(backend):
+    j = backend.journal
+    with pytest.raises(RuntimeError):
+        with j.write() as con:
+            con.execute("INSERT INTO meta(key, value) VALUES ('half', 'done')")
+            raise RuntimeError("caller changed its mind")
+    assert j.meta("half") is None
+    j.set_meta("after", "ok")  # the connection is usable again
+    assert j.meta("after") == "ok"

@@ -1,0 +1,66 @@
+"""The lease's decisions, pure: no database, no processes, microseconds each."""
+from ringd.lease import (RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host, holder_name,
+                         must_stop)
+
+ME = holder_name("box-a", 100, 555)
+OTHER = holder_name("box-b", 200, 777)
+
+
+def test_a_fresh_ring_is_taken_at_epoch_1():
+    d = decide(None, ME, None, 1000.0)
+    assert (d.action, d.epoch, d.previous) == (TAKE, 1, None)
+
+
+def test_a_released_lease_is_taken_with_a_new_epoch_and_no_one_to_reap_for():
+    d = decide(LeaseRow(None, 7, 990.0), ME, None, 1000.0)
+    assert (d.action, d.epoch, d.previous) == (TAKE, 8, None)
+
+
+def test_my_live_lease_is_renewed_at_the_same_epoch():
+    d = decide(LeaseRow(ME, 3, 1010.0), ME, 3, 1000.0)
+    assert (d.action, d.epoch) == (RENEW, 3)
+
+
+def test_a_live_lease_of_another_host_makes_me_wait_until_it_can_lapse():
+    d = decide(LeaseRow(OTHER, 3, 1010.0), ME, None, 1000.0)
+    assert (d.action, d.epoch, d.retry_in) == (WAIT, 3, 10.0)
+
+
+def test_an_expired_lease_of_another_host_is_taken_over_naming_it():
+    d = decide(LeaseRow(OTHER, 3, 1000.0), ME, None, 1000.0)  # expiry instant: already lapsed
+    assert (d.action, d.epoch, d.previous) == (TAKE, 4, OTHER)
+    assert holder_host(d.previous) == "box-b"
+
+
+def test_my_own_lapsed_lease_is_taken_anew_never_renewed():
+    # I froze past my TTL and nobody took over: my old epoch may have unfenced
+    # writes in flight, so I take a new epoch (and reap my own old run).
+    d = decide(LeaseRow(ME, 3, 999.0), ME, 3, 1000.0)
+    assert (d.action, d.epoch, d.previous) == (TAKE, 4, ME)
+
+
+def test_a_lease_moved_on_while_i_was_frozen_is_not_mine():
+    d = decide(LeaseRow(OTHER, 4, 1010.0), ME, 3, 1000.0)
+    assert d.action == WAIT
+
+
+def test_same_holder_text_with_another_epoch_is_not_renewed():
+    d = decide(LeaseRow(ME, 5, 1010.0), ME, 3, 1000.0)
+    assert d.action == WAIT
+
+
+def test_the_leader_stops_at_half_the_ttl_of_its_own_clock():
+    assert not must_stop(100.0, 30, 114.99)
+    assert must_stop(100.0, 30, 115.0)
+    assert must_stop(None, 30, 0.0)  # never renewed: never lead
+
+
+def test_beats_come_at_least_twice_per_half_ttl():
+    assert beat_every(30, 10) == 7.5
+    assert beat_every(3, 0.2) == 0.2
+    assert beat_every(3, 10) * 2 <= 3 / 2
+
+
+def test_holder_names_host_pid_and_start_ticks():
+    assert ME == "box-a pid=100 start=555"
+    assert holder_host(None) is None

@@ -1,0 +1,119 @@
+"""The PostgreSQL journal's own guarantees: the lease on the server's clock,
+fenced writes, a hand-over that waits for a write in flight, outages, and
+psycopg loaded only on this path. Against a real server (pgcluster)."""
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import REPO, wait_until
+
+from ringd.lease import RENEW, TAKE, WAIT
+
+
+@pytest.fixture
+def pgj(pg_dsn):
+    from ringd.journal_pg import PgJournal
+    opened = []
+
+    def open_():
+        j = PgJournal.connect(pg_dsn)
+        opened.append(j)
+        return j
+    yield open_
+    for j in opened:
+        j.close()
+
+
+def test_one_leader_then_takeover_after_expiry_with_a_new_epoch(pgj):
+    a, b = pgj(), pgj()
+    assert a.acquire("A", 1.0).action == TAKE
+    wait = b.acquire("B", 1.0)
+    assert wait.action == WAIT and 0 < wait.retry_in <= 1.0
+    assert a.acquire("A", 1.0).action == RENEW
+    view = a.read_lease()
+    assert view.holder == "A" and view.epoch == 1 and view.expires_at > view.server_now
+    time.sleep(1.1)
+    took = b.acquire("B", 1.0)
+    assert (took.action, took.epoch, took.previous) == (TAKE, 2, "A")
+
+
+def test_a_write_of_the_old_epoch_never_commits_after_the_hand_over(pgj):
+    from ringd.journal_pg import Fenced
+    a, b = pgj(), pgj()
+    a.acquire("A", 0.5)
+    a.set_meta("k", "A leads")
+    time.sleep(0.6)
+    with pytest.raises(Fenced):          # expired: refused even before anyone took over
+        a.set_meta("k", "A after expiry")
+    b.acquire("B", 5)
+    with pytest.raises(Fenced):
+        a.set_meta("k", "A after hand-over")
+    assert b.meta("k") == "A leads"
+    b.set_meta("k", "B leads")
+    assert a.acquire("A", 5).action == WAIT and a.fence is None
+
+
+def test_the_hand_over_waits_for_a_fenced_write_in_flight(pgj):
+    a, b = pgj(), pgj()
+    a.acquire("A", 1.0)
+    result = {}
+    with a.write() as con:               # fence checked: the lease row is share-locked
+        con.execute("INSERT INTO meta(key, value) VALUES ('inflight', 'A')")
+        time.sleep(1.1)                  # the lease expires while the write is open
+        t = threading.Thread(target=lambda: result.update(d=b.acquire("B", 5)))
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive(), "the hand-over must wait for the write in flight"
+    t.join(5)
+    assert result["d"].action == TAKE and result["d"].epoch == 2
+    assert b.meta("inflight") == "A"     # committed before the hand-over, never after
+
+
+def test_a_clean_release_hands_over_at_once(pgj):
+    a, b = pgj(), pgj()
+    a.acquire("A", 30)
+    a.release()
+    d = b.acquire("B", 30)
+    assert (d.action, d.previous) == (TAKE, None)
+
+
+def test_an_outage_is_one_clear_error_and_the_journal_reconnects(pg_cluster, pgj):
+    from ringd.journal_pg import PgJournalError
+    j = pgj()
+    j.set_meta("before", "1")
+    pg_cluster.stop("immediate")
+    try:
+        with pytest.raises(PgJournalError) as e:
+            j.set_meta("during", "1")
+        assert "\n" not in str(e.value)
+    finally:
+        pg_cluster.start()
+    wait_until(lambda: _ok(lambda: j.set_meta("after", "1")), timeout=10, message="reconnect")
+    assert j.meta("before") == "1" and j.meta("during") is None and j.meta("after") == "1"
+
+
+def _ok(fn):
+    try:
+        fn()
+        return True
+    except Exception:
+        return False
+
+
+def test_the_dsn_password_never_reaches_a_message():
+    from ringd.journal_pg import redact
+    assert "s3cret" not in redact("postgresql://ring:s3cret@db.example/ring")
+    assert "s3cret" not in redact("host=db password=s3cret dbname=ring")
+
+
+def test_ring_and_its_sqlite_path_never_import_psycopg(tmp_path):
+    code = ("import sys, ringd, ringd.cli, ringd.driver, ringd.status, ringd.journal, ringd.lease, "
+            "ringwatch.watch\n"
+            "from ringd.journal import Journal\n"
+            "Journal.open(__import__('pathlib').Path(sys.argv[1])).close()\n"
+            "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
