@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, processes_of, wait_until
+from conftest import processes_of, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -326,7 +326,7 @@ def test_symlinked_logs_dir_is_not_followed_by_the_watcher(ring, victim):
 
 # --- control path: only for users who can write the state dir -----------------------------------
 
-def _as_nobody(argv, env):
+def _as_nobody(argv, env, cwd):
     """Run ``argv`` as uid/gid 65534 in a private mount namespace where /root (the
     home of this interpreter, mode 0700) is replaced by a tmpfs holding only a bind
     of the Python install - nothing outside the namespace changes."""
@@ -335,7 +335,7 @@ def _as_nobody(argv, env):
     for tool in ("unshare", "setpriv"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} not available")
-    exe = os.path.realpath(sys.executable)
+    exe = argv[0]
     setup = []
     if exe.startswith("/root/"):
         top = "/root/" + exe.split("/")[2]            # e.g. /root/.pyenv
@@ -344,7 +344,8 @@ def _as_nobody(argv, env):
                  f"mkdir -p {top}", f"mount --bind {stash} {top}"]
     script = " && ".join(setup + [
         f"exec setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups " + " ".join(map(_q, argv))])
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=60)
     if setup:
         try:
             os.rmdir(stash)
@@ -353,6 +354,44 @@ def _as_nobody(argv, env):
     if r.returncode != 0 and ("unshare failed" in r.stderr or "setpriv:" in r.stderr):
         pytest.skip(f"cannot switch users here: {r.stderr.strip()[:200]}")
     return r
+
+
+# What `nobody` imports: ring's packages and its runtime dependencies (rich is
+# only for rendering and large, so it is left to the interpreter's own site dir).
+_NOBODY_MODULES = ("ringd", "ringwatch", "psutil", "yaml", "_yaml", "click", "sdnotify")
+
+
+@pytest.fixture
+def nobody_install():
+    """A copy of the code `nobody` runs, in a world-readable temp dir (issue 14):
+    the checkout may live in a private dir (a 0700 home, `mktemp -d`) and its
+    files may be 0600 (umask 077), and a site dir's editable-install hook may be
+    unreadable too. So the interpreter runs without site processing (-S), with
+    PYTHONPATH naming this copy first, then the site dirs (skipped if unreadable).
+    What is tested - ring refusing a user who cannot write the state dir - is
+    unchanged; where the checkout lives no longer matters."""
+    import importlib.util
+    import site
+    base = Path(tempfile.mkdtemp(prefix="ring-nobody-"))
+    try:
+        for name in _NOBODY_MODULES:
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.origin:
+                continue
+            if spec.submodule_search_locations:
+                shutil.copytree(list(spec.submodule_search_locations)[0], base / name,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(spec.origin, base / Path(spec.origin).name)
+        for root, dirs, files in os.walk(base):
+            os.chmod(root, 0o755)
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+        exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        path = [str(base), *site.getsitepackages(), *site.getsitepackages([sys.base_prefix])]
+        yield [exe, "-S"], os.pathsep.join(path), base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _q(s: str) -> str:
@@ -390,8 +429,10 @@ def _open_up(ring):
 
 
 @pytest.mark.parametrize("layout", ["private", "readable"])
-def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(shared_ring, layout):
+def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(shared_ring, nobody_install,
+                                                                            layout):
     ring = shared_ring
+    python, pythonpath, install = nobody_install
     if layout == "private":
         os.chmod(ring.state, 0o700)
     ring.agent("long", "exec sleep 60")
@@ -408,13 +449,13 @@ def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(sh
         wait_until(lambda: Path(f"{ring.journal_path}-shm").exists(), 5, message="WAL files")
         _open_up(ring)
     env = dict(ring.env)
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = pythonpath
     env.pop("RINGD_DEBUG", None)
     common = ["--state", str(ring.state), "--config", str(ring.config_path)]
     before = [tuple(r) for r in ring.runs()]
     before_agents = [tuple(r) for r in ring.rows("SELECT * FROM agents")]
     for args in (["skip"], ["skip", "short"], ["force-fail", "--reason", "not yours"]):
-        r = _as_nobody([sys.executable, "-m", "ringd", args[0], *common, *args[1:]], env)
+        r = _as_nobody([*python, "-m", "ringd", args[0], *common, *args[1:]], env, cwd=install)
         assert r.returncode not in (0, None), f"{args} as nobody succeeded: {r.stdout} {r.stderr}"
         line = one_line(r.stderr)
         assert line.startswith("ringd:"), line
