@@ -313,3 +313,21 @@ def resume(state_dir: Path, config_path: Optional[Path], name: str) -> None:
         click.echo(f"{r.agent}: quarantine lifted; it runs at its next turn{woke}")
     else:
         click.echo(f"{r.agent}: not quarantined; nothing to do")
+
+
+@main.command()
+@click.option("--status", "text", metavar="TEXT", default=None,
+              help="Tell the ring the run's phase (STATUS=; cut to 200 characters).")
+@click.option("--ping", is_flag=True, help="Tell the ring the agent is alive (WATCHDOG=1).")
+def notify(text: Optional[str], ping: bool) -> None:
+    """For agents: speak to the ring's $NOTIFY_SOCKET like systemd-notify.
+
+    Exit 1 when NOTIFY_SOCKET is not set or the message cannot be sent."""
+    from .notify import NotifyError, send   # stdlib only: no journal, no rich, no psutil
+    lines = ([f"STATUS={' '.join(text.splitlines())}"] if text is not None else []) + (["WATCHDOG=1"] if ping else [])
+    if not lines:
+        raise fail("nothing to send: give --status TEXT and/or --ping", 2)
+    try:
+        send("\n".join(lines))
+    except NotifyError as e:
+        raise fail(str(e), 1)

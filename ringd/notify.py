@@ -1,0 +1,407 @@
+"""Agents that talk back: the per-run notify socket (systemd's sd_notify
+protocol), what a datagram means, who may speak, and the small file that shows
+the current run's phase to ``ringd status``.
+
+Each run gets ``<state>/notify-<run_id>.sock``: a SOCK_DGRAM unix socket, mode
+0600, with SO_PASSCRED, so every datagram carries its sender's pid
+(SCM_CREDENTIALS). Only processes of the current run are heard: the agent, a
+member of its session or process group, or a process whose ancestry reaches the
+agent (``systemd-notify`` run by a script), or an orphan of the run re-parented
+to the subreaper driver that carries the run's key (``RING_STATE`` +
+``RING_RUN_ID``). Datagrams over 4 KiB, malformed ones and strangers' are
+dropped; file descriptors passed along (sd_notify_barrier's) are closed at once.
+The driver drains the socket non-blocking with a cap per wake-up, so a flood
+can never keep it from beating.
+
+This module is on the path of ``ringd notify``: stdlib only at import time.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import re
+import socket
+import stat
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
+PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters
+DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves the loop
+NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
+NOTES_FILE = "notify.json"
+SOCKET_PREFIX = "notify-"
+_MAX_FDS = 8               # fds accepted in one datagram's ancillary data (then closed)
+_UCRED = struct.Struct("3i")
+_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
+_KEY = re.compile(r"[A-Z][A-Z0-9_]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SUN_PATH_MAX = 107        # bytes usable in sockaddr_un.sun_path (108 with the NUL)
+
+
+# --- what a datagram says (pure) ----------------------------------------------------
+
+def parse_datagram(data: bytes) -> Optional[Dict[str, str]]:
+    """``KEY=VALUE`` lines -> dict, or None when the datagram is empty, too big
+    or malformed (a line without ``=``, a key that is not upper-case
+    ``[A-Z0-9_]``, a NUL byte). Later keys win over earlier ones."""
+    if not data or len(data) > MAX_DATAGRAM or b"\x00" in data:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    fields: Dict[str, str] = {}
+    for line in text.split("\n"):
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _KEY.fullmatch(key):
+            return None
+        fields[key] = value
+    return fields or None
+
+
+def clean_phase(text: str) -> str:
+    """A STATUS= text as a one-line phase: control characters (escape
+    sequences, newlines) become spaces, cut to :data:`PHASE_CHARS`."""
+    return _CONTROL.sub(" ", text)[:PHASE_CHARS].strip()
+
+
+def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool]:
+    """(phase or None, pinged) of one parsed datagram."""
+    phase = clean_phase(fields["STATUS"]) if "STATUS" in fields else None
+    return phase, fields.get("WATCHDOG") == "1"
+
+
+# --- who may speak -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    ppid: int
+    pgrp: int
+    session: int
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> Optional[ProcStat]:
+    """ppid, process group, session and boot-relative start of ``pid`` from
+    /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(1024)
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return ProcStat(int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ_has(pid: int, wanted: Dict[str, str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            blob = f.read(1 << 20)
+    except OSError:
+        return False
+    found = {}
+    for item in blob.split(b"\x00"):
+        key, _, value = item.partition(b"=")
+        k = key.decode(errors="replace")
+        if k in wanted:
+            found[k] = value.decode(errors="replace")
+    return found == wanted
+
+
+class RunMembers:
+    """Is a sender pid a process of the current run? Cheap for the usual
+    senders: the agent itself costs nothing, anything else one or a few reads of
+    /proc/<pid>/stat; verdicts are cached per (pid, start time)."""
+
+    MAX_DEPTH = 64
+
+    def __init__(self, state_key: str, run_id: int, driver_pid: Optional[int] = None,
+                 stat: Callable[[int], Optional[ProcStat]] = proc_stat,
+                 environ_has: Callable[[int, Dict[str, str]], bool] = _environ_has):
+        self.agent_pid: Optional[int] = None
+        self.driver_pid = driver_pid if driver_pid is not None else os.getpid()
+        self.key = {"RING_STATE": state_key, "RING_RUN_ID": str(run_id)}
+        self._stat = stat
+        self._environ_has = environ_has
+        self._cache: Dict[int, Tuple[int, bool]] = {}
+
+    def __contains__(self, pid: int) -> bool:
+        agent = self.agent_pid
+        if agent is None or pid <= 0:
+            return False
+        if pid == agent:
+            return True
+        st = self._stat(pid)
+        if st is None:
+            return False   # gone before we could look: unknown, so not heard
+        cached = self._cache.get(pid)
+        if cached is not None and cached[0] == st.start_ticks:
+            return cached[1]
+        verdict = self._judge(pid, st, agent)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[pid] = (st.start_ticks, verdict)
+        return verdict
+
+    def _judge(self, pid: int, st: ProcStat, agent: int) -> bool:
+        # The agent leads its own session and group, and stays an unreaped
+        # zombie until the run ends: its pid cannot name anyone else meanwhile.
+        for _ in range(self.MAX_DEPTH):
+            if st.pgrp == agent or st.session == agent or st.ppid == agent:
+                return True
+            if st.ppid == self.driver_pid:
+                # a child of ours that is not the agent: an orphan of the run
+                # re-parented to us (subreaper), or one of our own helpers
+                return self._environ_has(pid, self.key)
+            if st.ppid <= 1:
+                return False
+            pid = st.ppid
+            nxt = self._stat(pid)
+            if nxt is None:
+                return False
+            st = nxt
+        return False
+
+
+# --- the socket ----------------------------------------------------------------------
+
+@dataclass
+class Heard:
+    """What one drain of the socket brought."""
+    phase: Optional[str] = None     # the last STATUS= among accepted datagrams
+    pings: int = 0                  # accepted WATCHDOG=1
+    accepted: int = 0
+    dropped: int = 0
+    more: bool = False              # the cap was reached: datagrams may be waiting
+
+
+class NotifySocket:
+    """The notify socket of one run. ``env`` is what to put in NOTIFY_SOCKET."""
+
+    def __init__(self, sock: socket.socket, path: Optional[Path], env: str, members: RunMembers):
+        self.sock = sock
+        self.path = path
+        self.env = env
+        self.members = members
+
+    @classmethod
+    def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None) -> "NotifySocket":
+        """Create and bind the run's socket (0600). Sockets left by a dead driver
+        are removed first (we hold the lock: no other run of this ring exists).
+        A state dir whose path is too long for a socket address gets an
+        abstract socket (``@...``) instead; senders are checked the same way."""
+        remove_stale(state_dir)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            path: Optional[Path] = state_dir / f"{SOCKET_PREFIX}{run_id}.sock"
+            if len(os.fsencode(str(path))) <= _SUN_PATH_MAX:
+                old = os.umask(0o177)   # born 0600: no window in which others could connect
+                try:
+                    sock.bind(str(path))
+                finally:
+                    os.umask(old)
+                os.chmod(path, 0o600)
+                env = str(path)
+            else:
+                path = None
+                name = f"ring-notify-{os.getpid()}-{run_id}-{os.urandom(6).hex()}"
+                sock.bind("\0" + name)
+                env = "@" + name
+        except BaseException:
+            sock.close()
+            raise
+        members = RunMembers(state_key or str(state_dir), run_id)
+        return cls(sock, path, env, members)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def set_agent(self, pid: int) -> None:
+        self.members.agent_pid = pid
+
+    def drain(self, cap: int = DRAIN_CAP) -> Heard:
+        """Read up to ``cap`` waiting datagrams without blocking."""
+        heard = Heard()
+        for _ in range(cap):
+            try:
+                data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return heard
+            except OSError:
+                return heard
+            pid = _sender_and_close_fds(anc)
+            fields = None if flags & socket.MSG_TRUNC else parse_datagram(data)
+            if fields is None or pid is None or pid not in self.members:
+                heard.dropped += 1
+                continue
+            heard.accepted += 1
+            phase, pinged = meaning(fields)
+            if phase is not None:
+                heard.phase = phase
+            if pinged:
+                heard.pings += 1
+        heard.more = True
+        return heard
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _sender_and_close_fds(ancdata) -> Optional[int]:
+    """The sender's pid from SCM_CREDENTIALS; every passed fd is closed."""
+    pid = None
+    for level, kind, data in ancdata:
+        if level != socket.SOL_SOCKET:
+            continue
+        if kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            pid = _UCRED.unpack_from(data)[0]
+        elif kind == socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            for fd in fds:
+                try:
+                    os.close(fd)   # sd_notify_barrier waits for exactly this
+                except OSError:
+                    pass
+    return pid
+
+
+def remove_stale(state_dir: Path) -> None:
+    """Unlink notify sockets left in the state dir (never following a symlink,
+    never removing anything that is not a socket)."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(SOCKET_PREFIX) and name.endswith(".sock"):
+            p = state_dir / name
+            try:
+                if stat.S_ISSOCK(os.lstat(p).st_mode):
+                    os.unlink(p)
+            except OSError:
+                pass
+
+
+# --- the notes status reads ------------------------------------------------------------
+
+@dataclass
+class Notes:
+    """The current run's phase and last ping, published to ``notify.json`` at
+    most once a second (a flood of STATUS= lines costs one small write a
+    second, never a journal commit per datagram)."""
+    run_id: int
+    phase: Optional[str] = None
+    ping_at: Optional[float] = None      # wall clock of the last WATCHDOG=1
+    pings: int = 0
+    dirty: bool = False
+    written_at: float = float("-inf")    # monotonic
+
+    def hear(self, heard: Heard, wall_now: float) -> None:
+        if heard.phase is not None and heard.phase != self.phase:
+            self.phase, self.dirty = heard.phase, True
+        if heard.pings:
+            self.ping_at, self.dirty = wall_now, True
+            self.pings += heard.pings
+
+    def due_at(self) -> Optional[float]:
+        """Monotonic time of the next write (None: nothing to write)."""
+        return self.written_at + NOTES_MIN_INTERVAL if self.dirty else None
+
+    def as_json(self) -> Dict:
+        return {"run_id": self.run_id, "phase": self.phase, "agent_beat_at": self.ping_at,
+                "pings": self.pings}
+
+
+def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
+    from .heartbeat import write_json_atomic
+    notes.written_at, notes.dirty = mono_now, False
+    write_json_atomic(state_dir / NOTES_FILE, notes.as_json())
+
+
+def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
+    """``phase`` and ``agent_beat_at`` of run ``run_id`` as last published
+    (empty when the file is about another run, missing or corrupt)."""
+    if run_id is None:
+        return {}
+    try:
+        with open(state_dir / NOTES_FILE, "rb") as f:
+            data = json.loads(f.read(16 * 1024))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("run_id") != run_id:
+        return {}
+    phase = data.get("phase")
+    beat = data.get("agent_beat_at")
+    return {"phase": phase if isinstance(phase, str) else None,
+            "agent_beat_at": beat if isinstance(beat, (int, float)) and not isinstance(beat, bool) else None}
+
+
+def remove_notes(state_dir: Path) -> None:
+    try:
+        os.unlink(state_dir / NOTES_FILE)
+    except OSError:
+        pass
+
+
+# --- the sending side: ``ringd notify`` ------------------------------------------------
+
+class NotifyError(Exception):
+    """``ringd notify`` could not deliver; the message says why."""
+
+
+def send(message: str, address: Optional[str] = None, barrier_timeout: float = 5.0) -> None:
+    """Send ``message`` to ``address`` (default ``$NOTIFY_SOCKET``), then wait
+    until the receiver has read it (sd_notify_barrier: a pipe's write end goes
+    along, the receiver closes it). Without the wait a short-lived sender may be
+    gone before the driver checks who sent the datagram, and be ignored."""
+    address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        raise NotifyError("NOTIFY_SOCKET is not set (not running under ring or systemd)")
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    blob = message.encode()
+    if len(blob) > MAX_DATAGRAM:
+        raise NotifyError(f"message is {len(blob)} bytes; at most {MAX_DATAGRAM} are heard")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect(address)
+            s.send(blob)
+        except OSError as e:
+            raise NotifyError(f"cannot send to {address.lstrip(chr(0))}: {e.strerror or e}") from None
+        r, w = os.pipe()
+        try:
+            try:
+                s.sendmsg([b"BARRIER=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w]))])
+            finally:
+                os.close(w)
+            _wait_hangup(r, barrier_timeout)
+        except OSError:
+            pass   # the message itself was sent; only the wait for its reading failed
+        finally:
+            os.close(r)
+
+
+def _wait_hangup(fd: int, timeout: float) -> None:
+    """Until every write end of the pipe ``fd`` is closed, or ``timeout``."""
+    import select
+    poller = select.poll()
+    poller.register(fd, select.POLLHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            return

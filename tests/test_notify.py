@@ -1,0 +1,260 @@
+"""The notify protocol (ringd/notify.py): parsing is pure; the socket is real
+(a unix datagram socket in a temp dir, real senders in other processes)."""
+from __future__ import annotations
+
+import array
+import os
+import select
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringd.notify import (MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
+                          clean_phase, meaning, parse_datagram, read_notes, send, write_notes)
+
+from conftest import REPO, wait_until
+
+
+# --- pure ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data,fields", [
+    (b"STATUS=fetching page 3", {"STATUS": "fetching page 3"}),
+    (b"WATCHDOG=1\nSTATUS=a\nSTATUS=b\n", {"WATCHDOG": "1", "STATUS": "b"}),
+    (b"READY=1", {"READY": "1"}),
+    (b"STATUS=", {"STATUS": ""}),
+    (b"STATUS=x=y", {"STATUS": "x=y"}),
+    (b"STATUS=caf\xc3\xa9", {"STATUS": "caf\u00e9"}),
+])
+def test_well_formed_datagrams_parse(data, fields):
+    assert parse_datagram(data) == fields
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\n\n", b"hello", b"STATUS", b"status=lower", b"=1", b"STATUS=a\x00b", b"1X=2",
+    b"STATUS=a\njunk", b"S" * 10 + b"=" + b"x" * MAX_DATAGRAM,
+])
+def test_malformed_or_oversized_datagrams_are_none(data):
+    assert parse_datagram(data) is None
+
+
+def test_exactly_four_kib_is_heard():
+    data = b"STATUS=" + b"x" * (MAX_DATAGRAM - 7)
+    assert len(data) == MAX_DATAGRAM and parse_datagram(data) is not None
+
+
+def test_phase_is_one_line_cut_to_200_characters():
+    assert clean_phase("a" * 500) == "a" * 200
+    assert clean_phase("red \x1b[31mtext\r\tand\x07") == "red  [31mtext  and"
+    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True)
+    assert meaning({"WATCHDOG": "0"}) == (None, False)
+    assert meaning({"WATCHDOG": "trigger"}) == (None, False)
+
+
+def _stats(table):
+    return lambda pid: table.get(pid)
+
+
+def test_run_members_by_group_session_ancestry_or_key():
+    # pid: (ppid, pgrp, session, start)
+    table = {
+        200: ProcStat(100, 100, 100, 5),     # in the agent's group
+        300: ProcStat(200, 300, 100, 6),     # own group, agent's session
+        400: ProcStat(300, 400, 400, 7),     # setsid below 300: ancestry reaches the agent
+        500: ProcStat(1, 500, 500, 8),       # a stranger (child of init)
+        600: ProcStat(10, 600, 600, 9),      # an orphan re-parented to the driver (pid 10) with the key
+        700: ProcStat(10, 700, 700, 9),      # a driver helper (no key)
+        800: ProcStat(900, 800, 800, 9),     # parent unknown (gone)
+    }
+    members = RunMembers("/state", 7, driver_pid=10, stat=_stats(table),
+                         environ_has=lambda pid, key: pid == 600 and key == {"RING_STATE": "/state",
+                                                                             "RING_RUN_ID": "7"})
+    assert 100 not in members                      # no agent yet: nobody is heard
+    members.agent_pid = 100
+    assert [pid in members for pid in (100, 200, 300, 400, 500, 600, 700, 800, 0, -1)] == \
+        [True, True, True, True, False, True, False, False, False, False]
+
+
+def test_run_members_cache_is_keyed_by_start_time():
+    table = {500: ProcStat(1, 500, 500, 8)}
+    members = RunMembers("/s", 1, driver_pid=10, stat=_stats(table), environ_has=lambda *_: False)
+    members.agent_pid = 100
+    assert 500 not in members
+    table[500] = ProcStat(100, 500, 500, 9)        # the pid was reused by a child of the agent
+    assert 500 in members
+
+
+def test_notes_are_written_at_most_once_a_second(tmp_path):
+    notes = Notes(run_id=3)
+    assert notes.due_at() is None
+    notes.hear(Heard(phase="one"), wall_now=1000.0)
+    assert notes.due_at() == float("-inf")         # first change: write at once
+    write_notes(tmp_path, notes, mono_now=50.0)
+    notes.hear(Heard(phase="two", pings=2), wall_now=1001.0)
+    assert notes.due_at() == 51.0
+    notes.hear(Heard(phase="two"), wall_now=1001.5)
+    write_notes(tmp_path, notes, mono_now=51.0)
+    assert notes.due_at() is None
+    assert read_notes(tmp_path, 3) == {"phase": "two", "agent_beat_at": 1001.0}
+    assert read_notes(tmp_path, 4) == {} and read_notes(tmp_path, None) == {}
+    assert stat.S_IMODE(os.stat(tmp_path / "notify.json").st_mode) == 0o600
+
+
+# --- the real socket --------------------------------------------------------------------
+
+def _sender(code: str, env_socket: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NOTIFY_SOCKET=env_socket, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+
+
+def _raw_send(path: str, data: bytes) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(data, path)
+
+
+@pytest.fixture
+def sock(tmp_path):
+    ns = NotifySocket.open(tmp_path, 17)
+    yield ns
+    ns.close()
+
+
+def test_socket_file_is_0600_in_the_state_dir_and_removed_at_close(tmp_path):
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.env == str(tmp_path / "notify-5.sock")
+    st = os.stat(ns.env)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    ns.close()
+    assert not os.path.exists(tmp_path / "notify-5.sock")
+
+
+def test_a_socket_left_by_a_dead_driver_is_replaced(tmp_path):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(tmp_path / "notify-4.sock"))
+    stale.close()                                   # its file stays, as after a crash
+    (tmp_path / "notify-keep.txt").write_text("not a socket")
+    ns = NotifySocket.open(tmp_path, 5)
+    try:
+        assert not (tmp_path / "notify-4.sock").exists() and (tmp_path / "notify-keep.txt").exists()
+    finally:
+        ns.close()
+
+
+def test_a_too_long_state_dir_gets_an_abstract_socket(tmp_path):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    ns = NotifySocket.open(deep, 5)
+    try:
+        assert ns.env.startswith("@ring-notify-") and ns.path is None
+        ns.set_agent(os.getpid())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"STATUS=deep", "\0" + ns.env[1:])
+        assert ns.drain().phase == "deep"
+    finally:
+        ns.close()
+
+
+def test_the_agent_is_heard_and_a_stranger_is_not(sock):
+    sock.set_agent(os.getpid())                      # this test process plays the agent
+    _raw_send(sock.env, b"STATUS=from the agent\nWATCHDOG=1")
+    heard = sock.drain()
+    assert (heard.phase, heard.pings, heard.accepted, heard.dropped) == ("from the agent", 1, 1, 0)
+    # a process outside the run (not our descendant: started by a helper that exits at once)
+    stranger = subprocess.run(
+        ["sh", "-c", f"( {sys.executable} -c \"import socket; s=socket.socket(socket.AF_UNIX, "
+                     f"socket.SOCK_DGRAM); s.sendto(b'STATUS=stranger', '{sock.env}'); import time; "
+                     f"time.sleep(1)\" & ) ; exit 0"], timeout=30)
+    assert stranger.returncode == 0
+    wait_until(lambda: select.select([sock.fileno()], [], [], 0)[0], timeout=10, message="datagram")
+    heard = sock.drain()
+    assert (heard.phase, heard.accepted, heard.dropped) == (None, 0, 1)
+
+
+def test_a_child_of_the_agent_is_heard_through_ringd_notify(sock):
+    sock.set_agent(os.getpid())
+    # `ringd notify` waits until the driver read its datagram (barrier): drain meanwhile
+    p = subprocess.Popen([sys.executable, "-m", "ringd", "notify", "--status", "step 2", "--ping"],
+                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO)))
+    got = Heard()
+    deadline = time.monotonic() + 20
+    while p.poll() is None and time.monotonic() < deadline:
+        select.select([sock.fileno()], [], [], 0.05)
+        h = sock.drain()
+        got.accepted += h.accepted
+        got.pings += h.pings
+        got.phase = h.phase or got.phase
+    assert p.wait(timeout=10) == 0
+    assert (got.phase, got.pings) == ("step 2", 1)
+
+
+def test_oversized_and_malformed_datagrams_are_dropped(sock):
+    sock.set_agent(os.getpid())
+    _raw_send(sock.env, b"STATUS=" + b"x" * MAX_DATAGRAM)
+    _raw_send(sock.env, b"garbage")
+    _raw_send(sock.env, b"STATUS=fine")
+    heard = sock.drain()
+    assert (heard.phase, heard.accepted, heard.dropped) == ("fine", 1, 2)
+
+
+def test_passed_descriptors_are_closed_so_a_barrier_returns(sock):
+    r, w = os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(sock.env)
+        s.sendmsg([b"BARRIER=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w]))])
+    os.close(w)
+    poller = select.poll()
+    poller.register(r, select.POLLHUP)
+    assert not poller.poll(0)                       # the driver holds the write end while queued
+    sock.drain()                                    # (from a stranger, even: dropped, fd closed)
+    assert poller.poll(1000)
+    os.close(r)
+
+
+def test_drain_is_capped_per_wake(sock):
+    sock.set_agent(os.getpid())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(sock.env)
+        s.setblocking(False)
+        sent = 0
+        for _ in range(300):
+            try:
+                s.send(b"WATCHDOG=1")
+                sent += 1
+            except BlockingIOError:
+                break
+    assert sent >= 5   # the kernel queues few datagrams (net.unix.max_dgram_qlen); then the sender waits
+    first = sock.drain(cap=4)
+    assert first.accepted == 4 and first.more
+    rest = sock.drain(cap=1000)
+    assert first.accepted + rest.accepted == sent and not rest.more
+
+
+def test_ringd_notify_without_socket_exits_1():
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-m", "ringd", "notify", "--ping"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "NOTIFY_SOCKET" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(NotifyError):
+        send("WATCHDOG=1", address="")
+
+
+def test_ringd_notify_to_a_gone_socket_is_one_line_exit_1(tmp_path):
+    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "gone.sock"), PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "ringd", "notify", "--status", "x"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_ringd_notify_imports_no_rich_journal_or_psutil():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("NOTIFY_SOCKET", None)
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "ringd", "notify", "--ping"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    modules = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    heavy = {m for m in modules if m.split(".")[0] in ("rich", "psutil", "sqlite3", "yaml")
+             or m in ("ringd.journal", "ringd.status", "ringd.render")}
+    assert not heavy, heavy
