@@ -49,6 +49,8 @@ class RingSettings:
     quarantine_cooloff: float = 86400
     roster: Optional[str] = None
     watchdog: Optional[float] = None   # default agent watchdog (s); None: off
+    journal: Optional[str] = None      # None: SQLite in the state dir; "postgresql://...": a many-host ring
+    lease_ttl: float = 30              # s; a many-host ring's leadership lease
 
 
 @dataclass(frozen=True)
@@ -219,13 +221,13 @@ def _unknown(section: str, given: Mapping[str, Any], known: set) -> None:
 
 
 _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial",
-                   "backoff_max", "quarantine_cooloff"}
+                   "backoff_max", "quarantine_cooloff", "lease_ttl"}
 
 
 def _ring(raw: Mapping[str, Any]) -> RingSettings:
     known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
              "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs",
-             "quarantine_after", "quarantine_cooloff", "roster", "watchdog"}
+             "quarantine_after", "quarantine_cooloff", "roster", "watchdog", "journal", "lease_ttl"}
     _unknown("ring", raw, known)
     values: dict = {}
     for k, v in raw.items():
@@ -247,6 +249,11 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         elif k == "roster":
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
+            values[k] = v
+        elif k == "journal":
+            if v is not None and (not isinstance(v, str) or not v.startswith(("postgresql://", "postgres://"))):
+                raise ConfigError(f"{key}: must be null (SQLite in the state dir) or a "
+                                  f"postgresql:// URI, got {excerpt(v)[:12]}...")
             values[k] = v
     ring = RingSettings(**values)
     if ring.stall_threshold <= ring.run_budget:

@@ -6,6 +6,7 @@ due, so an idle driver costs nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import stat
@@ -28,6 +29,7 @@ from .wakeup import Wakeups
 EXIT_OK = 0
 EXIT_LOCKED = 75     # EX_TEMPFAIL: another driver holds the lock
 EXIT_CONFIG = 78     # EX_CONFIG
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the PostgreSQL journal cannot be reached at start
 LOCK_FILE = "ringd.lock"
 METRICS_MIN_INTERVAL = 1.0  # s between metrics rewrites at hop ends
 
@@ -80,7 +82,7 @@ def acquire_lock(state_dir: Path) -> KernelLock:
 class Driver:
     def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config,
                  roster: RosterSource, journal: Journal, *, once: bool = False,
-                 agent_umask: int = 0o022, logger: Callable[[str], None] = log):
+                 agent_umask: int = 0o022, logger: Callable[[str], None] = log, leader=None):
         self.state_dir = state_dir
         self.config_path = config_path
         self.roster = roster
@@ -92,7 +94,8 @@ class Driver:
                            heartbeat=Heartbeat(state_dir, self.notifier), notifier=self.notifier,
                            wakeups=self.wakeups, roster_dir=roster.path.parent, log=logger,
                            roster_error=roster.error, agent_umask=agent_umask,
-                           on_run_end=self.after_run, on_beat=self.beat_metrics)
+                           on_run_end=self.after_run, on_beat=self.beat_metrics, leader=leader)
+        self.leader = leader
         self._metrics_failing = False
         self._metrics_at = float("-inf")
         self._metrics_dirty = False
@@ -133,7 +136,8 @@ class Driver:
                 current=(agent, now - run_started_at) if agent and run_started_at else None,
                 heartbeat_at=now, driver_started_at=self.ctx.heartbeat.started_at,
                 laps=self.ctx.lap - 1, roster_agents=len(self.roster.agents),
-                roster_error=self.roster.error is not None, state_dir=self.state_dir)
+                roster_error=self.roster.error is not None, state_dir=self.state_dir,
+                role=self.leader.role if self.leader is not None else "leader")
             metrics.write_metrics(self.state_dir, metrics.render(snap))
             self._metrics_failing = False
         except (OSError, sqlite3.Error) as e:
@@ -174,7 +178,7 @@ class Driver:
     def reload(self, force: bool = False) -> None:
         if force and self.config_path is not None:
             try:
-                self.ctx.config = load_config(self.config_path)
+                self.ctx.config = for_leadership(load_config(self.config_path))
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
@@ -190,9 +194,36 @@ class Driver:
                 self.log(f"cannot record the roster state in the journal: {e}")
 
     # --- the loop ------------------------------------------------------------
+    def stand_by(self) -> bool:
+        """A many-host ring's driver without the lease: beat (each beat tries to
+        take it) until it leads; then close the lapsed leader's run. False if
+        told to stop first."""
+        ctx, leader = self.ctx, self.leader
+        if leader.must_stop():
+            self.notifier.notify("STATUS=standby: another driver leads the ring")
+            self.log("standing by: another driver leads the ring (or the journal is unreachable)")
+        while not ctx.stop_requested:
+            if not leader.must_stop():
+                try:
+                    leader.settle_takeover(self.config, on_reaped=self.on_reaped)
+                except (sqlite3.Error, OSError) as e:
+                    self.log(f"cannot close the lapsed leader's run yet: {e}")
+                else:
+                    return True
+            sigs, _ = self.wakeups.wait(self.config.ring.heartbeat_interval)
+            ctx.absorb(sigs)
+            ctx.beat()
+        return False
+
     def run(self) -> int:
         ctx = self.ctx
         journal = ctx.journal
+        if self.leader is not None:
+            ctx.beat()
+            self.notifier.notify("READY=1")  # a standby is a started, healthy driver
+            if not self.stand_by():
+                self.shutdown()
+                return EXIT_OK
         journal.set_meta("roster_error", self.roster.error)
         last = journal.last_run()
         cursor_name = last.agent if last else None
@@ -207,6 +238,13 @@ class Driver:
         while not ctx.stop_requested:
             if turns_left is not None and turns_left <= 0:
                 break
+            if self.leader is not None and (self.leader.must_stop() or self.leader.took_over):
+                if not self.stand_by():
+                    break
+                last = journal.last_run()  # continue after the run the lapsed leader left
+                cursor_name = last.agent if last else None
+                cursor_pos = last.position if last else None
+                prev_index = None
             self.reload(force=ctx.reload_requested)
             ctx.reload_requested = False
             agents = self.roster.agents
@@ -275,12 +313,24 @@ class Driver:
 
     def shutdown(self) -> None:
         self.notifier.notify("STOPPING=1")
+        if self.leader is not None:
+            self.leader.release()  # a standby takes over at once, not after the TTL
         self.write_metrics()
         try:
             self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
         except OSError as e:
             self.log(f"cannot record the clean stop in the heartbeat: {e}")
         self.log("driver stopped")
+
+
+def for_leadership(config: Config) -> Config:
+    """A many-host driver beats (and renews its lease) at least twice per half
+    TTL, whatever ``heartbeat_interval`` says."""
+    if not config.ring.journal:
+        return config
+    from .lease import beat_every
+    every = beat_every(config.ring.lease_ttl, config.ring.heartbeat_interval)
+    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
 
 
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
@@ -303,17 +353,29 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     except Refused as e:
         logger(str(e))
         return e.code
+    leader = None
     try:
-        journal = Journal.open(state_dir, verify=True)
+        if config.ring.journal:
+            from .journal_pg import PgJournal
+            from .leader import Leader
+            journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl)
+            journal.stop_recording()  # until this driver takes the lease
+            leader = Leader(journal, config.ring.lease_ttl, logger)
+            config = for_leadership(config)
+        else:
+            journal = Journal.open(state_dir, verify=True)
     except JournalError as e:
         logger(str(e))
         lock.release()
-        return EXIT_CONFIG
+        return EXIT_CONFIG if leader is None and not config.ring.journal else EXIT_UNAVAILABLE
     proctree.set_child_subreaper()
     try:
         driver = Driver(state_dir, config_path, config, roster, journal, once=once,
-                        agent_umask=caller_umask, logger=logger)
-        reap(journal, state_dir, config, lock_held=True, log=logger, on_reaped=driver.on_reaped)
+                        agent_umask=caller_umask, logger=logger, leader=leader)
+        if leader is None:
+            # the lock proves every earlier driver of this state dir is dead; with
+            # PostgreSQL the lease decides instead (Driver.stand_by)
+            reap(journal, state_dir, config, lock_held=True, log=logger, on_reaped=driver.on_reaped)
         return driver.run()
     finally:
         journal.close()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import proctree, safefile
 from .config import Config
@@ -24,6 +25,7 @@ from .policy import after_run, classify
 from .roster import Agent, resolve_program
 from .wakeup import Wakeups
 
+HOST = socket.gethostname()
 SKIP_GRACE = 0.5   # s between SIGTERM and SIGKILL when an operator skips (ring moves on within 1 s)
 STOP_GRACE = 3.0   # s between SIGTERM and SIGKILL when the driver itself stops
 
@@ -48,6 +50,7 @@ class Context:
     on_beat: Optional[Callable[[Optional[str], Optional[float]], None]] = None
     beat_error: Optional[str] = None   # why the last heartbeat could not be written
     last_beat: float = float("-inf")   # monotonic time of the last heartbeat
+    leader: Optional[Any] = None       # leader.Leader of a many-host ring (None: SQLite, always leading)
 
     @property
     def state_key(self) -> str:
@@ -70,10 +73,12 @@ class Context:
         # A heartbeat that cannot be written (state dir full or read-only) must
         # never abandon a running agent nor kill the driver: say so once, go on.
         self.last_beat = time.monotonic()
+        if self.leader is not None:
+            self.leader.beat()  # renew (or take) the lease with every heartbeat
         try:
             self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
                                 run_started_at=run_started_at,
-                                extra={"roster_error": self.roster_error})
+                                extra={"roster_error": self.roster_error, **role_fields(self.leader)})
         except OSError as e:
             if self.beat_error is None:
                 self.log(f"cannot write the heartbeat ({proctree.errno_reason(e)}); "
@@ -85,6 +90,14 @@ class Context:
             self.beat_error = None
         if self.on_beat is not None:
             self.on_beat(agent, run_started_at)
+
+
+def role_fields(leader) -> dict:
+    """What the heartbeat says of leadership (a SQLite ring's one driver always leads)."""
+    if leader is None:
+        return {"host": HOST, "role": "leader", "lease": None}
+    return {"host": leader.host, "role": leader.role,
+            "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
 
 
 @dataclass
@@ -186,6 +199,10 @@ class Hop:
             status_word, ending = self._wait(run_id, child, started)
         finally:
             child.close()
+        if ending.kind == "lease":
+            # Killed because leadership is gone: record nothing (the next leader
+            # reaps the row as interrupted).
+            return HopResult(run_id=run_id, agent=name, status="running", reason=ending.reason, closed=False)
         exit_code, sig = proctree.decode_status(status_word)
         status = classify(exit_code, sig, ended_by=ending.kind, termed_at_budget=ending.termed_at_budget,
                           tempfail_exit_code=ctx.config.ring.tempfail_exit_code)
@@ -216,6 +233,13 @@ class Hop:
         hb_interval = ctx.config.ring.heartbeat_interval
         next_beat = ctx.last_beat + hb_interval  # keeps its rhythm across hops (status reads the journal)
         while proctree.peek_exit(child.pid) is None:
+            if ctx.leader is not None and ctx.leader.must_stop():
+                # checked before any beat: a driver waking from a freeze kills
+                # its agent at once, before asking a database that may not answer
+                ending.kind, ending.reason = "lease", "leadership lost"
+                ctx.log(f"run {run_id}: {self.agent.name}: leadership lost; SIGKILL to its whole process "
+                        f"tree, recording nothing more")
+                break
             now = time.monotonic()
             if now >= next_beat:
                 ctx.beat(self.agent.name, run_id, child.pid, started)
@@ -237,6 +261,8 @@ class Hop:
                 deadlines.append(term_at)
             if ending.kill_at is not None:
                 deadlines.append(ending.kill_at)
+            if ctx.leader is not None:
+                deadlines.append(time.monotonic() + ctx.leader.seconds_left())
             sigs, _ = ctx.wakeups.wait(min(deadlines) - time.monotonic(), fds=[child.pidfd])
             self._on_signals(sigs, run_id, child, ending)
         # Whatever happened, nothing of this run may survive it. The leader is
@@ -289,7 +315,7 @@ class Hop:
             try:
                 result = write()
             except (sqlite3.OperationalError, OSError) as e:
-                if ctx.stop_requested:
+                if ctx.stop_requested or (ctx.leader is not None and ctx.leader.must_stop()):
                     raise
                 if not failing:
                     ctx.log(f"run {run_id}: cannot record the end of {self.agent.name} ({e}); "

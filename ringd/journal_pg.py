@@ -36,12 +36,10 @@ from .journal import Journal, JournalError
 from .schema_pg import MIGRATION_LOCK, SCHEMA
 
 # Client side: fail fast instead of hanging on a dead server or a partition
-# (keepalives notice a silent peer, tcp_user_timeout unacknowledged writes).
-CONNECT_ARGS = dict(connect_timeout=3, keepalives=1, keepalives_idle=2, keepalives_interval=1,
-                    keepalives_count=2, application_name="ringd")
-# Server side: no statement or lock wait of ours may outlast a short lease.
-SESSION_SETTINGS = ("SET statement_timeout = '5s'", "SET lock_timeout = '5s'",
-                    "SET idle_in_transaction_session_timeout = '10s'")
+# (keepalives notice a silent peer). Server side (per session, from the TTL):
+# no statement or lock wait of ours may outlast a quarter of the lease.
+CONNECT_ARGS = dict(keepalives=1, keepalives_idle=2, keepalives_interval=1, keepalives_count=2,
+                    application_name="ringd")
 
 
 class PgJournalError(JournalError, sqlite3.OperationalError):
@@ -123,15 +121,21 @@ class _Con:
     """The slice of ``sqlite3.Connection`` the journal and its readers use, on psycopg.
     Autocommit: a statement outside ``write()`` is its own transaction."""
 
-    def __init__(self, dsn: str, readonly: bool):
+    def __init__(self, dsn: str, readonly: bool, wait_limit: float):
         self.dsn, self.readonly = dsn, readonly
+        self.wait_ms = max(100, int(wait_limit * 1000))
         self.pg = None
         self.connect()
 
     def connect(self) -> None:
         try:
-            self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory, **CONNECT_ARGS)
-            for s in SESSION_SETTINGS + (("SET default_transaction_read_only = on",) if self.readonly else ()):
+            self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory,
+                                      connect_timeout=max(2, round(self.wait_ms / 1000)), **CONNECT_ARGS)
+            settings = [f"SET statement_timeout = {self.wait_ms}", f"SET lock_timeout = {self.wait_ms}",
+                        "SET idle_in_transaction_session_timeout = '10s'"]
+            if self.readonly:
+                settings.append("SET default_transaction_read_only = on")
+            for s in settings:
                 self.pg.execute(s)
         except psycopg.Error as e:
             self.pg = None
@@ -186,13 +190,22 @@ class PgJournal(Journal):
     def __init__(self, con: _Con, dsn: str):
         super().__init__(con, redact(dsn))  # type: ignore[arg-type]
         self.fence: Optional[Fence] = None
+        self.recording = True   # False: a driver that is not (or no longer) the leader
+
+    def stop_recording(self) -> None:
+        """Refuse every write from now on, before even asking the server, until
+        this connection takes the lease again."""
+        self.recording = False
+        self.fence = None
 
     @classmethod
-    def connect(cls, dsn: str, *, readonly: bool = False) -> "PgJournal":
+    def connect(cls, dsn: str, *, readonly: bool = False, ttl: float = 30) -> "PgJournal":
+        """``ttl`` (the lease's) bounds every wait on the server: a leader blocked in
+        a query must still reach its half-TTL switch in time."""
         if psycopg is None:
             raise JournalError("ring.journal names PostgreSQL, but psycopg is not installed: "
                                "pip install 'ring[pg]' (or psycopg[binary])")
-        j = cls(_Con(dsn, readonly), dsn)
+        j = cls(_Con(dsn, readonly, wait_limit=ttl / 4), dsn)
         if not readonly:
             j._migrate()
         return j
@@ -222,6 +235,8 @@ class PgJournal(Journal):
     @contextmanager
     def write(self) -> Iterator[_Con]:
         """One write transaction; a leader's is fenced by its lease."""
+        if not self.recording:
+            raise Fenced("not the leader: not recording")
         with self._transaction() as con:
             if self.fence is not None:
                 row = con.execute(
@@ -265,9 +280,9 @@ class PgJournal(Journal):
                 con.execute("UPDATE lease SET expires_at = clock_timestamp() + make_interval(secs => ?)"
                             " WHERE id = 1", (ttl,))
         if d.action == leaselib.WAIT:
-            self.fence = None
+            self.stop_recording()
         else:
-            self.fence = Fence(me, d.epoch)
+            self.fence, self.recording = Fence(me, d.epoch), True
         return d
 
     def release(self) -> None:

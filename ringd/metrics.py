@@ -29,6 +29,7 @@ class Snapshot:
     roster_error: bool = False
     watcher_restarts: Optional[int] = None
     watcher_gave_up: Optional[bool] = None
+    role: str = "leader"                                 # leader | standby (a many-host ring)
 
 
 def _label(value: str) -> str:
@@ -66,6 +67,8 @@ def render(s: Snapshot) -> str:
     if s.driver_started_at is not None:
         metric("ring_driver_start_timestamp_seconds", "gauge", "When the driver started (epoch).",
                [({}, s.driver_started_at)])
+    metric("ring_driver_role", "gauge", "1 for this driver's role: leader runs agents, standby waits.",
+           [({"role": r}, int(r == s.role)) for r in ("leader", "standby")])
     metric("ring_laps_total", "counter", "Laps completed by the current driver.", [({}, s.laps)])
     metric("ring_roster_agents", "gauge", "Agents on the roster in use.", [({}, s.roster_agents)])
     metric("ring_roster_error", "gauge", "1 while the roster file has an error (last good roster in use).",
@@ -88,12 +91,12 @@ def render(s: Snapshot) -> str:
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
              laps: int = 0, roster_agents: int = 0, roster_error: bool = False,
-             state_dir: Optional[Path] = None) -> Snapshot:
+             state_dir: Optional[Path] = None, role: str = "leader") -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries)."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
                  driver_started_at=driver_started_at, laps=laps, roster_agents=roster_agents,
-                 roster_error=roster_error)
+                 roster_error=roster_error, role=role)
     for r in journal.con.execute(
             "SELECT a.name, r.duration, r.ended_at FROM agents a JOIN runs r ON r.id = a.last_run_id"):
         s.last_runs[r["name"]] = (r["duration"], r["ended_at"])

@@ -60,8 +60,12 @@ def require_state_dir(state_dir: Path, code: int = 1) -> None:
         raise OperatorError(f"{state_dir}: state directory is not a directory", code)
 
 
-def open_reader(state_dir: Path) -> Optional[Journal]:
-    """The journal read-only, or None when there is none yet (the ring never ran)."""
+def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Journal]:
+    """The journal read-only, or None when there is none yet (the ring never ran).
+    A many-host ring's journal is the PostgreSQL database its config names."""
+    if config is not None and config.ring.journal:
+        from .journal_pg import PgJournal
+        return PgJournal.connect(config.ring.journal, readonly=True, ttl=config.ring.lease_ttl)
     path = journal_path(state_dir)
     if not (path.exists() or path.is_symlink()):
         return None
@@ -126,6 +130,8 @@ def driver_of_row_alive(row: RunRow) -> bool:
 def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
     """Reap before you count: if a ``running`` row's driver is gone, close it (a
     writer is opened only then). Returns (ids reaped, warning or None)."""
+    if config.ring.journal:
+        return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
     row = reader.running_row()
     if row is None or driver_of_row_alive(row):
         return [], None
@@ -381,15 +387,18 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     """Read everything (reaping first) and build the status document."""
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
-    running, agent_rows, driver_roster_error = None, {}, None
+    running, agent_rows, driver_roster_error, lease = None, {}, None, None
     try:
-        reader = open_reader(state_dir)
+        reader = open_reader(state_dir, config)
         if reader is not None:
             try:
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
                 running, agent_rows, driver_roster_error = read_journal_view(reader)
+                if config.ring.journal:
+                    view = reader.read_lease()
+                    lease = {"holder": view.holder, "expires_at": iso(view.expires_at), "epoch": view.epoch}
             finally:
                 reader.close()
     except JournalError as e:
@@ -400,7 +409,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     watcher = read_json(state_dir / WATCHER_FILE)
     roster_path, roster, roster_error = roster_view(config, state_dir)
     now = time.time() if now is None else now
-    return build_status(
+    doc = build_status(
         state_dir=state_dir, config=config, now=now,
         heartbeat=hb, driver_alive=_heartbeat_alive(hb),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
@@ -408,6 +417,18 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
         roster_error=roster_error,
     )
+    add_leadership(doc, hb, lease)
+    return doc
+
+
+def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: Optional[Dict[str, Any]]) -> None:
+    """``driver.host``, ``driver.role`` (leader | standby) and ``lease``. A SQLite
+    ring has one driver per state dir, always the leader, and no lease (null)."""
+    hb = hb or {}
+    doc["driver"]["host"] = hb.get("host")
+    live = doc["driver"].get("health") in ("ok", "stale")
+    doc["driver"]["role"] = hb.get("role", "leader") if live else None
+    doc["lease"] = lease
 
 
 def _heartbeat_alive(hb: Optional[Mapping[str, Any]]) -> bool:
@@ -434,7 +455,7 @@ def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit:
     require_state_dir(state_dir)
     warnings = warnings if warnings is not None else []
     try:
-        reader = open_reader(state_dir)
+        reader = open_reader(state_dir, config)
         if reader is None:
             if agent is not None and agent not in known_names(config, state_dir):
                 raise unknown_agent(agent, known_names(config, state_dir))

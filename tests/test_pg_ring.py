@@ -1,0 +1,265 @@
+"""Two hosts, one ring: two state dirs sharing one PostgreSQL database, each with
+its own driver (real processes, real signals, a real server).
+
+Throughout every test a sampler reads /proc every few milliseconds and fails
+the test if two agents of the ring were ever alive at once while both drivers
+were alive and not frozen (SIGSTOPped)."""
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Ring, wait_until
+
+TTL = 3.0
+
+
+def pg_rows(dsn, sql, *params):
+    import psycopg
+    from psycopg.rows import dict_row
+    with psycopg.connect(dsn, row_factory=dict_row) as con:
+        return con.execute(sql, params).fetchall()
+
+
+def proc_state(pid):
+    """The process's state letter, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[0].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Sampler(threading.Thread):
+    """Agents of the ring are the shells running its agent scripts (their
+    command line names the shared agents dir); each one's parent is its driver."""
+
+    def __init__(self, agents_dir: Path):
+        super().__init__(daemon=True)
+        self.key = str(agents_dir).encode()
+        self.stop_flag = threading.Event()
+        self.samples = 0
+        self.violations = []
+
+    def agents(self):
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if self.key not in f.read():
+                        continue
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            fields = data[data.rindex(b")") + 2:].split()
+            if fields[0] not in (b"Z", b"X"):
+                found.append((int(d), int(fields[1])))
+        pids = {pid for pid, _ in found}
+        return [(pid, ppid) for pid, ppid in found if ppid not in pids]  # a shell's own fork is not an agent
+
+    def run(self):
+        while not self.stop_flag.is_set():
+            alive = self.agents()
+            drivers = {ppid for _, ppid in alive}
+            if len(alive) > 1 and len(drivers) > 1 and all(proc_state(p) not in (None, "T", "t", "Z")
+                                                            for p in drivers):
+                self.violations.append(alive)
+            self.samples += 1
+            time.sleep(0.005)
+
+    def finish(self):
+        self.stop_flag.set()
+        self.join(5)
+        assert self.samples > 50, "the sampler hardly ran"
+        assert not self.violations, f"two agents alive at once under two live drivers: {self.violations[:3]}"
+
+
+@pytest.fixture
+def hosts(tmp_path, pg_dsn):
+    """Hosts A and B: one roster and agents dir (A's), one database."""
+    made = []
+
+    def make(name):
+        base = tmp_path / name
+        base.mkdir()
+        r = Ring(base)
+        r.write_config(ring={"journal": pg_dsn, "lease_ttl": TTL, "run_budget": 60,
+                             "stall_threshold": 90, "heartbeat_interval": 0.2})
+        made.append(r)
+        return r
+    a, b = make("a"), make("b")
+    b.agents_dir = a.agents_dir
+    sampler = Sampler(a.agents_dir)
+    sampler.start()
+    yield a, b, pg_dsn, sampler
+    sampler.stop_flag.set()
+    for r in made:
+        for p in r.procs:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        r.cleanup()
+
+
+def _read(path):
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def roster_both(a, b, *lines):
+    a.roster(*lines)
+    b.roster(*lines)
+
+
+def role(r):
+    hb = r.heartbeat() or {}
+    return hb.get("role")
+
+
+def running_row(dsn):
+    rows = pg_rows(dsn, "SELECT * FROM runs WHERE status = 'running'")
+    assert len(rows) <= 1
+    return rows[0] if rows else None
+
+
+def agent_pid(dsn):
+    row = running_row(dsn)
+    return row["pid"] if row and row["pid"] else None
+
+
+def test_failover_after_the_leader_box_dies(hosts):
+    a, b, dsn, sampler = hosts
+    for n in ("one", "two", "three"):
+        a.agent(n, "sleep 1.2\n")
+    roster_both(a, b, *(f"{n} {a.agents_dir}/{n}.sh" for n in ("one", "two", "three")))
+    da = a.start_driver()
+    wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
+    db = b.start_driver()
+    wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
+    # B, a healthy standby, is a healthy driver for status (exit 0)
+    st = b.cli("status", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    doc = json.loads(st.stdout)
+    assert doc["driver"]["role"] == "standby" and doc["driver"]["host"] == socket.gethostname()
+    assert f"pid={da.pid} " in doc["lease"]["holder"] and doc["lease"]["expires_at"]
+    assert json.loads(a.cli("status", "--json").stdout)["driver"]["role"] == "leader"
+    wait_until(lambda: 'ring_driver_role{role="standby"} 1' in _read(b.state / "metrics.prom"),
+               timeout=5, message="B's metrics say standby")
+    row = wait_until(lambda: running_row(dsn), timeout=10, message="a run in flight")
+    # The box of A dies: its driver and its agent at once.
+    os.kill(da.pid, signal.SIGKILL)
+    os.killpg(row["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_until(lambda: role(b) == "leader", timeout=TTL + 3, message="B leads")
+    took = time.monotonic() - killed_at
+    assert took <= TTL + 1.0, f"standby took {took:.2f}s to lead"
+    reaped = wait_until(lambda: pg_rows(dsn, "SELECT * FROM runs WHERE id = %s AND status <> 'running'",
+                                        row["id"]), timeout=5, message="the lapsed run reaped")[0]
+    assert reaped["status"] == "interrupted"
+    assert "lost its lease" in reaped["reason"] and "host" in reaped["reason"]
+    ev = pg_rows(dsn, "SELECT source FROM events WHERE run_id = %s AND kind = 'interrupted'", row["id"])
+    assert [e["source"] for e in ev] == ["reaper"]
+    order = ["one", "two", "three"]
+    nxt = wait_until(lambda: pg_rows(dsn, "SELECT * FROM runs WHERE id > %s ORDER BY id LIMIT 1", row["id"]),
+                     timeout=5, message="B runs the next agent")[0]
+    assert nxt["agent"] == order[(order.index(row["agent"]) + 1) % 3]
+    assert nxt["driver_pid"] == db.pid
+    doc = json.loads(b.cli("status", "--json").stdout)
+    assert doc["driver"]["role"] == "leader" and f"pid={db.pid} " in doc["lease"]["holder"]
+    assert doc["agents"][order.index(row["agent"])]["last_status"] in ("interrupted", "running")
+    sampler.finish()
+
+
+def test_a_frozen_leader_kills_its_agent_at_once_and_records_nothing(hosts):
+    a, b, dsn, sampler = hosts
+    a.agent("long", "sleep 60\n")
+    a.agent("next", "sleep 60\n")
+    roster_both(a, b, f"long {a.agents_dir}/long.sh", f"next {a.agents_dir}/next.sh")
+    da = a.start_driver()
+    wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
+    first = running_row(dsn)
+    b.start_driver()
+    wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
+    os.kill(da.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: role(b) == "leader", timeout=TTL + 5, message="B leads while A is frozen")
+        wait_until(lambda: (running_row(dsn) or {}).get("agent") == "next" and agent_pid(dsn),
+                   timeout=5, message="B runs the next agent")
+        time.sleep(0.3)  # A stays frozen a little past the hand-over
+        a_rows = pg_rows(dsn, "SELECT count(*) AS n FROM runs WHERE driver_pid = %s", da.pid)[0]["n"]
+        events_before = pg_rows(dsn, "SELECT max(id) AS m FROM events")[0]["m"]
+    finally:
+        os.kill(da.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    wait_until(lambda: proc_state(first["pid"]) in (None, "Z"), timeout=3, message="A's agent dead")
+    assert time.monotonic() - resumed < 1.0, "A's agent outlived its driver's resumption by 1 s"
+    wait_until(lambda: role(a) == "standby", timeout=5, message="A stands by")
+    time.sleep(0.5)
+    # A recorded nothing after its epoch moved: no run, no event of its own since.
+    assert pg_rows(dsn, "SELECT count(*) AS n FROM runs WHERE driver_pid = %s", da.pid)[0]["n"] == a_rows
+    later = pg_rows(dsn, "SELECT e.*, r.driver_pid FROM events e LEFT JOIN runs r ON r.id = e.run_id "
+                         "WHERE e.id > %s", events_before)
+    assert all(e["driver_pid"] != da.pid for e in later), later
+    assert pg_rows(dsn, "SELECT status FROM runs WHERE id = %s", first["id"])[0]["status"] == "interrupted"
+    sampler.finish()
+
+
+def test_a_partition_stops_the_agent_before_the_ttl_and_the_ring_resumes(hosts, pg_cluster):
+    a, b, dsn, sampler = hosts
+    a.agent("x", "sleep 60\n")
+    a.agent("y", "sleep 0.3\n")
+    a.roster(f"x {a.agents_dir}/x.sh", f"y {a.agents_dir}/y.sh")
+    a.start_driver()
+    wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
+    row = running_row(dsn)
+    before = pg_rows(dsn, "SELECT agent, status, count(*) AS n FROM runs GROUP BY agent, status")
+    pg_cluster.stop("immediate")
+    cut = time.monotonic()
+    try:
+        wait_until(lambda: proc_state(row["pid"]) in (None, "Z"), timeout=TTL + 2,
+                   message="the agent stopped while the database is away")
+        stopped_after = time.monotonic() - cut
+        assert stopped_after < TTL, f"agent stopped {stopped_after:.2f}s after the partition"
+        time.sleep(0.5)
+    finally:
+        pg_cluster.start()
+    wait_until(lambda: pg_rows(dsn, "SELECT 1 FROM runs WHERE id = %s AND status = 'interrupted'", row["id"]),
+               timeout=TTL + 10, message="the cut run closed once the database is back")
+    wait_until(lambda: pg_rows(dsn, "SELECT 1 FROM runs WHERE agent = 'y' AND status = 'ok' AND id > %s",
+                               row["id"]), timeout=10, message="the ring resumes after x")
+    # Nothing twice, nothing lost: every run once, the counters agree with the rows.
+    rows = pg_rows(dsn, "SELECT * FROM runs ORDER BY id")
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert [r for r in rows if r["id"] == row["id"]][0]["status"] == "interrupted"
+    counts = {(c["agent"], c["status"]): c["n"] for c in pg_rows(dsn, "SELECT * FROM run_counts")}
+    terminal = {}
+    for r in rows:
+        if r["status"] != "running":
+            terminal[(r["agent"], r["status"])] = terminal.get((r["agent"], r["status"]), 0) + 1
+    assert counts == terminal
+    assert before  # the cut run existed before the partition
+    sampler.finish()
+
+
+def test_a_sqlite_ring_has_one_driver_always_leading_and_no_lease(ring):
+    ring.agent("a", "sleep 0.2\n")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.start_driver()
+    wait_until(lambda: ring.heartbeat(), timeout=10, message="first beat")
+    doc = json.loads(ring.cli("status", "--json").stdout)
+    assert doc["driver"]["role"] == "leader" and doc["driver"]["host"] == socket.gethostname()
+    assert doc["lease"] is None
+    wait_until(lambda: 'ring_driver_role{role="leader"} 1' in _read(ring.state / "metrics.prom"),
+               timeout=5, message="metrics say leader")
