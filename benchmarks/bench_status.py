@@ -31,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ringd.heartbeat import iso, process_start_time, write_json_atomic  # noqa: E402
+from ringd.heartbeat import iso, write_json_atomic  # noqa: E402
+from ringd.procid import start_ticks  # noqa: E402
 from ringd.journal import Journal, journal_path  # noqa: E402
 
 STATUSES = ("ok",) * 16 + ("failed", "deferred", "timeout", "skipped")
@@ -68,7 +69,7 @@ def build_state(base: Path, runs: int, agents: int) -> Path:
     # A live driver as far as status can tell: this process, beating now.
     me = os.getpid()
     write_json_atomic(state / "ringd.heartbeat", {
-        "pid": me, "pid_start": process_start_time(me), "started_at": iso(time.time() - 3600),
+        "pid": me, "pid_start": start_ticks(me), "started_at": iso(time.time() - 3600),
         "at": iso(time.time()), "at_epoch": time.time(), "lap": runs // agents, "agent": None,
         "run_id": None, "seq": 1, "stopped": False})
     return state

@@ -51,6 +51,9 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from ringd.procid import same_process, start_ticks  # noqa: E402  (pid + start ticks, as ring judges identity)
+
 RECOVER = 25.0          # s: bound on every recovery wait (a loaded 2-core box is slow)
 FD_SLACK = 3            # descriptors a driver may legitimately vary by across hops
 
@@ -172,7 +175,7 @@ class Soak:
         self.samples = 0
         self.fd_samples: Dict[Tuple[int, float], List[Tuple[int, int]]] = {}
         self.drivers_seen: Set[Tuple[int, float]] = set()
-        self.all_pids: Set[Tuple[int, float]] = set()
+        self.all_pids: Set[Tuple[int, Optional[int]]] = set()
 
     # --- set-up ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -237,7 +240,7 @@ class Soak:
         pid, start = hb.get("pid"), hb.get("pid_start")
         try:
             p = psutil.Process(pid)
-            if not _alive(p) or abs(p.create_time() - float(start)) > 0.05:
+            if not same_process(pid, start):
                 return None
             if str(self.state) not in " ".join(p.cmdline()):
                 return None
@@ -310,7 +313,7 @@ class Soak:
                     if env.get("RING_STATE") != key or "RING_RUN_ID" not in env or not _alive(p):
                         continue
                     runs.setdefault(env["RING_RUN_ID"], []).append(p.pid)
-                    self.all_pids.add((p.pid, p.create_time()))
+                    self.all_pids.add((p.pid, start_ticks(p.pid)))
                 except (psutil.Error, OSError):
                     continue
             with self.lock:
@@ -405,7 +408,7 @@ class Soak:
         finally:
             try:
                 p = psutil.Process(drv[0])
-                if abs(p.create_time() - drv[1]) < 0.05 and p.status() == psutil.STATUS_STOPPED:
+                if same_process(drv[0], drv[1]) and p.status() == psutil.STATUS_STOPPED:
                     self.notes.append(f"SIGSTOPped driver {drv[0]} not stopped by the watcher; SIGCONT")
                     p.send_signal(signal.SIGCONT)
                     ok = False

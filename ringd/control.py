@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .config import Config
-from .heartbeat import read_heartbeat, same_process
+from .heartbeat import read_heartbeat
+from .procid import same_process
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import (OperatorError, alert_agent_state, known_names, reap_if_orphaned, open_reader,
                      require_state_dir, roster_view, unknown_agent)

@@ -1,5 +1,6 @@
-"""State files others read: atomic JSON writes, the driver's heartbeat, staleness,
-process identity (pid + start time) and sd_notify.
+"""State files others read: atomic JSON writes, the driver's heartbeat, staleness
+and sd_notify. The heartbeat publishes the driver's identity as pid + start
+ticks (``pid_start``, see procid).
 
 ``write_json_atomic`` is the one way any daemon here publishes a file: temp file
 (O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
@@ -12,6 +13,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, Optional
+
+from . import procid
 
 HEARTBEAT_FILE = "ringd.heartbeat"
 
@@ -69,31 +72,6 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-# --- process identity ------------------------------------------------------
-
-def process_start_time(pid: Optional[int]) -> Optional[float]:
-    """The kernel's start time of ``pid`` (psutil create_time), None if gone or a zombie."""
-    if not pid or pid <= 0:
-        return None
-    import psutil
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except (psutil.Error, OSError):
-        return None
-
-
-def same_process(pid: Optional[int], start_time: Optional[float]) -> bool:
-    """True when ``pid`` is alive (not a zombie) and is the process that started at
-    ``start_time`` - a recycled pid never matches."""
-    if start_time is None:
-        return False
-    actual = process_start_time(pid)
-    return actual is not None and abs(actual - float(start_time)) < 0.05
-
-
 # --- the heartbeat -----------------------------------------------------------
 
 def heartbeat_path(state_dir: Path) -> Path:
@@ -143,7 +121,7 @@ class Heartbeat:
         self.path = heartbeat_path(state_dir)
         self.notifier = notifier
         self.pid = os.getpid()
-        self.pid_start = process_start_time(self.pid) or time.time()
+        self.pid_start = procid.start_ticks(self.pid)  # boot-relative: immune to clock steps
         self.started_at = time.time()
         self.seq = 0
 

@@ -4,8 +4,8 @@ nothing it started outlives its run.
 A run's processes are recognised by its process group and by a key in their
 environment unique to this ring *and* run (``RING_STATE`` + ``RING_RUN_ID``), so
 two rings on one host never touch each other's processes. Single processes are
-signalled through a pidfd after checking their start time, so a recycled pid is
-never hit. Used by the hop, the reaper, skip, force-fail and the watcher alike.
+signalled through a pidfd after checking their identity (pid + start ticks,
+see procid), so a recycled pid is never hit. Used by the hop, the reaper, skip, force-fail and the watcher alike.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import psutil
+
+from . import procid
 
 PR_SET_CHILD_SUBREAPER = 36
 STRIPPED_ENV_PREFIXES = ("WATCHDOG_",)
@@ -51,7 +53,7 @@ def clean_env(base: Mapping[str, str], extra: Mapping[str, str]) -> Dict[str, st
 class Child:
     """A process we started as the leader of a new session."""
     pid: int
-    start_time: Optional[float]
+    start_time: Optional[int]   # boot-relative start ticks (procid), never an epoch time
     pidfd: Optional[int]
     popen: subprocess.Popen
 
@@ -74,11 +76,7 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
             pidfd = os.pidfd_open(popen.pid)
         except OSError:
             pidfd = None
-    try:
-        start = psutil.Process(popen.pid).create_time()
-    except psutil.Error:
-        start = None
-    return Child(pid=popen.pid, start_time=start, pidfd=pidfd, popen=popen)
+    return Child(pid=popen.pid, start_time=procid.start_ticks(popen.pid), pidfd=pidfd, popen=popen)
 
 
 def wait_exit(pidfd: Optional[int], timeout: float) -> bool:
@@ -126,16 +124,17 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def signal_process(pid: int, start_time: Optional[float], sig: int) -> bool:
-    """Signal ``pid`` only if it is still the process that started at ``start_time``.
-    With a pidfd the check and the signal cannot race with pid reuse."""
+def signal_process(pid: int, start_time: Optional[int], sig: int) -> bool:
+    """Signal ``pid`` only if it is still the process that started at ``start_time``
+    (start ticks, procid; None: signal whatever has that pid now). With a pidfd
+    the check and the signal cannot race with pid reuse."""
     if hasattr(os, "pidfd_open"):
         try:
             fd = os.pidfd_open(pid)
         except OSError:
             return False
         try:
-            if start_time is not None and not _started_at(pid, start_time):
+            if start_time is not None and not procid.same_process(pid, start_time):
                 return False
             signal.pidfd_send_signal(fd, sig)
             return True
@@ -143,26 +142,12 @@ def signal_process(pid: int, start_time: Optional[float], sig: int) -> bool:
             return False
         finally:
             os.close(fd)
-    if start_time is not None and not _started_at(pid, start_time):
+    if start_time is not None and not procid.same_process(pid, start_time):
         return False
     try:
         os.kill(pid, sig)
         return True
     except OSError:
-        return False
-
-
-def _started_at(pid: int, start_time: float) -> bool:
-    try:
-        return abs(psutil.Process(pid).create_time() - start_time) < 0.05
-    except psutil.Error:
-        return False
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
         return False
 
 
@@ -185,7 +170,8 @@ def run_processes(state_key: str, run_id: int, pgid: Optional[int],
         candidates = psutil.process_iter()
     me = os.getpid()
     return [p for p in candidates
-            if p.pid != me and _alive(p) and _belongs_to_run(p, state_key, run_id, pgid)]
+            if p.pid != me and procid.start_ticks(p.pid) is not None
+            and _belongs_to_run(p, state_key, run_id, pgid)]
 
 
 def my_descendants() -> List[psutil.Process]:
@@ -284,11 +270,8 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         cands = my_descendants() if scope == "descendants" else None
         victims = [p for p in run_processes(state_key, run_id, pgid, cands) if p.pid not in keep]
         for p in victims:
-            try:
-                start = p.create_time()
-            except psutil.Error:
-                continue
-            if signal_process(p.pid, start, signal.SIGKILL):
+            start = procid.start_ticks(p.pid)
+            if start is not None and signal_process(p.pid, start, signal.SIGKILL):
                 killed += 1
         reap_zombie_children(keep)
         if not victims or time.monotonic() >= deadline:

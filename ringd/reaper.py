@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 
 from . import proctree
 from .config import Config
-from .heartbeat import same_process
+from .procid import same_process
 from .journal import Journal, RunRow
 from .policy import after_run
 

@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from . import procid
 from .config import Config, ConfigError, excerpt
-from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json, same_process
+from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
 from .journal import Journal, JournalError, RunRow, journal_path
 
 WATCHER_FILE = "ringwatch.json"
@@ -85,42 +86,11 @@ def snapshot(journal: Journal) -> Iterator[sqlite3.Connection]:
         con.execute("COMMIT")
 
 
-_BOOT_TIME: Optional[float] = None
-
-
-def _boot_time() -> float:
-    global _BOOT_TIME
-    if _BOOT_TIME is None:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime"):
-                    _BOOT_TIME = float(line.split()[1])
-                    break
-            else:
-                raise OSError("no btime in /proc/stat")
-    return _BOOT_TIME
-
-
-def process_alive(pid: Any, start_time: Any) -> bool:
-    """``heartbeat.same_process`` without importing psutil (it costs a status call
-    ~10 ms): on Linux, read the start time from /proc exactly as psutil computes
-    it (boot time + starttime ticks); elsewhere, ask psutil."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    if not isinstance(start_time, (int, float)) or isinstance(start_time, bool):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        if fields[0] in (b"Z", b"X", b"x"):
-            return False  # a zombie is dead
-        actual = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError, IndexError):
-        return same_process(pid, start_time)
-    return abs(actual - float(start_time)) < 0.05
+def process_alive(pid: Any, start_ticks: Any) -> bool:
+    """Is ``pid`` alive and the process that started at ``start_ticks``? (procid:
+    boot-relative, so a step of the wall clock changes nothing; no psutil import,
+    which would cost a status call ~10 ms.)"""
+    return procid.same_process(pid, start_ticks)
 
 
 def driver_of_row_alive(row: RunRow) -> bool:
@@ -246,15 +216,7 @@ def watcher_alive(data: Optional[Mapping[str, Any]]) -> bool:
     pid = data.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool):
         return False
-    start = data.get("pid_start")
-    if isinstance(start, (int, float)) and not isinstance(start, bool):
-        return process_alive(pid, start)
-    # No start time recorded: alive only if the process is older than the file's
-    # started_at (a recycled pid would be younger).
-    from .heartbeat import process_start_time
-    actual = process_start_time(pid)
-    started = _epoch(data.get("started_at"))
-    return actual is not None and started is not None and actual <= started + 1.0
+    return process_alive(pid, data.get("pid_start"))
 
 
 def build_status(*, state_dir: Path, config: Config, now: float,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ringd import proctree, safefile
-from ringd.heartbeat import same_process
+from ringd.procid import same_process
 
 DRIVER_LOG = "ringd.log"
 ROTATE_BYTES = 16 * 1024 * 1024   # ringd.log is rotated (one old copy) past this size

@@ -20,9 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-# Two start times (psutil create_time) closer than this name the same process.
-START_TIME_TOLERANCE = 0.05
-
 OK = "ok"              # beating, process alive
 STARTING = "starting"  # no beat from this driver yet, still within its grace period
 STALE = "stale"        # alive (as far as we know) but the heartbeat stopped changing
@@ -51,7 +48,8 @@ def _num(value: Any) -> Optional[float]:
 
 
 def same_start(a: Optional[float], b: Optional[float]) -> bool:
-    return a is not None and b is not None and abs(a - b) < START_TIME_TOLERANCE
+    """Start ticks since boot (ringd.procid) are exact: equal or another process."""
+    return a is not None and a == b
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import stat
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ringd.heartbeat import iso, parse_iso, read_json, same_process, write_json_atomic
+from ringd.heartbeat import iso, parse_iso, read_json, write_json_atomic
+from ringd.procid import same_process
 
 STATE_FILE = "ringwatch.json"
 LOCK_FILE = "ringwatch.lock"

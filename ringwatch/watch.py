@@ -24,7 +24,8 @@ from typing import Any, Dict, Iterable, Optional, Set
 
 from ringd import alerts, proctree
 from ringd.config import Config, ConfigError, load_config
-from ringd.heartbeat import Notifier, iso, process_start_time, read_heartbeat, same_process
+from ringd.heartbeat import Notifier, iso, read_heartbeat
+from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
 
 from . import driverproc, policy, state
@@ -106,7 +107,7 @@ class Watcher:
                 f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
 
     def _run(self) -> int:
-        self._save(pid=os.getpid(), pid_start=process_start_time(os.getpid()),
+        self._save(pid=os.getpid(), pid_start=start_ticks(os.getpid()),
                    started_at=iso(time.time()), stopped=False, gave_up=False,
                    mode="restart_command" if self.command_mode else "owner")
         for warning in self._warnings():

@@ -32,14 +32,10 @@ def watch_state(ring) -> dict:
         return {}
 
 
-def alive(pid: int, start: float = None) -> bool:
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return start is None or abs(p.create_time() - start) < 0.05
-    except psutil.Error:
-        return False
+def alive(pid: int, start: int = None) -> bool:
+    """Alive (not a zombie) and, given its start ticks, the same process."""
+    from ringd.procid import same_process, start_ticks
+    return start_ticks(pid) is not None if start is None else same_process(pid, start)
 
 
 def wait_driver(ring, not_pid=None, timeout=10.0) -> dict:

@@ -1,0 +1,74 @@
+"""Process identity: a pid together with the process's start time in clock ticks
+since boot (field 22 of ``/proc/<pid>/stat``). The one place any part of ring
+(heartbeat, status, reaper, proctree, ringwatch) decides "is this still the
+process we meant?".
+
+Why ticks and not psutil's ``create_time()``: that is ``/proc/stat``'s ``btime``
+(wall clock at boot) plus these ticks, and ``btime`` moves whenever the wall
+clock is stepped, so after a step every stored epoch start time names nobody:
+a live driver looks dead (its run reaped, its agent killed) and the watcher
+replaces a healthy driver. Ticks since boot never move. Nothing here reads the
+wall clock or ``btime``.
+
+A zombie is dead: it has exited, only its exit status waits to be collected.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+_LINUX = sys.platform.startswith("linux")
+
+
+def start_ticks(pid: Any) -> Optional[int]:
+    """The boot-relative start ticks of live process ``pid``; None if there is no
+    such process, it is a zombie, or it cannot be read."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    if not _LINUX:
+        return _fallback_ticks(pid)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so
+    # split after its last ')'. Then index 0 is field 3 (state), 19 is field 22.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        if fields[0] in (b"Z", b"X", b"x"):
+            return None
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: Any, ticks: Any) -> bool:
+    """True when ``pid`` is alive and is the process that started at ``ticks``
+    (as returned by :func:`start_ticks`, possibly round-tripped through JSON or a
+    REAL column). A recycled pid, a zombie or a malformed record never match."""
+    want = _as_ticks(ticks)
+    return want is not None and start_ticks(pid) == want
+
+
+def _as_ticks(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None  # absent, or an epoch start time written by an older ring
+
+
+def _fallback_ticks(pid: int) -> Optional[int]:
+    """Without /proc (macOS): psutil's start time in centiseconds. It is epoch
+    based there, so on such systems a clock step can still confuse identity."""
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return round(p.create_time() * 100)
+    except (psutil.Error, OSError):
+        return None

@@ -1,0 +1,124 @@
+"""Process identity (ringd.procid): pid + boot-relative start ticks, never the
+wall clock.
+
+A step of the wall clock reaches process identity through one channel only:
+``/proc/stat``'s ``btime`` (wall clock at boot), which the kernel recomputes
+after a step, and which psutil's ``create_time()`` adds to the start ticks.
+Stepping the host's clock in a test would disturb every other process on the
+box (other test runs' heartbeats, timers), so the clock-step tests below give
+*one* process a ``/proc/stat`` whose ``btime`` is a day off - exactly what that
+process would read after a step - by a bind mount in a private mount namespace
+(root only; nothing outside the namespace changes). Everything else is real:
+a real driver and agent, a real ``ringd status`` and a real ``ringwatch``.
+Before procid, the status call reaped the live run and killed its agent, and
+the watcher replaced the healthy driver.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ring_cmd, wait_until, watch_cmd
+from ringd import procid
+
+
+def test_start_ticks_are_field_22_of_proc_stat():
+    raw = open(f"/proc/{os.getpid()}/stat").read()
+    assert procid.start_ticks(os.getpid()) == int(raw[raw.rfind(")") + 2:].split()[19])
+    assert procid.same_process(os.getpid(), procid.start_ticks(os.getpid()))
+
+
+def test_a_zombie_is_dead_and_a_malformed_identity_never_matches():
+    pid = os.posix_spawnp("sleep", ["sleep", "0.3"], os.environ)
+    ticks = procid.start_ticks(pid)
+    assert ticks is not None and procid.same_process(pid, ticks)
+    wait_until(lambda: procid.start_ticks(pid) is None, 10, message="child exited")
+    assert os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None, "a zombie, not reaped"
+    assert not procid.same_process(pid, ticks)
+    os.waitpid(pid, 0)
+    me = procid.start_ticks(os.getpid())
+    assert procid.same_process(os.getpid(), float(me))          # through a REAL column or JSON
+    for bad in (None, True, "1", me + 1, me + 0.5, 1.79e9):    # 1.79e9: an epoch start of an older ring
+        assert not procid.same_process(os.getpid(), bad)
+    for pid in (None, 0, -1, True, "1", 2 ** 22 + 1):
+        assert procid.start_ticks(pid) is None
+
+
+# --- clock steps -----------------------------------------------------------------
+
+def _btime_shifted(tmp_path, seconds: int):
+    """argv prefix running a command with /proc/stat's btime moved by ``seconds``."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a private mount namespace")
+    lines = open("/proc/stat").read().splitlines()
+    shifted = [f"btime {int(ln.split()[1]) + seconds}" if ln.startswith("btime ") else ln for ln in lines]
+    fake = tmp_path / f"stat{seconds:+d}"
+    fake.write_text("\n".join(shifted) + "\n")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            f"mount --bind {fake} /proc/stat && grep ^btime /proc/stat"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount over /proc/stat here: {probe.stderr.strip()[:200]}")
+    assert probe.stdout.split() == ["btime", str(int([x for x in lines if x.startswith('btime ')][0].split()[1])
+                                                     + seconds)]
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f'mount --bind {fake} /proc/stat && exec "$@"', "sh"]
+
+
+def _long_run(ring):
+    pid_file = ring.base / "agent.pid"
+    ring.agent("long", f"echo $$ > {pid_file}; exec sleep 120")
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
+    ring.roster(f"long {ring.agents_dir}/long.sh")
+    return pid_file
+
+
+@pytest.mark.parametrize("step", [86400, -86400])
+def test_a_clock_step_never_makes_a_live_driver_or_agent_look_dead(ring, tmp_path, step):
+    shifted = _btime_shifted(tmp_path, step)
+    pid_file = _long_run(ring)
+    ring.start_driver()
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="agent running")
+    agent = int(pid_file.read_text())
+    agent_ticks = procid.start_ticks(agent)
+    r = subprocess.run(shifted + ring_cmd("status", "--json", *ring.common()), env=ring.env,
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    assert doc["driver"]["health"] == "ok", (doc["driver"], r.stderr)
+    assert doc["current"] and doc["current"]["agent"] == "long", doc["current"]
+    assert [row["status"] for row in ring.runs()] == ["running"], "status reaped a live run"
+    assert procid.same_process(agent, agent_ticks), "status killed the live agent"
+
+
+@pytest.mark.parametrize("step", [86400, -86400])
+def test_a_clock_step_never_makes_the_watcher_replace_a_live_driver(ring, tmp_path, step):
+    shifted = _btime_shifted(tmp_path, step)
+    pid_file = _long_run(ring)
+    ring.start_driver()
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="agent running")
+    driver = ring.heartbeat()["pid"]
+    w = ring.start(shifted + watch_cmd(*ring.common()))
+    poll = ring.config["watch"]["poll_interval"]
+
+    def watcher_polled_a_few_times():
+        try:
+            data = json.loads((ring.state / "ringwatch.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if data.get("last_poll_at") and data.get("driver", {}).get("pid") == driver else None
+    wait_until(watcher_polled_a_few_times, 20, message="watcher adopted the driver")
+    time.sleep(max(10 * poll, ring.config["watch"]["stale_after"] + 1))   # many polls, past stale_after
+    data = json.loads((ring.state / "ringwatch.json").read_text())
+    assert w.poll() is None, w.communicate()[1][-2000:]
+    assert not data.get("restarts") and not data.get("gave_up"), data
+    assert ring.heartbeat()["pid"] == driver
+    assert [row["status"] for row in ring.runs()] == ["running"]
+    w.send_signal(signal.SIGTERM)
+    w.communicate(timeout=30)
