@@ -105,10 +105,12 @@ def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
     ring.start_driver()
     # alerts run concurrently (each hangs): on a loaded box the alert for 4
     # failures can write before the one for 2, so look for it, not at line 1
-    wait_until(lambda: seen.exists() and '2 times' in seen.read_text(), timeout=15, message="alert received")
+    env_seen = seen.parent / "alerts.jsonl.env"
+    wait_until(lambda: seen.exists() and '2 times' in seen.read_text() and env_seen.exists()
+               and env_seen.read_text().endswith("\n"), timeout=15, message="alert received")
     event = next(e for e in map(json.loads, seen.read_text().splitlines()) if "2 times" in e["detail"])
     assert event["event"] == "failures" and event["agent"] == "bad"
-    assert (seen.parent / "alerts.jsonl.env").read_text().split("\n")[0] == "failures bad"
+    assert env_seen.read_text().split("\n")[0] == "failures bad"
     n = len(ring.runs())
     wait_until(lambda: len(ring.runs()) >= n + 6, timeout=10, message="ring keeps turning during the alert")
     import psutil
