@@ -37,8 +37,11 @@ def wake_driver(state_dir: Path) -> Optional[int]:
     return pid if proctree.signal_process(pid, start, signal.SIGUSR1) else None
 
 
-def _writer(state_dir: Path, create: bool = False) -> Journal:
+def _writer(state_dir: Path, config: Config, create: bool = False) -> Journal:
     try:
+        if config.ring.journal:  # a many-host ring: its PostgreSQL journal
+            from .journal_pg import PgJournal
+            return PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl)
         return Journal.open(state_dir, create=create)
     except JournalError as e:
         raise OperatorError(str(e)) from None
@@ -66,7 +69,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
     require_state_dir(state_dir)
     reader = None
     try:
-        reader = open_reader(state_dir)
+        reader = open_reader(state_dir, config)
     except JournalError as e:
         raise OperatorError(str(e)) from None
     try:
@@ -87,7 +90,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         if reader is not None:
             reader.close()
 
-    writer = _writer(state_dir, create=True)  # a first-ever request may create the journal
+    writer = _writer(state_dir, config, create=True)  # a first-ever request may create the journal
     try:
         writer.request_skip(name)
         running = writer.running_row()
@@ -131,9 +134,9 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
     Nothing running (or not the run named by ``run_id``) -> OperatorError(1)."""
     from .policy import after_run
     require_state_dir(state_dir)
-    if not journal_path(state_dir).exists():
+    if not config.ring.journal and not journal_path(state_dir).exists():
         raise OperatorError("nothing is running (no journal yet)", 1)
-    writer = _writer(state_dir)
+    writer = _writer(state_dir, config)
     try:
         row = writer.running_row()
         if row is None:
@@ -160,8 +163,11 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         if not closed:
             raise OperatorError(f"run {row.id} of {row.agent} finished meanwhile as {result.status}; "
                                 f"nothing was forced", 1)
-        from .reaper import kill_orphan
-        result.killed = kill_orphan(state_dir, row)
+        from .reaper import driver_alive, kill_orphan
+        # A many-host ring's run may be on another box: its pids mean nothing
+        # here. Kill only when its driver is a live process of this box.
+        if not config.ring.journal or driver_alive(row):
+            result.killed = kill_orphan(state_dir, row)
         alert_agent_state(state_dir, config, row, "interrupted", settled)
     finally:
         writer.close()
@@ -185,7 +191,7 @@ def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
     if roster is None:
         # A broken roster: the names the journal knows stand in for it.
         try:
-            reader = open_reader(state_dir)
+            reader = open_reader(state_dir, config)
         except JournalError as e:
             raise OperatorError(str(e)) from None
         try:
@@ -197,9 +203,9 @@ def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
         known = [n for n, _ in roster]
     if name not in known:
         raise unknown_agent(name, known)
-    if not journal_path(state_dir).exists():
+    if not config.ring.journal and not journal_path(state_dir).exists():
         return ResumeResult(agent=name, was_quarantined=False)
-    writer = _writer(state_dir)
+    writer = _writer(state_dir, config)
     try:
         with writer.write() as con:
             row = con.execute("SELECT quarantined_until, bad_streak FROM agents WHERE name = ?",

@@ -29,7 +29,7 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
     agent's last run. Unknown agent or run -> OperatorError(2)."""
     require_state_dir(state_dir)
     try:
-        reader = open_reader(state_dir)
+        reader = open_reader(state_dir, config)
         if reader is None:
             known = known_names(config, state_dir)
             if agent not in known:

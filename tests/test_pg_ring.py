@@ -263,3 +263,29 @@ def test_a_sqlite_ring_has_one_driver_always_leading_and_no_lease(ring):
     assert doc["lease"] is None
     wait_until(lambda: 'ring_driver_role{role="leader"} 1' in _read(ring.state / "metrics.prom"),
                timeout=5, message="metrics say leader")
+
+
+def test_operators_on_the_leader_box_and_a_watched_standby_left_alone(hosts):
+    a, b, dsn, sampler = hosts
+    a.agent("slow", "sleep 30\n")
+    a.agent("quick", "sleep 0.2\n")
+    roster_both(a, b, f"slow {a.agents_dir}/slow.sh", f"quick {a.agents_dir}/quick.sh")
+    a.start_driver()
+    wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
+    b.start_watcher()
+    wait_until(lambda: role(b) == "standby", timeout=15, message="B (under ringwatch) stands by")
+    standby_pid = b.heartbeat()["pid"]
+    row = running_row(dsn)
+    assert row["agent"] == "slow"
+    r = a.cli("skip")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_until(lambda: pg_rows(dsn, "SELECT 1 FROM runs WHERE id = %s AND status = 'skipped'", row["id"]),
+               timeout=5, message="the skipped run closed")
+    hist = json.loads(b.cli("history", "--json").stdout)  # any box reads the shared journal
+    assert any(h["id"] == row["id"] and h["status"] == "skipped" for h in hist)
+    time.sleep(2.5)  # > watch.stale_after: a beating standby is healthy, never restarted
+    w = json.loads((b.state / "ringwatch.json").read_text())
+    assert w["restarts"] == [] and not w["gave_up"]
+    assert b.heartbeat()["pid"] == standby_pid and role(b) == "standby"
+    assert b.cli("status").returncode == 0
+    sampler.finish()
