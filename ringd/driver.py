@@ -238,6 +238,8 @@ class Driver:
         while not ctx.stop_requested:
             if turns_left is not None and turns_left <= 0:
                 break
+            if self.leader is not None and time.monotonic() - ctx.last_beat >= self.config.ring.heartbeat_interval:
+                ctx.beat()  # a ring of quick agents never waits inside a hop: renew between turns too
             if self.leader is not None and (self.leader.must_stop() or self.leader.took_over):
                 if not self.stand_by():
                     break
