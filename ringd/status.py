@@ -364,7 +364,11 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
             finally:
                 reader.close()
     except JournalError as e:
-        raise OperatorError(str(e), EXIT_UNKNOWN) from None
+        if not config.ring.journal:
+            raise OperatorError(str(e), EXIT_UNKNOWN) from None
+        # a many-host ring whose database is away: the drivers' health is still
+        # known from this box's heartbeat; say why the rest is missing
+        warnings.append(f"journal unreachable: {e}")
     except sqlite3.Error as e:
         raise OperatorError(f"{journal_path(state_dir)}: cannot read journal: {e}", EXIT_UNKNOWN) from None
     hb = read_heartbeat(state_dir)
