@@ -254,6 +254,11 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
             if v is not None and (not isinstance(v, str) or not v.startswith(("postgresql://", "postgres://"))):
                 raise ConfigError(f"{key}: must be null (SQLite in the state dir) or a "
                                   f"postgresql:// URI, got {excerpt(v)[:12]}...")
+            if v is not None:
+                import importlib.util  # find, never import: only the PostgreSQL path loads psycopg
+                if importlib.util.find_spec("psycopg") is None:
+                    raise ConfigError(f"{key}: a PostgreSQL journal needs psycopg: "
+                                      f"pip install 'ring[pg]' (or psycopg[binary])")
             values[k] = v
     ring = RingSettings(**values)
     if ring.stall_threshold <= ring.run_budget:

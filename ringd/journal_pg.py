@@ -33,12 +33,13 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
 
 from . import lease as leaselib
 from .journal import Journal, JournalError
-from .schema_pg import MIGRATION_LOCK, SCHEMA
+from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 
 # Client side: fail fast instead of hanging on a dead server or a partition
-# (keepalives notice a silent peer). Server side (per session, from the TTL):
-# no statement or lock wait of ours may outlast a quarter of the lease.
-CONNECT_ARGS = dict(keepalives=1, keepalives_idle=2, keepalives_interval=1, keepalives_count=2,
+# (keepalives notice a silent peer, tcp_user_timeout unacknowledged data).
+# Server side (per session, from the TTL): no statement or lock wait of ours
+# may outlast a quarter of the lease.
+CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2,
                     application_name="ringd")
 
 
@@ -130,7 +131,8 @@ class _Con:
     def connect(self) -> None:
         try:
             self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory,
-                                      connect_timeout=max(2, round(self.wait_ms / 1000)), **CONNECT_ARGS)
+                                      connect_timeout=max(2, round(self.wait_ms / 1000)),
+                                      tcp_user_timeout=self.wait_ms, **CONNECT_ARGS)
             settings = [f"SET statement_timeout = {self.wait_ms}", f"SET lock_timeout = {self.wait_ms}",
                         "SET idle_in_transaction_session_timeout = '10s'"]
             if self.readonly:
@@ -211,6 +213,14 @@ class PgJournal(Journal):
         return j
 
     def _migrate(self) -> None:
+        # Only when needed: the DDL (CREATE OR REPLACE TRIGGER) locks the runs
+        # table, and a standby starting up must not stall the leader's writes.
+        try:
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except PgJournalError:
+            row = None  # no schema yet
+        if row is not None and row[0] == str(SCHEMA_VERSION):
+            return
         with self._transaction():
             self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
             self.con.pg.execute(SCHEMA)

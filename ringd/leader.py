@@ -16,20 +16,11 @@ import time
 from typing import Callable, Optional
 
 from . import lease as leaselib
+from . import procid
 from .journal import JournalError
 from .policy import after_run
 
 LEADER, STANDBY = "leader", "standby"
-
-
-def own_start_ticks() -> Optional[int]:
-    """This process's start time in clock ticks since boot (field 22 of /proc/self/stat)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class Leader:
@@ -38,7 +29,7 @@ class Leader:
         self.ttl = ttl
         self.log = log
         self.host = host or socket.gethostname()
-        self.me = leaselib.holder_name(self.host, os.getpid(), own_start_ticks())
+        self.me = leaselib.holder_name(self.host, os.getpid(), procid.start_ticks(os.getpid()))
         self.renew_sent_at: Optional[float] = None   # lease clock of the last good renewal
         self.leading = False
         self.lease_holder: Optional[str] = None

@@ -215,6 +215,11 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
     if health == "stopped":
         bits.append("never ran here" if d.get("heartbeat_at") is None
                     else f"stopped {fmt_ago(d.get('heartbeat_at'), now)}")
+    lease = doc.get("lease")
+    if lease is not None and d.get("role"):  # a many-host ring: who leads
+        bits.append(f"{d['role']} on {d.get('host')}")
+        if d["role"] == "standby" and lease.get("holder"):
+            bits.append(f"leader {lease['holder']}")
     if bits:
         segs.append(("  " + ", ".join(bits), ""))
     out += labelled("driver", segs, width)

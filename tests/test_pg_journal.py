@@ -117,3 +117,24 @@ def test_ring_and_its_sqlite_path_never_import_psycopg(tmp_path):
             "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("doc, key", [
+    ({"ring": {"journal": "mysql://x/y"}}, "ring.journal"),
+    ({"ring": {"journal": 5}}, "ring.journal"),
+    ({"ring": {"lease_ttl": 0}}, "ring.lease_ttl"),
+    ({"ring": {"lease_ttl": -3}}, "ring.lease_ttl"),
+])
+def test_bad_journal_or_lease_ttl_names_the_key(doc, key):
+    from ringd.config import ConfigError, parse_config
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc)
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_journal_and_lease_ttl_defaults_and_values():
+    from ringd.config import parse_config
+    c = parse_config({"ring": {"journal": "postgresql://ring@db/ring", "lease_ttl": 3}})
+    assert (c.ring.journal, c.ring.lease_ttl) == ("postgresql://ring@db/ring", 3)
+    d = parse_config(None)
+    assert (d.ring.journal, d.ring.lease_ttl) == (None, 30)
