@@ -86,7 +86,11 @@ def locations(fn):
                   help="Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in).")
     @functools.wraps(fn)
     def wrapper(state: Optional[str], config: Optional[str], **kw):
-        return fn(state_dir=resolve_state_dir(state), config_path=resolve_config_path(config), **kw)
+        try:
+            state_dir, config_path = resolve_state_dir(state), resolve_config_path(config)
+        except ConfigError as e:   # a path no system call could take
+            raise fail(f"invalid: {e}", EXIT_CONFIG)
+        return fn(state_dir=state_dir, config_path=config_path, **kw)
     return wrapper
 
 

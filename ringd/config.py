@@ -13,6 +13,13 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
+# Every duration must fit the OS timers and datetime once added to "now"; waits
+# longer than a timer allows are clamped by the waiters, so ten years is safe.
+MAX_DURATION = 10 * 365 * 86400
+MAX_COUNT = 10 ** 9            # counts (keep_logs, bursts ...) stay far inside SQLite's INTEGER
+MAX_NESTING = 32               # a config is 3 levels deep; deeper YAML is refused, never recursed into
+NAME_MAX = 255                 # bytes in one path component (Linux, macOS)
+PATH_MAX = 4095
 
 
 class ConfigError(Exception):
@@ -122,19 +129,73 @@ class Config:
 # --- locations -------------------------------------------------------------
 
 def resolve_state_dir(option: Optional[str]) -> Path:
-    """``--state`` > ``$RING_STATE`` > ``./STATE``, made absolute (agents and
-    process matching rely on one canonical spelling)."""
+    """``--state`` > ``$RING_STATE`` > ``./STATE``, as its real path (symlinks
+    resolved): agents get it as ``RING_STATE`` and it is half of the key that
+    recognises a run's processes, so a driver started through a symlink and a
+    reaper started through the real path must spell it the same way."""
     raw = option or os.environ.get("RING_STATE") or "STATE"
-    return Path(os.path.abspath(os.path.expanduser(raw)))
+    check_path("state directory", raw)
+    return Path(os.path.realpath(os.path.expanduser(raw)))
 
 
 def resolve_config_path(option: Optional[str]) -> Optional[Path]:
     """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None."""
     raw = option or os.environ.get("RING_CONFIG")
     if raw:
+        check_path("config file", raw)
         return Path(os.path.abspath(os.path.expanduser(raw)))
     default = Path("config/ring.yaml")
     return default.absolute() if default.is_file() else None
+
+
+def check_path(what: str, raw: str) -> str:
+    """Refuse a path no system call could take (a NUL byte, a component over
+    NAME_MAX, over PATH_MAX, not encodable), naming it by an excerpt only."""
+    if "\x00" in raw:
+        raise ConfigError(f"{what}: path contains a NUL byte: {excerpt(raw)}")
+    try:
+        blob = os.fsencode(raw)
+    except UnicodeError:
+        raise ConfigError(f"{what}: path is not a valid file name: {excerpt(raw)}") from None
+    if len(blob) > PATH_MAX:
+        raise ConfigError(f"{what}: path is longer than {PATH_MAX} bytes: {excerpt(raw)}")
+    for part in blob.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise ConfigError(f"{what}: a path component is longer than {NAME_MAX} bytes: "
+                              f"{excerpt(os.fsdecode(part))}")
+    return raw
+
+
+def read_regular_file(path: Path, what: str, limit: int) -> bytes:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others. Opened non-blocking and checked on the open
+    descriptor: a FIFO (or a device) is refused, never waited on, and the file
+    checked is the file read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: {what} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: {what} is not a regular file")
+        _refuse_writable_by_others(path, what, st)
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def check_not_writable_by_others(path: Path, what: str) -> None:
@@ -143,6 +204,10 @@ def check_not_writable_by_others(path: Path, what: str) -> None:
         st = os.stat(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    _refuse_writable_by_others(path, what, st)
+
+
+def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         mode = stat.S_IMODE(st.st_mode)
         raise ConfigError(
@@ -158,12 +223,23 @@ def _safe_yaml(text: str, path: Path) -> Any:
     class NoAliasLoader(yaml.SafeLoader):
         # yaml.safe_load still expands aliases; a "billion laughs" document is
         # a few hundred bytes. A config never needs them, so refuse outright.
+        depth = 0
+
         def compose_node(self, parent, index):  # type: ignore[override]
             if self.check_event(yaml.AliasEvent):
                 ev = self.peek_event()
                 raise ConfigError(f"{path}: line {ev.start_mark.line + 1}: "
                                   f"YAML aliases (*{excerpt(ev.anchor, 20)[1:-1]}) are not allowed")
-            return super().compose_node(parent, index)
+            # The composer recurses once per level: bound it far below Python's
+            # recursion limit (also when called deep in a SIGHUP reload).
+            self.depth += 1
+            try:
+                if self.depth > MAX_NESTING:
+                    line = self.peek_event().start_mark.line + 1
+                    raise ConfigError(f"{path}: line {line}: YAML nested more than {MAX_NESTING} levels deep")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
     try:
         return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - SafeLoader subclass
@@ -184,6 +260,8 @@ def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = F
     if value < 0 or (value == 0 and not allow_zero):
         need = "zero or more" if allow_zero else "greater than zero"
         raise ConfigError(f"{key}: must be {need}, got {excerpt(value)}")
+    if value > MAX_DURATION:
+        raise ConfigError(f"{key}: must be at most {MAX_DURATION} s (10 years), got {excerpt(value)}")
     return float(value) if isinstance(value, float) else value
 
 
@@ -192,6 +270,8 @@ def _integer(key: str, value: Any, *, minimum: int) -> int:
         raise ConfigError(f"{key}: must be an integer, got {excerpt(value)}")
     if value < minimum:
         raise ConfigError(f"{key}: must be at least {minimum}, got {excerpt(value)}")
+    if value > MAX_COUNT:
+        raise ConfigError(f"{key}: must be at most {MAX_COUNT}, got {excerpt(value)}")
     return value
 
 
@@ -249,7 +329,7 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         elif k == "roster":
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
-            values[k] = v
+            values[k] = v if v is None else check_path(key, v)
         elif k == "journal":
             if v is not None and (not isinstance(v, str) or not v.startswith(("postgresql://", "postgres://"))):
                 raise ConfigError(f"{key}: must be null (SQLite in the state dir) or a "
@@ -287,7 +367,7 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
         if "cwd" in spec:
             if not isinstance(spec["cwd"], str) or not spec["cwd"]:
                 raise ConfigError(f"{section}.cwd: must be a directory path, got {excerpt(spec['cwd'])}")
-            values["cwd"] = spec["cwd"]
+            values["cwd"] = check_path(f"{section}.cwd", spec["cwd"])
         o = AgentOverride(**values)
         budget = o.run_budget if o.run_budget is not None else ring.run_budget
         stall = o.stall_threshold if o.stall_threshold is not None else ring.stall_threshold
@@ -349,8 +429,29 @@ def _alerts(raw: Mapping[str, Any]) -> AlertSettings:
     return AlertSettings(**values)
 
 
+def _check_strings(value: Any, key: str) -> None:
+    """No string anywhere in the document (key or value) may hold a NUL byte or a
+    lone surrogate: no system call takes one, so each would crash the first
+    command that used it (a cwd, a roster path, an argv) instead of failing here."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, key)
+            _check_strings(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_strings(v, f"{key}[{i}]")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise ConfigError(f"{key or '(top level)'}: contains a NUL byte: {excerpt(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{key or '(top level)'}: contains an invalid character: {excerpt(value)}") from None
+
+
 def parse_config(data: Any, path: Optional[Path] = None) -> Config:
     """Validate an already-parsed YAML document (None = empty = all defaults)."""
+    _check_strings(data, "")
     top = _mapping("(top level)", data)
     for k in top:
         if k not in ("ring", "agents", "watch", "alerts"):
@@ -373,14 +474,7 @@ def load_config(path: Optional[Path]) -> Config:
     """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
     if path is None:
         return Config()
-    check_not_writable_by_others(path, "config file")
-    try:
-        with open(path, "rb") as f:
-            blob = f.read(MAX_CONFIG_BYTES + 1)
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: config file is a directory") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    blob = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
     try:

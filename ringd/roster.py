@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .config import ConfigError, check_not_writable_by_others, excerpt
+from .config import ConfigError, check_not_writable_by_others, excerpt, read_regular_file
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_ROSTER_BYTES = 1024 * 1024
@@ -89,11 +89,10 @@ def read_roster(path: Path) -> List[Agent]:
         raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
     if st.st_size > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
-    try:
-        with open(path, "rb") as f:
-            blob = f.read(MAX_ROSTER_BYTES + 1)
-    except OSError as e:
-        raise RosterError(path, None, f"cannot read roster: {e.strerror}") from None
+    try:  # non-blocking and re-checked on the descriptor: swapped for a FIFO, it is refused
+        blob = read_regular_file(path, "roster", MAX_ROSTER_BYTES)
+    except ConfigError as e:
+        raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
     if len(blob) > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
     try:

@@ -10,6 +10,9 @@ import signal
 from typing import Iterable, List, Optional, Set, Tuple
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
+# epoll/select time-outs overflow past 2**31 ms (~24.8 days); a longer wait is cut
+# to this and the caller, which loops until its deadline, simply waits again.
+MAX_WAIT = 86400.0
 
 
 class Wakeups:
@@ -37,7 +40,7 @@ class Wakeups:
         for fd in extra:
             self._selector.register(fd, selectors.EVENT_READ, "fd")
         try:
-            t = None if timeout is None else max(0.0, timeout)
+            t = None if timeout is None else min(max(0.0, timeout), MAX_WAIT)
             events = self._selector.select(t)
         finally:
             for fd in extra:

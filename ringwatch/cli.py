@@ -42,9 +42,9 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
         return
     from .watch import Watcher  # the daemon's imports only when it runs
 
-    state_dir = resolve_state_dir(state_opt)
-    config_path = resolve_config_path(config_opt)
     try:
+        state_dir = resolve_state_dir(state_opt)
+        config_path = resolve_config_path(config_opt)
         config = load_config(config_path)
     except ConfigError as e:
         _fail(str(e), 78)
@@ -63,7 +63,10 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
 @click.pass_context
 def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str]) -> None:
     """Clear the restart history and the give-up (like `systemctl reset-failed`)."""
-    state_dir = resolve_state_dir(state_opt or ctx.obj.get("state"))
+    try:
+        state_dir = resolve_state_dir(state_opt or ctx.obj.get("state"))
+    except ConfigError as e:
+        _fail(str(e), 78)
     if not state_dir.is_dir():
         _fail(f"{state_dir}: no such state directory", 2)
     try:

@@ -1,0 +1,190 @@
+"""Promises at the edges (issue 9): values `ringd check` accepts never crash a
+command, and check, run and ringwatch agree on what they refuse; a state dir
+reached through a symlink keys processes by its real path.
+
+Each test starts real processes; each failed (traceback, hang, crash loop,
+survivor) before its fix.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ring_cmd, wait_until, watch_cmd
+from ringd.config import MAX_DURATION
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err, err[-2000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, f"expected one line: {err[:1500]!r}"
+    assert len(lines[0]) < 400, lines[0][:400]
+    return lines[0]
+
+
+def run(argv, env, timeout=30.0):
+    try:
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{argv[2:4]} hung (> {timeout}s)")
+    return r.returncode, r.stderr
+
+
+# --- #9: every value check accepts, run runs; every one it refuses, all refuse ---------
+
+LONG = "x" * 300
+BAD_CONFIGS = {
+    "nul-in-cwd": ('agents: {a: {cwd: "/tmp\\0x"}}', "agents.a.cwd"),
+    "nul-in-roster-path": ('ring: {roster: "/tmp\\0x"}', "ring.roster"),
+    "nul-in-restart-command": ('watch: {restart_command: [sh, "-c\\0"]}', "watch.restart_command"),
+    "nul-in-a-key": ('agents: {"a\\0b": {cwd: /tmp}}', "NUL"),
+    "lone-surrogate": ('agents: {a: {cwd: "/tmp/\\ud800"}}', "agents.a.cwd"),
+    "nested-sequences": ("a: " + "[" * 5000 + "]" * 5000, "nested"),
+    "nested-mappings": ("ring: " + "{a: " * 300 + "1" + "}" * 300, "nested"),
+    "cooloff-1e12": ("ring: {quarantine_cooloff: 1.0e+12}", "ring.quarantine_cooloff"),
+    "heartbeat-past-the-cap": (f"ring: {{heartbeat_interval: {MAX_DURATION * 10}}}", "ring.heartbeat_interval"),
+    "poll-past-the-cap": (f"watch: {{poll_interval: {MAX_DURATION + 1}}}", "watch.poll_interval"),
+    "huge-count": (f"ring: {{keep_logs: {10 ** 30}}}", "ring.keep_logs"),
+    "long-cwd-component": (f"agents: {{a: {{cwd: /tmp/{LONG}}}}}", "255"),
+    "long-roster-component": (f"ring: {{roster: /tmp/{LONG}/ring.txt}}", "255"),
+}
+
+
+def _simple(ring):
+    ring.agent("a", "true")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_config_values_no_command_could_use_are_refused_alike_by_check_run_and_ringwatch(ring, case):
+    text, must = BAD_CONFIGS[case]
+    _simple(ring)
+    ring.config_path.write_text(text + "\n")
+    for argv in (ring_cmd("check", *ring.common()), ring_cmd("run", "--once", *ring.common()),
+                 watch_cmd(*ring.common())):
+        code, err = run(argv, ring.env)
+        assert code == 78, f"{argv[2:4]} exit {code}: {err[-1500:]}"
+        assert must in one_line(err), err
+    assert not ring.runs(), "nothing may run"
+
+
+def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
+    _simple(ring)
+    fifo = ring.base / "fifo.yaml"
+    os.mkfifo(fifo, 0o600)
+    common = ["--state", str(ring.state), "--config", str(fifo)]
+    for argv in (ring_cmd("check", *common), ring_cmd("run", "--once", *common), watch_cmd(*common)):
+        code, err = run(argv, ring.env, timeout=20)
+        assert code == 78 and "not a regular file" in one_line(err), (argv[2:4], code, err)
+    ring.roster_path.unlink()
+    os.mkfifo(ring.roster_path, 0o600)
+    for argv in (ring_cmd("check", *ring.common()), ring_cmd("run", "--once", *ring.common())):
+        code, err = run(argv, ring.env, timeout=20)
+        assert code == 78 and "not a regular file" in one_line(err), (argv[2:4], code, err)
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_a_state_path_no_system_call_could_take_is_one_line(ring, how):
+    bad = str(ring.base / LONG / "state")
+    env = dict(ring.env)
+    args = ["--config", str(ring.config_path)]
+    if how == "option":
+        args = ["--state", bad, *args]
+    else:
+        env["RING_STATE"] = bad
+    for argv in (ring_cmd("check", *args), ring_cmd("run", "--once", *args), ring_cmd("status", *args),
+                 ring_cmd("history", *args), watch_cmd(*args)):
+        code, err = run(argv, env)
+        assert code == 78, f"{argv[2:4]} exit {code}: {err[-1500:]}"
+        line = one_line(err)
+        assert "255" in line and LONG not in line, line   # an excerpt, never the whole input
+
+
+def test_durations_up_to_the_cap_work_in_a_running_driver_and_watcher(ring):
+    """Waits longer than the OS timers allow (epoll: 2**31 ms, ~24.8 days) are
+    clamped: the driver idles through a deferral with a 34-day heartbeat
+    interval, the watcher polls every 34 days, and both stop on SIGTERM."""
+    ring.agent("later", "exit 75")
+    ring.roster(f"later {ring.agents_dir}/later.sh")
+    ring.write_config(ring={"heartbeat_interval": 3_000_000, "backoff_initial": MAX_DURATION,
+                            "backoff_max": MAX_DURATION, "quarantine_cooloff": MAX_DURATION},
+                      watch={"poll_interval": 3_000_000, "stale_after": MAX_DURATION,
+                             "start_limit_interval": MAX_DURATION})
+    code, err = run(ring_cmd("check", *ring.common()), ring.env)
+    assert code == 0, err
+    w = ring.start_watcher()
+    wait_until(lambda: [r for r in ring.runs() if r["status"] == "deferred"], 20, message="a deferral")
+    time.sleep(1.0)   # the driver is now in its long idle wait, the watcher in its long poll
+    assert w.poll() is None, w.communicate()[1][-2000:]
+    driver = ring.heartbeat()["pid"]
+    assert psutil.Process(driver).status() != psutil.STATUS_ZOMBIE
+    r = subprocess.run(ring_cmd("status", "--json", *ring.common()), env=ring.env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    w.send_signal(signal.SIGTERM)
+    err = w.communicate(timeout=30)[1].decode(errors="replace")
+    assert w.returncode == 0, err[-2000:]
+    assert not psutil.pid_exists(driver) or psutil.Process(driver).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_deeply_nested_config_at_sighup_is_refused_and_the_ring_goes_on(ring):
+    marks = ring.base / "marks"
+    ring.agent("a", f"echo $RING_RUN_ID >> {marks}; sleep 0.3")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: marks.exists() and len(marks.read_text().split()) >= 2, 20, message="runs")
+    ring.config_path.write_text("ring: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n")
+    drv.send_signal(signal.SIGHUP)
+    n = len(marks.read_text().split())
+    wait_until(lambda: len(marks.read_text().split()) >= n + 3, 20, message="the ring still turning")
+    assert drv.poll() is None
+    drv.send_signal(signal.SIGTERM)
+    err = drv.communicate(timeout=30)[1].decode(errors="replace")
+    assert drv.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "nested more than" in err, err[-2000:]
+
+
+# --- #6: the process key is the state dir's real path ------------------------------------
+
+def test_a_driver_started_through_a_symlink_keys_its_runs_by_the_real_path(ring):
+    """Agents get RING_STATE as the real path, so a reaper started through the
+    real path recognises the escaped grandchild of a run whose driver (started
+    through a symlink) died."""
+    link = ring.base / "state-link"
+    os.symlink(ring.state, link)
+    pid_file = ring.base / "grandchild.pid"
+    env_file = ring.base / "agent.env"
+    ring.agent("a", f"""
+        echo "$RING_STATE" > {env_file}
+        setsid sleep 120 & echo $! > {pid_file}
+        exec sleep 120
+        """)
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start(ring_cmd("run", "--state", str(link), "--config", str(ring.config_path)))
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="grandchild started")
+    assert env_file.read_text().strip() == str(ring.state.resolve())
+    grandchild = int(pid_file.read_text())
+    drv.send_signal(signal.SIGKILL)
+    drv.wait(timeout=10)
+    r = subprocess.run(ring_cmd("status", *ring.common()), env=ring.env, capture_output=True, text=True,
+                       timeout=30)   # reaps the orphaned run through the real path
+    assert "Traceback" not in r.stderr, r.stderr
+
+    def gone():
+        try:
+            return psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_until(gone, 10, message="the escaped grandchild killed by the reaper")
+    assert ring.runs()[0]["status"] == "interrupted"
