@@ -173,8 +173,6 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     checked is the file read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: {what} not found") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
