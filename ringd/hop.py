@@ -189,6 +189,8 @@ class Hop:
         finally:
             os.close(log_fd)
         ctx.log(f"run {run_id}: {name} started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
+        if ctx.leader is not None:
+            ctx.leader.guard(child.pid, child.start_time)  # killed at the switch even if we block
         try:
             ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
         except (sqlite3.OperationalError, OSError) as e:
@@ -198,8 +200,10 @@ class Hop:
         try:
             status_word, ending = self._wait(run_id, child, started)
         finally:
+            if ctx.leader is not None:
+                ctx.leader.guard(None, None)
             child.close()
-        if ending.kind == "lease":
+        if ending.kind == "lease" or (ctx.leader is not None and ctx.leader.killed_pid == child.pid):
             # Killed because leadership is gone: record nothing (the next leader
             # reaps the row as interrupted).
             return HopResult(run_id=run_id, agent=name, status="running", reason=ending.reason, closed=False)

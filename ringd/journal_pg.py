@@ -20,6 +20,7 @@ SQLite path never load it.
 """
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from contextlib import contextmanager
@@ -39,8 +40,7 @@ from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 # (keepalives notice a silent peer, tcp_user_timeout unacknowledged data).
 # Server side (per session, from the TTL): no statement or lock wait of ours
 # may outlast a quarter of the lease.
-CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2,
-                    application_name="ringd")
+CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2)
 
 
 class PgJournalError(JournalError, sqlite3.OperationalError):
@@ -132,7 +132,9 @@ class _Con:
         try:
             self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory,
                                       connect_timeout=max(2, round(self.wait_ms / 1000)),
-                                      tcp_user_timeout=self.wait_ms, **CONNECT_ARGS)
+                                      tcp_user_timeout=self.wait_ms,
+                                      application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
+                                      **CONNECT_ARGS)
             settings = [f"SET statement_timeout = {self.wait_ms}", f"SET lock_timeout = {self.wait_ms}",
                         "SET idle_in_transaction_session_timeout = '10s'"]
             if self.readonly:

@@ -7,11 +7,19 @@ the TTL (its own boot clock, so a freeze counts) stops leading before its lease
 can pass to another host, and the driver kills its agent at once. With a
 SQLite journal there is no Leader: the lock file already makes the one driver
 the leader.
+
+The switch is checked by the driver's loop, and also by a watchdog thread:
+a driver blocked in a database call that does not return (a stopped server
+process, a black-holed network) must still kill its agent in time. The thread
+only sends SIGKILL to the agent's process group (it never reaps: the loop
+owns every exit status); the loop finishes the tree when it runs again.
 """
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 from typing import Callable, Optional
 
@@ -37,6 +45,44 @@ class Leader:
         self.took_over_from: Optional[str] = None      # set on a take-over, cleared by settle_takeover
         self.took_over = False
         self._failing: Optional[str] = None
+        self._cond = threading.Condition()
+        self._agent: Optional[tuple] = None   # (pid, start ticks) of the run in flight
+        self.killed_pid: Optional[int] = None  # the agent the watchdog killed (its run is not recorded)
+        threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
+
+    def guard(self, pid: Optional[int], start_ticks: Optional[int]) -> None:
+        """The agent the watchdog kills at the switch (None: no run in flight)."""
+        with self._cond:
+            self._agent = (pid, start_ticks) if pid else None
+            if pid:
+                self.killed_pid = None
+            self._cond.notify()
+
+    def _watchdog(self) -> None:
+        while True:
+            with self._cond:
+                sent = self.renew_sent_at
+                if not self.leading or sent is None or self._agent is None:
+                    self._cond.wait()
+                    continue
+                left = leaselib.stop_deadline(sent, self.ttl) - leaselib.clock()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                pid, ticks = self._agent
+                self._agent = None
+                # past the switch with the same renewal: the loop is stuck somewhere.
+                # Stop leading and recording now (the loop sees it when it returns).
+                self.leading = False
+                self.killed_pid = pid
+                self.journal.stop_recording()
+            if procid.same_process(pid, ticks):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
+                             f"killed the agent's process group (pid {pid})")
+                except OSError:
+                    pass
 
     @property
     def role(self) -> str:
@@ -79,16 +125,23 @@ class Leader:
             if self.leading:
                 self._lose(f"lease taken by {view.holder}")
             return
-        self.renew_sent_at = sent
-        if d.action == leaselib.TAKE:
+        with self._cond:
+            self.renew_sent_at = sent
+            regained = not self.leading or d.action == leaselib.TAKE
             self.leading = True
+            self._cond.notify()
+        if regained:
+            # A take-over, or a renewal that landed after this driver had let go
+            # (the watchdog fired while it waited on the journal): either way the
+            # run left `running` by the previous lease is reaped before going on.
             self.took_over = True
-            self.took_over_from = d.previous
+            self.took_over_from = d.previous if d.action == leaselib.TAKE else self.me
             self.log(f"lease: leading (epoch {d.epoch})"
                      f"{f', after {d.previous}' if d.previous else ''}")
 
     def _lose(self, why: str) -> None:
-        self.leading = False
+        with self._cond:
+            self.leading = False
         self.journal.stop_recording()
         self.log(f"lease: no longer leading ({why}); recording nothing more, standing by")
 

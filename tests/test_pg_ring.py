@@ -304,3 +304,33 @@ def test_a_ring_of_quick_agents_keeps_its_lease(hosts):
     assert epochs == [{"epoch": 1}], "the leader lost its lease between quick runs"
     assert role(a) == "leader"
     sampler.finish()
+
+
+def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
+    """The server process serving the leader is stopped: the leader's next call
+    never returns. Its watchdog must still kill the agent before the lease can pass."""
+    a, b, dsn, sampler = hosts
+    a.agent("long", "sleep 60\n")
+    a.agent("next", "sleep 60\n")
+    roster_both(a, b, f"long {a.agents_dir}/long.sh", f"next {a.agents_dir}/next.sh")
+    da = a.start_driver()
+    wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
+    first = running_row(dsn)
+    b.start_driver()
+    wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
+    backend = wait_until(lambda: pg_rows(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                         f"ringd pid={da.pid}"), timeout=5, message="A's server process")[0]["pid"]
+    os.kill(backend, signal.SIGSTOP)
+    stuck = time.monotonic()
+    try:
+        wait_until(lambda: proc_state(first["pid"]) in (None, "Z"), timeout=TTL + 2,
+                   message="A's agent killed while A is stuck")
+        assert time.monotonic() - stuck < TTL, "the agent outlived the lease"
+        assert proc_state(da.pid) not in (None, "T"), "A itself is alive and not frozen"
+    finally:
+        os.kill(backend, signal.SIGCONT)
+    wait_until(lambda: (running_row(dsn) or {}).get("agent") == "next", timeout=TTL + 10,
+               message="the ring goes on")
+    # the killed run is not the agent's failure: interrupted, never `failed (signal 9)`
+    assert pg_rows(dsn, "SELECT status FROM runs WHERE id = %s", first["id"])[0]["status"] == "interrupted"
+    sampler.finish()
