@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import alerts, metrics, proctree
+from . import alerts, metrics, proctree, safefile
 from .config import Config, ConfigError, load_config
 from .heartbeat import Heartbeat, Notifier, read_heartbeat
 from .hop import Context, Hop, HopResult
@@ -366,6 +366,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             config = for_leadership(config)
         else:
             journal = Journal.open(state_dir, verify=True)
+            journal.start_ids_after(safefile.highest_run_log_id(state_dir))  # a reset journal: no old log reused
     except JournalError as e:
         logger(str(e))
         lock.release()

@@ -142,11 +142,7 @@ def _log_open_reason(e: OSError) -> str:
 def prune_logs(state_dir: Path, agent: str, keep: int) -> None:
     """Keep the newest ``keep`` run logs of an agent (by run id)."""
     folder = state_dir / "logs" / agent
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    ids = sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
+    ids = safefile.run_log_ids(folder)
     for old in ids[:-keep] if keep > 0 else ids:
         try:
             os.unlink(folder / f"{old}.log")

@@ -309,6 +309,19 @@ class Journal:
         row = self.con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row["value"] if row else None
 
+    def start_ids_after(self, run_id: int) -> None:
+        """Make the next run id greater than ``run_id`` (SQLite's AUTOINCREMENT
+        counter): a journal started anew beside old run logs never reuses their ids."""
+        try:
+            with self.write():
+                row = self.con.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+                if row is None:
+                    self.con.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (run_id,))
+                elif row[0] < run_id:
+                    self.con.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'runs'", (run_id,))
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"{self.path}: journal is not usable: {e}") from None
+
     def set_meta(self, key: str, value: Optional[str]) -> None:
         with self.write():
             if value is None:

@@ -3,12 +3,18 @@ every directory on the way is opened O_NOFOLLOW (created 0700 if missing) and
 the file is opened relative to it, O_NOFOLLOW, mode 0600. A symlink planted at
 ``logs/``, ``logs/<agent>/`` or at the file itself is refused (ELOOP/ENOTDIR/
 EEXIST), never followed. Used for run logs, ``alerts.log`` and ``ringd.log``.
+Also the one definition of a run log's name, ``logs/<agent>/<run_id>.log``.
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Sequence
+from typing import List, Sequence
+
+# Agents can write into their log dir: a name is a run log only if it is exactly
+# ASCII digits + ".log" ("²".isdigit() is True, int("²") raises).
+RUN_LOG_RE = re.compile(r"([1-9][0-9]{0,18})\.log", re.ASCII)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -38,3 +44,24 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def run_log_ids(folder: Path) -> List[int]:
+    """Run ids of the run logs in ``folder`` (an agent's log dir), ascending;
+    every other name there is ignored."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(RUN_LOG_RE.fullmatch, names) if m)
+
+
+def highest_run_log_id(state_dir: Path) -> int:
+    """The highest run id of any run log in the state dir (0 if none): a new
+    journal's run ids start past it, so they never collide with old logs."""
+    logs = state_dir / "logs"
+    try:
+        agents = [e.path for e in os.scandir(logs) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    return max((ids[-1] for ids in map(run_log_ids, agents) if ids), default=0)

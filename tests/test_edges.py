@@ -188,3 +188,40 @@ def test_a_driver_started_through_a_symlink_keys_its_runs_by_the_real_path(ring)
             return True
     wait_until(gone, 10, message="the escaped grandchild killed by the reaper")
     assert ring.runs()[0]["status"] == "interrupted"
+
+
+# --- #10: stray files in an agent's log dir ------------------------------------------------
+
+def test_stray_files_in_an_agents_log_dir_never_crash_the_driver(ring):
+    """Agents can write into logs/<agent>/: only ASCII-digit names are run logs
+    ("²".isdigit() is True but int("²") raises), and only they are pruned."""
+    ring.agent("a", 'touch "$RING_STATE/logs/a/².log" "$RING_STATE/logs/a/01.log" '
+                    '"$RING_STATE/logs/a/x.log" "$RING_STATE/logs/a/٣.log"')
+    ring.write_config(ring={"keep_logs": 2})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    for _ in range(4):
+        proc = ring.start_driver("--once")
+        err = proc.communicate(timeout=30)[1].decode(errors="replace")
+        assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert [r["status"] for r in ring.runs()] == ["ok"] * 4
+    left = sorted(os.listdir(ring.state / "logs" / "a"))
+    assert left == sorted(["².log", "01.log", "x.log", "٣.log", "3.log", "4.log"]), left
+
+
+# --- #11: a new journal beside old logs ----------------------------------------------------
+
+def test_a_journal_moved_aside_never_makes_new_runs_collide_with_old_logs(ring):
+    ring.agent("a", "echo run $RING_RUN_ID")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    for _ in range(3):
+        assert ring.start_driver("--once").wait(timeout=30) == 0
+    old_logs = {p.name: p.read_text() for p in (ring.state / "logs" / "a").iterdir()}
+    for suffix in ("", "-wal", "-shm"):   # the reset ring itself recommends
+        p = Path(f"{ring.journal_path}{suffix}")
+        if p.exists():
+            p.rename(f"{p}.old")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    (row,) = ring.runs()
+    assert row["status"] == "ok" and row["id"] > 3, dict(row)
+    for name, text in old_logs.items():
+        assert (ring.state / "logs" / "a" / name).read_text() == text, "an old log was overwritten"
