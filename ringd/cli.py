@@ -6,11 +6,17 @@ Rich is imported only by the commands that render tables (``ringd.render``).
 """
 from __future__ import annotations
 
+import sys
+
+from . import earlysig
+
+if earlysig.subcommand(sys.argv[1:]) == "run":
+    earlysig.hold()  # first instruction of the driver: a signal now waits for its handler
+
 import errno
 import functools
 import json
 import os
-import sys
 from pathlib import Path
 from typing import List, Optional
 

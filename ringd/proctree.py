@@ -9,6 +9,7 @@ see procid), so a recycled pid is never hit. Used by the hop, the reaper, skip, 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -22,7 +23,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import psutil
 
-from . import procid
+from . import earlysig, procid
 
 PR_SET_CHILD_SUBREAPER = 36
 STRIPPED_ENV_PREFIXES = ("WATCHDOG_",)
@@ -64,12 +65,15 @@ class Child:
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-          umask: int = -1) -> Child:
+          umask: int = -1, signals_held: bool = False) -> Child:
     """Start ``argv`` in its own session (so it leads a new process group).
+    ``signals_held``: it starts with SIGTERM/SIGINT/SIGHUP/SIGUSR1 blocked (a
+    daemon of ours, which unblocks them once it can handle them: earlysig).
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    popen = subprocess.Popen(
-        list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
-        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
+    with earlysig.held() if signals_held else contextlib.nullcontext():
+        popen = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:

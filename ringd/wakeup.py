@@ -9,6 +9,8 @@ import selectors
 import signal
 from typing import Iterable, List, Optional, Set, Tuple
 
+from . import earlysig
+
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 # epoll/select time-outs overflow past 2**31 ms (~24.8 days); a longer wait is cut
 # to this and the caller, which loops until its deadline, simply waits again.
@@ -32,6 +34,7 @@ class Wakeups:
             # signal number to the pipe; the number itself is what we read.
             self._old[sig] = signal.signal(sig, lambda *_: None)
         self.signals = tuple(signals)
+        earlysig.release()  # handlers exist: signals held since start-up are delivered now
 
     def wait(self, timeout: Optional[float], fds: Iterable[int] = ()) -> Tuple[Set[int], Set[int]]:
         """Block until a signal arrives, one of ``fds`` is readable, or ``timeout``

@@ -6,6 +6,12 @@ restart history. Thin: resolve locations, load the config, call
 from __future__ import annotations
 
 import sys
+
+from ringd import earlysig
+
+if earlysig.subcommand(sys.argv[1:]) is None:
+    earlysig.hold()  # first instruction of the watcher: a signal now waits for its handler
+
 from typing import Optional
 
 import click

@@ -122,7 +122,8 @@ def start_driver(state_dir: Path, config_path: Optional[Path]) -> DriverProc:
     fd = open_log(state_dir)
     try:
         child = proctree.spawn(driver_argv(state_dir, config_path), cwd=None,
-                               env=proctree.clean_env(os.environ, {}), stdout_fd=fd)
+                               env=proctree.clean_env(os.environ, {}), stdout_fd=fd,
+                               signals_held=True)  # a signal before its handlers waits (earlysig)
     finally:
         os.close(fd)
     return DriverProc(pid=child.pid, start_time=child.start_time, pidfd=child.pidfd, child=child)

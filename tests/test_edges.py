@@ -225,3 +225,74 @@ def test_a_journal_moved_aside_never_makes_new_runs_collide_with_old_logs(ring):
     assert row["status"] == "ok" and row["id"] > 3, dict(row)
     for name, text in old_logs.items():
         assert (ring.state / "logs" / "a" / name).read_text() == text, "an old log was overwritten"
+
+
+# --- #12: signals from the first instruction of both daemons ----------------------------------
+
+def _sig_mask(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _bit(sig) -> int:
+    return 1 << (int(sig) - 1)
+
+
+def _children(pid: int):
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def test_a_sighup_right_after_ringwatch_starts_the_driver_never_kills_it(ring):
+    """ringwatch starts the driver with the signals held, so a SIGHUP in the
+    driver's first instant - even before its interpreter runs a line of ring -
+    waits for its handler (a reload) instead of killing it."""
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    w = ring.start_watcher()
+    kids = wait_until(lambda: _children(w.pid), 20, interval=0.001, message="ringwatch started a driver")
+    driver = kids[0]
+    os.kill(driver, signal.SIGHUP)   # at once: usually still inside the interpreter's start-up
+    hb = wait_until(lambda: (ring.heartbeat() or {}).get("pid") == driver and ring.heartbeat(), 20,
+                    message="the first driver beating")
+    time.sleep(3 * ring.config["watch"]["poll_interval"])
+    data = __import__("json").loads((ring.state / "ringwatch.json").read_text())
+    assert not data.get("restarts"), f"the driver was replaced: {data}"
+    assert ring.heartbeat()["pid"] == driver and hb
+    w.send_signal(signal.SIGTERM)
+    w.communicate(timeout=30)
+    log = (ring.state / "logs" / "ringd.log").read_text()
+    assert not __import__("re").search(r"signal 1\b", log) and "Traceback" not in log, log[-2000:]
+    assert "config reloaded" in log, "the held SIGHUP is honoured once the driver is ready"
+
+
+@pytest.mark.parametrize("daemon", ["ringd run", "ringwatch"])
+def test_signals_while_a_daemon_starts_up_are_held_and_honoured_once_ready(ring, daemon):
+    """From the daemon's first instruction SIGHUP/SIGTERM are blocked (seen in
+    /proc/<pid>/status SigBlk) until the handlers exist: a SIGHUP storm during
+    start-up kills nothing, and a SIGTERM sent then is a clean stop, exit 0."""
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    p = ring.start_driver() if daemon == "ringd run" else ring.start_watcher()
+    want = _bit(signal.SIGHUP) | _bit(signal.SIGTERM)
+    # held before any handler exists (later, CPython blocks every signal around
+    # each vfork of an agent: that moment does not count)
+    wait_until(lambda: p.poll() is not None or (_sig_mask(p.pid, "SigBlk") & want == want
+                                                and not _sig_mask(p.pid, "SigCgt") & want), 20,
+               interval=0.0005, message=f"{daemon} holding SIGHUP and SIGTERM during its start-up")
+    assert p.poll() is None, "it died before holding the signals"
+    for _ in range(20):
+        os.kill(p.pid, signal.SIGHUP)
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGTERM)
+    err = p.communicate(timeout=30)[1].decode(errors="replace")
+    assert p.returncode == 0, f"exit {p.returncode} (killed by a signal if negative): {err[-2000:]}"
+    assert "Traceback" not in err, err[-2000:]
