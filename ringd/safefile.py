@@ -47,13 +47,14 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
 
 
 def run_log_ids(folder: Path) -> List[int]:
-    """Run ids of the run logs in ``folder`` (an agent's log dir), ascending;
-    every other name there is ignored."""
+    """Run ids of the run logs in ``folder`` (an agent's log dir), ascending:
+    regular files named exactly so; everything else there is ignored (a
+    symlink planted there is not a log ring wrote, and is never written through)."""
     try:
-        names = os.listdir(folder)
+        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
     except OSError:
         return []
-    return sorted(int(m.group(1)) for m in map(RUN_LOG_RE.fullmatch, names) if m)
+    return sorted(int(m.group(1)) for m in (RUN_LOG_RE.fullmatch(e.name) for e in entries) if m)
 
 
 def highest_run_log_id(state_dir: Path) -> int:
