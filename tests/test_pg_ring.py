@@ -291,6 +291,13 @@ def test_operators_on_the_leader_box_and_a_watched_standby_left_alone(hosts):
     assert w["restarts"] == [] and not w["gave_up"]
     assert b.heartbeat()["pid"] == standby_pid and role(b) == "standby"
     assert b.cli("status").returncode == 0
+    # A clean stop of the leader hands the lease over at once, not after the TTL.
+    da = a.procs[0]
+    da.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    wait_until(lambda: role(b) == "leader", timeout=TTL, message="B leads after A's clean stop")
+    assert time.monotonic() - stopped < TTL / 2, "the lease was not released on a clean stop"
+    da.wait(10)
     sampler.finish()
 
 
