@@ -186,7 +186,7 @@ class Hop:
             os.close(log_fd)
         ctx.log(f"run {run_id}: {name} started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
         if ctx.leader is not None:
-            ctx.leader.guard(child.pid, child.start_time)  # killed at the switch even if we block
+            ctx.leader.guard(child.pid, child.start_time, ctx.state_key, run_id)  # killed at the switch even if we block
         try:
             ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
         except (sqlite3.OperationalError, OSError) as e:

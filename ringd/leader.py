@@ -50,10 +50,11 @@ class Leader:
         self.killed_pid: Optional[int] = None  # the agent the watchdog killed (its run is not recorded)
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
 
-    def guard(self, pid: Optional[int], start_ticks: Optional[int]) -> None:
-        """The agent the watchdog kills at the switch (None: no run in flight)."""
+    def guard(self, pid: Optional[int], start_ticks: Optional[int], state_key: str = "",
+              run_id: int = 0) -> None:
+        """The run the watchdog kills at the switch (pid None: no run in flight)."""
         with self._cond:
-            self._agent = (pid, start_ticks) if pid else None
+            self._agent = (pid, start_ticks, state_key, run_id) if pid else None
             if pid:
                 self.killed_pid = None
             self._cond.notify()
@@ -69,20 +70,28 @@ class Leader:
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                pid, ticks = self._agent
+                pid, ticks, state_key, run_id = self._agent
                 self._agent = None
                 # past the switch with the same renewal: the loop is stuck somewhere.
                 # Stop leading and recording now (the loop sees it when it returns).
                 self.leading = False
                 self.killed_pid = pid
                 self.journal.stop_recording()
-            if procid.same_process(pid, ticks):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                    self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
-                             f"killed the agent's process group (pid {pid})")
-                except OSError:
-                    pass
+            self._kill_run(pid, ticks, state_key, run_id)
+
+    def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int) -> None:
+        """SIGKILL the run's group and every descendant of ours carrying its key
+        (setsid escapes included). Signals only: the loop reaps them later."""
+        from . import proctree  # psutil: only once it is needed
+        if procid.same_process(pid, ticks):
+            proctree.signal_group(pid, signal.SIGKILL)
+        n = 1
+        for p in proctree.run_processes(state_key, run_id, pid, proctree.my_descendants()):
+            start = procid.start_ticks(p.pid)
+            if start is not None and proctree.signal_process(p.pid, start, signal.SIGKILL):
+                n += 1
+        self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
+                 f"killed run {run_id} ({n} process(es), agent pid {pid})")
 
     @property
     def role(self) -> str:

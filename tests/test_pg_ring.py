@@ -317,12 +317,15 @@ def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
     """The server process serving the leader is stopped: the leader's next call
     never returns. Its watchdog must still kill the agent before the lease can pass."""
     a, b, dsn, sampler = hosts
-    a.agent("long", "sleep 60\n")
+    escaped = a.base / "escaped.pid"
+    a.agent("long", f"setsid sh -c 'echo $$ > {escaped}; exec sleep 60' &\nsleep 60\n")
     a.agent("next", "sleep 60\n")
     roster_both(a, b, f"long {a.agents_dir}/long.sh", f"next {a.agents_dir}/next.sh")
     da = a.start_driver()
     wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
     first = running_row(dsn)
+    esc = int(wait_until(lambda: escaped.exists() and escaped.read_text().strip(), timeout=5,
+                         message="the agent's setsid child"))
     b.start_driver()
     wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
     backend = wait_until(lambda: pg_rows(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
@@ -332,6 +335,7 @@ def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
     try:
         wait_until(lambda: proc_state(first["pid"]) in (None, "Z"), timeout=TTL + 2,
                    message="A's agent killed while A is stuck")
+        wait_until(lambda: proc_state(esc) in (None, "Z"), timeout=TTL, message="its setsid child killed too")
         assert time.monotonic() - stuck < TTL, "the agent outlived the lease"
         assert proc_state(da.pid) not in (None, "T"), "A itself is alive and not frozen"
     finally:
