@@ -83,13 +83,22 @@ class Leader:
         """SIGKILL the run's group and every descendant of ours carrying its key
         (setsid escapes included). Signals only: the loop reaps them later."""
         from . import proctree  # psutil: only once it is needed
-        if procid.same_process(pid, ticks):
-            proctree.signal_group(pid, signal.SIGKILL)
-        n = 1
-        for p in proctree.run_processes(state_key, run_id, pid, proctree.my_descendants()):
-            start = procid.start_ticks(p.pid)
-            if start is not None and proctree.signal_process(p.pid, start, signal.SIGKILL):
-                n += 1
+        killed = set()
+        for _ in range(5):
+            # walk first, then signal, and walk again: a child of a dying process
+            # is re-parented to us meanwhile and one walk can miss it
+            victims = [p for p in proctree.run_processes(state_key, run_id, pid, proctree.my_descendants())
+                       if p.pid not in killed]
+            if procid.same_process(pid, ticks):
+                proctree.signal_group(pid, signal.SIGKILL)
+            for p in victims:
+                start = procid.start_ticks(p.pid)
+                if start is not None and proctree.signal_process(p.pid, start, signal.SIGKILL):
+                    killed.add(p.pid)
+            if not victims and killed:
+                break
+            time.sleep(0.02)
+        n = len(killed)
         self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
                  f"killed run {run_id} ({n} process(es), agent pid {pid})")
 
