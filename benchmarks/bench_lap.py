@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lap time and idle cost of the ring driver (issue 2, "Benchmark").
+"""Lap time and idle cost of the ring driver (issues 2 and 12, "Benchmark").
 
 Run from the repo root (after ``pip install -e .``; without it the repo root is
 put on PYTHONPATH so ``python -m ringd`` still works):
@@ -13,10 +13,15 @@ put on PYTHONPATH so ``python -m ringd`` still works):
         driver's start-up is separated from the lap;
      b. a plain Python loop of ``subprocess.run(["/bin/true"])``;
      c. a bash loop of ``timeout -k 600 3600 /bin/true``.
-   Goal: ringd lap <= 2x the bash timeout loop.
-2. Idle cost: ``ringd run`` with one agent running ``sleep 3600``; over the
-   window the driver's CPU % (goal < 0.05 %), RSS (goal < 25 MB) and context
-   switches (to show it sleeps rather than spins).
+   Goal: ringd lap <= 1x the bash timeout loop.
+2. Journal cost per hop: SQL statements and commits of one ordinary hop, counted
+   with SQLite's trace callback in a ``ringd run --once`` of the same ring.
+   Goal: <= 2 commits and about 6 statements.
+3. Idle cost: ``ringd run`` with one agent running ``sleep 3600``, side by side
+   with supervisord (installed in the benchmark's own venv, cached under
+   ``~/.cache/ring-bench``) running one ``sleep 3600`` program, sampled over the
+   same window: CPU and RSS (goals: <= 1x supervisord's each; and CPU < 0.05 %,
+   RSS < 25 MB) and context switches (to show it sleeps rather than spins).
 
 Always exits 0 (unless the harness itself breaks); a missed goal prints MISS.
 The ringd laps run on one state dir after an untimed warm-up lap, so each timed
@@ -35,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 try:
     import psutil
@@ -42,7 +48,11 @@ except ImportError:  # psutil is a dependency of ring, but be explicit
     sys.exit("bench_lap: needs psutil (pip install -e . installs it)")
 
 REPO = Path(__file__).resolve().parent.parent
-LAP_RATIO_GOAL = 2.0
+LAP_RATIO_GOAL = 1.0
+COMMITS_GOAL = 2
+STATEMENTS_GOAL = 6       # "about": reported, judged with one statement of slack
+VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ring-bench" / "venv"
+SUPERVISOR = "supervisor==4.2.5"
 IDLE_CPU_GOAL = 0.05      # percent of one CPU
 IDLE_RSS_GOAL = 25.0      # MB (MiB)
 HEARTBEAT_INTERVAL = 10   # s, as in CONFIG below
@@ -160,6 +170,53 @@ def bench_laps(root: Path, reps: int, n: int, env) -> dict:
     return results
 
 
+# --- journal statements per hop --------------------------------------------------
+
+COUNT_SQL = r"""
+import sqlite3, sys, json
+log = []
+_connect = sqlite3.connect
+def connect(*a, **kw):
+    con = _connect(*a, **kw)
+    con.set_trace_callback(log.append)
+    return con
+sqlite3.connect = connect
+from ringd.driver import run_driver
+from pathlib import Path
+code = run_driver(Path(sys.argv[1]), Path(sys.argv[2]), once=True, logger=lambda m: None)
+top = [s.strip() for s in log if not s.lstrip().startswith("--")]   # trigger bodies are the schema's
+first = next(i for i, q in enumerate(top) if q.upper().startswith("INSERT INTO RUNS"))
+last = max(i for i, q in enumerate(top) if q.upper().startswith("UPDATE RUNS SET STATUS"))
+lap = top[first:last + 1]
+# the hop's own statements: the lap minus the once-a-second metrics refresh
+# (its reads are not on the hop path) and the next turn's choice, counted once
+print(json.dumps({"code": code, "lap": lap}))
+"""
+
+
+def count_statements(root: Path, n: int, env) -> dict:
+    """SQL of one lap of ``ringd run --once``, per hop: statements (BEGIN/COMMIT
+    counted apart) and commits. Upkeep that is not per hop (the metrics file,
+    refreshed at most once a second, reads a few summary rows) is shown apart."""
+    state, config = make_ring(root, "count", [f"a{i:03d} /bin/true" for i in range(n)])
+    ringd_once(state, config, env)   # warm-up lap: a steady-state ring
+    proc = subprocess.run([sys.executable, "-c", COUNT_SQL, str(state), str(config)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"statement count failed: {proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    lap = out["lap"]
+    metrics = sum(1 for q in lap if "run_counts" in q or "JOIN runs r ON r.id = a.last_run_id" in q)
+    commits = sum(1 for q in lap if q.upper() == "COMMIT")
+    begins = sum(1 for q in lap if q.upper().startswith("BEGIN"))
+    data = len(lap) - commits - begins
+    # a metrics refresh reads: run counts, last runs, agent states (+ its BEGIN/COMMIT if any)
+    refreshes = sum(1 for q in lap if "run_counts" in q)
+    metric_stmts = refreshes * 3
+    return {"hops": n, "statements": (data - metric_stmts) / n, "commits": commits / n,
+            "with_upkeep": data / n, "metrics_refreshes": refreshes}
+
+
 # --- idle cost ------------------------------------------------------------------
 
 def sched_runtime_ns(pid: int):
@@ -200,6 +257,106 @@ def wait_running(state: Path, proc, limit: float) -> dict:
     raise RuntimeError(f"agent not running after {limit:.0f}s (no run_id in {hb_path})")
 
 
+def supervisord_python() -> Optional[str]:
+    """The benchmark venv's python with supervisor installed (created once, cached)."""
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        print(f"  (creating {VENV} with {SUPERVISOR} for the comparison)", flush=True)
+        VENV.parent.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "venv", str(VENV)], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"  cannot create the venv: {r.stderr.strip()[-300:]}")
+            return None
+    probe = subprocess.run([str(py), "-c", "import supervisor"], capture_output=True)
+    if probe.returncode != 0:
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", SUPERVISOR], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"  cannot install {SUPERVISOR}: {r.stderr.strip()[-300:]}")
+            return None
+    return str(py)
+
+
+def start_supervisord(root: Path, py: str):
+    """supervisord in the foreground running one ``sleep 3600`` program."""
+    d = root / "supervisord"
+    d.mkdir(mode=0o700)
+    conf = d / "supervisord.conf"
+    write_private(conf, f"""[supervisord]
+nodaemon=true
+logfile={d}/supervisord.log
+pidfile={d}/supervisord.pid
+childlogdir={d}
+
+[unix_http_server]
+file={d}/supervisor.sock
+chmod=0700
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[program:sleeper]
+command=sleep 3600
+autorestart=true
+startsecs=1
+""")
+    log = open(d / "stdout.log", "wb")
+    proc = subprocess.Popen([py, "-m", "supervisor.supervisord", "-c", str(conf)], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(proc.pid).children():
+                return proc
+        except psutil.Error:
+            break
+        time.sleep(0.1)
+    stop(proc, [])
+    raise RuntimeError("supervisord did not start its program")
+
+
+def stop(proc, children) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for child in children:
+        try:
+            if child.is_running():  # psutil checks pid *and* create time
+                child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+class Sampler:
+    """CPU time, max RSS and context switches of one process over a window."""
+
+    def __init__(self, pid: int):
+        self.p = psutil.Process(pid)
+        self.pid = pid
+        self.ct0, self.cs0, self.sch0 = self.p.cpu_times(), self.p.num_ctx_switches(), sched_runtime_ns(pid)
+        self.rss_max = self.p.memory_info().rss
+        self.rss_split = proc_rss_split(pid)
+
+    def sample(self) -> None:
+        self.rss_max = max(self.rss_max, self.p.memory_info().rss)
+
+    def result(self, window: float) -> dict:
+        ct1, cs1, sch1 = self.p.cpu_times(), self.p.num_ctx_switches(), sched_runtime_ns(self.pid)
+        cpu_s = (ct1.user - self.ct0.user) + (ct1.system - self.ct0.system)
+        return {
+            "window": window, "cpu_s": cpu_s, "cpu_pct": 100.0 * cpu_s / window,
+            "sched_pct": (100.0 * (sch1 - self.sch0) / 1e9 / window)
+            if self.sch0 is not None and sch1 is not None else None,
+            "rss_mb": self.rss_max / 2**20, "rss_split": self.rss_split,
+            "ctx_vol": cs1.voluntary - self.cs0.voluntary, "ctx_invol": cs1.involuntary - self.cs0.involuntary,
+            "threads": self.p.num_threads(),
+        }
+
+
 def bench_idle(root: Path, seconds: float, env) -> dict:
     state, config = make_ring(root, "idle", ["sleeper sleep 3600"])
     log = open(root / "idle-driver.log", "wb")
@@ -208,35 +365,28 @@ def bench_idle(root: Path, seconds: float, env) -> dict:
                             stdin=subprocess.DEVNULL, start_new_session=True)
     children = []
     out = {}
+    sup, sup_children = None, []
+    py = supervisord_python()
     try:
         driver = psutil.Process(proc.pid)
         wait_running(state, proc, limit=30)
         children = driver.children(recursive=True)
-        time.sleep(1.0)  # let the start of the run settle before the window
-        ct0, cs0, sch0 = driver.cpu_times(), driver.num_ctx_switches(), sched_runtime_ns(proc.pid)
+        if py is not None:
+            sup = start_supervisord(root, py)
+            sup_children = psutil.Process(sup.pid).children(recursive=True)
+        time.sleep(1.0)  # let the starts settle before the window
+        samplers = [Sampler(proc.pid)] + ([Sampler(sup.pid)] if sup is not None else [])
         t0 = time.monotonic()
-        rss_max = driver.memory_info().rss
-        rss_split = proc_rss_split(proc.pid)
         while time.monotonic() - t0 < seconds:
             time.sleep(max(0.01, min(1.0, seconds - (time.monotonic() - t0))))
-            rss_max = max(rss_max, driver.memory_info().rss)
-        ct1, cs1, sch1 = driver.cpu_times(), driver.num_ctx_switches(), sched_runtime_ns(proc.pid)
+            for sm in samplers:
+                sm.sample()
         window = time.monotonic() - t0
         if proc.poll() is not None:
             raise RuntimeError(f"ringd run exited {proc.returncode} during the idle window")
-        cpu_s = (ct1.user - ct0.user) + (ct1.system - ct0.system)
-        out = {
-            "window": window,
-            "cpu_s": cpu_s,
-            "cpu_pct": 100.0 * cpu_s / window,
-            "sched_pct": (100.0 * (sch1 - sch0) / 1e9 / window) if sch0 is not None and sch1 is not None else None,
-            "rss_mb": rss_max / 2**20,
-            "rss_split": rss_split,
-            "ctx_vol": cs1.voluntary - cs0.voluntary,
-            "ctx_invol": cs1.involuntary - cs0.involuntary,
-            "threads": driver.num_threads(),
-            "agents": [c.pid for c in children],
-        }
+        out = samplers[0].result(window)
+        out["agents"] = [c.pid for c in children]
+        out["supervisord"] = samplers[1].result(window) if sup is not None else None
         # stop the driver the way an operator would
         t_stop = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -246,6 +396,8 @@ def bench_idle(root: Path, seconds: float, env) -> dict:
         except subprocess.TimeoutExpired:
             out["stop_rc"] = None
     finally:
+        if sup is not None:
+            stop(sup, sup_children)
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
@@ -305,6 +457,13 @@ def main() -> int:
               f"{verdict(wall_ratio <= LAP_RATIO_GOAL)} against the same goal)")
         print(f"  ringd lap  / python loop  = {med['ringd_lap'] / med['python']:5.2f}x   (information)")
 
+        print(f"\nJournal per ordinary hop (SQLite trace of one {args.agents}-agent lap)")
+        c = count_statements(root, args.agents, env)
+        print(f"  statements {c['statements']:5.2f}  goal ~{STATEMENTS_GOAL}  "
+              f"{verdict(c['statements'] <= STATEMENTS_GOAL + 1)}   (BEGIN/COMMIT apart; with the metrics "
+              f"refresh, at most 1/s: {c['with_upkeep']:.2f})")
+        print(f"  commits    {c['commits']:5.2f}  goal <= {COMMITS_GOAL}  {verdict(c['commits'] <= COMMITS_GOAL)}")
+
         if not args.skip_idle:
             print(f"\nIdle: one agent running `sleep 3600`, driver sampled for {args.idle_seconds:g}s")
             idle = bench_idle(root, args.idle_seconds, env)
@@ -322,6 +481,19 @@ def main() -> int:
                   f" = {ctx / idle['window']:.2f}/s (~{ctx * HEARTBEAT_INTERVAL / idle['window']:.0f} per {HEARTBEAT_INTERVAL:g}s heartbeat),"
                   f" {idle['threads']} thread(s)  "
                   f"{'not spinning' if ctx / idle['window'] < 5 else 'BUSY: looks like polling'}")
+            sup = idle.get("supervisord")
+            if sup is not None:
+                cpu_ratio = idle["cpu_s"] / sup["cpu_s"] if sup["cpu_s"] else float("inf")
+                if idle["sched_pct"] is not None and sup["sched_pct"]:
+                    cpu_ratio = idle["sched_pct"] / sup["sched_pct"]
+                rss_ratio = idle["rss_mb"] / sup["rss_mb"]
+                print(f"  supervisord ({SUPERVISOR}, one `sleep 3600`), same window:")
+                print(f"    CPU {sup['cpu_pct']:.4f} % (schedstat {sup['sched_pct'] or 0:.4f} %), "
+                      f"RSS {sup['rss_mb']:.1f} MB, {sup['ctx_vol'] + sup['ctx_invol']} context switches")
+                print(f"    ringd / supervisord: CPU {cpu_ratio:5.2f}x  goal <= 1x  {verdict(cpu_ratio <= 1.0)};  "
+                      f"RSS {rss_ratio:5.2f}x  goal <= 1x  {verdict(rss_ratio <= 1.0)}")
+            else:
+                print("  supervisord: not measured (could not install it in the benchmark venv)")
             stop = (f"exit {idle['stop_rc']} after {idle['stop_s']:.2f}s" if idle.get("stop_rc") is not None
                     else "did not exit within 20s, killed")
             print(f"  SIGTERM -> driver {stop}; leftover agent processes killed: {idle['leftovers'] or 'none'}")

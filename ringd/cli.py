@@ -24,9 +24,9 @@ import click
 
 from . import __version__
 from .config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-
-EXIT_CONFIG = 78
-EXIT_INTERRUPTED = 130
+from .errors import EX_CONFIG as EXIT_CONFIG
+from .errors import EX_INTERRUPTED as EXIT_INTERRUPTED
+from .errors import RingError
 MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
 RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 
@@ -104,21 +104,17 @@ def operator_command(fn):
     """Turn every expected failure of an operator command into one line + exit code."""
     @functools.wraps(fn)
     def wrapper(**kw):
-        import sqlite3
         from .journal import JournalError
-        from .status import OperatorError
         try:
             return fn(**kw)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
-        except OperatorError as e:
-            raise fail(e.message, e.code)
         except ConfigError as e:
-            raise fail(f"configuration error: {e}", EXIT_CONFIG)
+            raise fail(f"configuration error: {e}", e.code)
+        except RingError as e:
+            raise fail(e.message, e.code)
         except JournalError as e:
             raise fail(str(e), 1)
-        except sqlite3.Error as e:
-            raise fail(f"journal error: {e}", 1)
         except KeyboardInterrupt:
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:

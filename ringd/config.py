@@ -7,10 +7,13 @@ identical to the shipped ``config/ring.yaml`` (a test checks that).
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
+
+from .errors import ConfigError, excerpt
+from .roster import NAME_RE
+from .safefile import NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path, read_regular_file  # noqa: F401
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
 # Every duration must fit the OS timers and datetime once added to "now"; waits
@@ -18,18 +21,6 @@ MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an a
 MAX_DURATION = 10 * 365 * 86400
 MAX_COUNT = 10 ** 9            # counts (keep_logs, bursts ...) stay far inside SQLite's INTEGER
 MAX_NESTING = 32               # a config is 3 levels deep; deeper YAML is refused, never recursed into
-NAME_MAX = 255                 # bytes in one path component (Linux, macOS)
-PATH_MAX = 4095
-
-
-class ConfigError(Exception):
-    """A configuration or roster problem; the CLI prints it on one line and exits 78."""
-
-
-def excerpt(value: Any, limit: int = 40) -> str:
-    """A short, single-line rendering of untrusted input for error messages."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -54,6 +45,7 @@ class RingSettings:
     keep_logs: int = 50
     quarantine_after: int = 3
     quarantine_cooloff: float = 86400
+    fast_fail: float = 1.0      # s; a lap whose every run failed within this is a spinning lap
     roster: Optional[str] = None
     watchdog: Optional[float] = None   # default agent watchdog (s); None: off
     journal: Optional[str] = None      # None: SQLite in the state dir; "postgresql://...": a many-host ring
@@ -148,71 +140,6 @@ def resolve_config_path(option: Optional[str]) -> Optional[Path]:
     return default.absolute() if default.is_file() else None
 
 
-def check_path(what: str, raw: str) -> str:
-    """Refuse a path no system call could take (a NUL byte, a component over
-    NAME_MAX, over PATH_MAX, not encodable), naming it by an excerpt only."""
-    if "\x00" in raw:
-        raise ConfigError(f"{what}: path contains a NUL byte: {excerpt(raw)}")
-    try:
-        blob = os.fsencode(raw)
-    except UnicodeError:
-        raise ConfigError(f"{what}: path is not a valid file name: {excerpt(raw)}") from None
-    if len(blob) > PATH_MAX:
-        raise ConfigError(f"{what}: path is longer than {PATH_MAX} bytes: {excerpt(raw)}")
-    for part in blob.split(b"/"):
-        if len(part) > NAME_MAX:
-            raise ConfigError(f"{what}: a path component is longer than {NAME_MAX} bytes: "
-                              f"{excerpt(os.fsdecode(part))}")
-    return raw
-
-
-def read_regular_file(path: Path, what: str, limit: int) -> bytes:
-    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
-    writable by group or others. Opened non-blocking and checked on the open
-    descriptor: a FIFO (or a device) is refused, never waited on, and the file
-    checked is the file read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{path}: {what} is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path}: {what} is not a regular file")
-        _refuse_writable_by_others(path, what, st)
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 65536))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def check_not_writable_by_others(path: Path, what: str) -> None:
-    """Refuse files that group or others may write (sshd StrictModes)."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
-    _refuse_writable_by_others(path, what, st)
-
-
-def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> None:
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(st.st_mode)
-        raise ConfigError(
-            f"{path}: {what} is writable by group or others (mode {mode:04o}); "
-            f"anyone who can write it can run commands as this user. Fix: chmod go-w {path}")
-
-
 # --- YAML without aliases ----------------------------------------------------
 
 def _safe_yaml(text: str, path: Path) -> Any:
@@ -298,14 +225,14 @@ def _unknown(section: str, given: Mapping[str, Any], known: set) -> None:
             raise ConfigError(f"{section}.{k}: unknown key (known: {', '.join(sorted(known))})")
 
 
-_RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial",
+_RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial", "fast_fail",
                    "backoff_max", "quarantine_cooloff", "lease_ttl"}
 
 
 def _ring(raw: Mapping[str, Any]) -> RingSettings:
     known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
              "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs",
-             "quarantine_after", "quarantine_cooloff", "roster", "watchdog", "journal", "lease_ttl"}
+             "quarantine_after", "quarantine_cooloff", "fast_fail", "roster", "watchdog", "journal", "lease_ttl"}
     _unknown("ring", raw, known)
     values: dict = {}
     for k, v in raw.items():
@@ -349,7 +276,6 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
 
 
 def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOverride]:
-    from .roster import NAME_RE  # one definition of a valid name
     out = {}
     for name, spec in raw.items():
         section = f"agents.{name}"

@@ -8,17 +8,17 @@ driver acts on the request at once (no polling tick on either side).
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from . import transitions
 from .config import Config
 from .heartbeat import read_heartbeat
 from .procid import same_process
 from .journal import Journal, JournalError, RunRow, journal_path
-from .status import (OperatorError, alert_agent_state, known_names, reap_if_orphaned, open_reader,
+from .status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
                      require_state_dir, roster_view, unknown_agent)
 
 MAX_REASON_CHARS = 500
@@ -77,6 +77,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         if reader is not None:
             reap_if_orphaned(state_dir, config, reader)
             running = reader.running_row()
+        by_run = name is None
         if name is None:
             if running is None:
                 raise OperatorError("nothing is running; name an agent to skip its next turn "
@@ -90,12 +91,19 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         if reader is not None:
             reader.close()
 
+    seen_run = running.id if by_run and running is not None else None
     writer = _writer(state_dir, config, create=True)  # a first-ever request may create the journal
     try:
-        writer.request_skip(name)
-        running = writer.running_row()
-        current = running is not None and running.agent == name
-        result = SkipResult(agent=name, current=current, run_id=running.id if current else None)
+        # Keyed by the run the operator saw: a run that ended meanwhile is never
+        # mistaken for the next one (the request and the driver's writes serialise).
+        try:
+            req = transitions.request_skip(writer, None if by_run else name, seen_run, time.time())
+        except transitions.RunEnded as e:
+            raise OperatorError(str(e), 1) from None
+        except JournalError as e:
+            raise OperatorError(str(e)) from None
+        current = req.run_id is not None
+        result = SkipResult(agent=name, current=current, run_id=req.run_id)
         t0 = clock()
         result.driver_pid = wake_driver(state_dir)
         if current and result.driver_pid is not None and wait > 0:
@@ -132,7 +140,6 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
     guarded update, so a run that finished meanwhile is never clobbered - then
     kill what is left of its process tree anywhere on the host.
     Nothing running (or not the run named by ``run_id``) -> OperatorError(1)."""
-    from .policy import after_run
     require_state_dir(state_dir)
     if not config.ring.journal and not journal_path(state_dir).exists():
         raise OperatorError("nothing is running (no journal yet)", 1)
@@ -153,14 +160,12 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         line = dict(roster).get(row.agent) if roster else None
         now = time.time()
 
-        # close_run's ``settle`` computes the agent's new state in the same transaction.
-        settled = writer.close_run(row.id, "interrupted", source="operator", reason=text, now=now,
-                                   settle=lambda state: after_run(state, "interrupted", now, config.ring, line))
-        closed = settled is not None
+        closed = transitions.close_row(writer, row, "interrupted", source="operator", now=time.time(),
+                                       ring=config.ring, line=line, reason=text)
         after = writer.run(row.id)
-        result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed,
+        result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed is not None,
                                  status=after.status if after else "interrupted")
-        if not closed:
+        if closed is None:
             raise OperatorError(f"run {row.id} of {row.agent} finished meanwhile as {result.status}; "
                                 f"nothing was forced", 1)
         from .reaper import driver_alive, kill_orphan
@@ -168,7 +173,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         # here. Kill only when its driver is a live process of this box.
         if not config.ring.journal or driver_alive(row):
             result.killed = kill_orphan(state_dir, row)
-        alert_agent_state(state_dir, config, row, "interrupted", settled)
+        alert_closed(state_dir, config, closed)
     finally:
         writer.close()
     return result
@@ -207,21 +212,14 @@ def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
         return ResumeResult(agent=name, was_quarantined=False)
     writer = _writer(state_dir, config)
     try:
-        with writer.write() as con:
-            row = con.execute("SELECT quarantined_until, bad_streak FROM agents WHERE name = ?",
-                              (name,)).fetchone()
-            was = bool(row) and row["quarantined_until"] is not None
-            if row and (was or row["bad_streak"]):
-                con.execute("UPDATE agents SET quarantined_until = NULL, quarantine_line = NULL, "
-                            "bad_streak = 0 WHERE name = ?", (name,))
-                con.execute("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, NULL, ?, ?, ?)",
-                            (time.time(), "resumed", "operator",
-                             f"agent={name} was_quarantined={int(was)}"))
-    except sqlite3.Error as e:
+        was = writer.agent_state(name).quarantined_until is not None
+        with writer.transaction() as tx:
+            held = transitions.lift(tx, name, time.time(), "ringd resume")
+    except JournalError as e:
         raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
     finally:
         writer.close()
     result = ResumeResult(agent=name, was_quarantined=was)
-    if was:
+    if held:
         result.driver_pid = wake_driver(state_dir)
     return result

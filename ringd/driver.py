@@ -1,51 +1,63 @@
-"""The driver loop, ``ringd run``: lock, reap, then forever: reload the roster,
-pick the next agent, take its turn (run / skip / pass), beat, pause after a lap.
+"""The driver loop, ``ringd run``: lock, reap, then forever: hear signals, beat,
+reload the roster, choose the turn (one journal transaction that reads every
+agent's state, asks :func:`ringd.policy.plan_turn` and writes the start),
+take it, and wait - never spinning - when nothing is due.
 
-Every wait is one ``Wakeups.wait`` call with a timeout equal to the next thing
-due, so an idle driver costs nothing.
+Every effect goes through ``self.env`` (:class:`ringd.env.RealEnv`, or a test's
+fake): the loop itself never calls ``time``, ``os`` or ``signal``. Every wait is
+one ``env.wait`` with a timeout equal to the next thing due (a heartbeat, a
+back-off's end, a look at the roster file), so an idle driver costs nothing and
+still hears signals and roster edits.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import sqlite3
+import socket
 import stat
-import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Set
 
-from . import alerts, metrics, proctree, safefile
+from . import alerts, metrics, proctree, safefile, transitions
 from .config import Config, ConfigError, load_config
-from .heartbeat import Heartbeat, Notifier, read_heartbeat
-from .hop import Context, Hop, HopResult
+from .env import RealEnv, stderr_logger
+from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError
+from .heartbeat import read_heartbeat
+from .procid import same_process
+from .hop import Hop, HopResult
 from .journal import Journal, JournalError
 from .lock import KernelLock, LockHeld
-from .policy import FAILURES, turn_decision
+from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
+                     spin_after_run, spin_at_lap_end, wait_timeout)
 from .reaper import reap
 from .roster import RosterSource, next_index
-from .wakeup import Wakeups
 
-EXIT_OK = 0
-EXIT_LOCKED = 75     # EX_TEMPFAIL: another driver holds the lock
-EXIT_CONFIG = 78     # EX_CONFIG
-EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the PostgreSQL journal cannot be reached at start
 LOCK_FILE = "ringd.lock"
-METRICS_MIN_INTERVAL = 1.0  # s between metrics rewrites at hop ends
+METRICS_MIN_INTERVAL = 1.0   # s between metrics rewrites at hop ends
+LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
+JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
+
+HOST = socket.gethostname()
+
+log = stderr_logger
 
 
-def log(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    sys.stderr.write(f"{stamp} ringd[{os.getpid()}]: {message}\n")
-    sys.stderr.flush()
+def role_fields(leader) -> dict:
+    """What the heartbeat says of leadership (a SQLite ring's one driver always leads)."""
+    if leader is None:
+        return {"host": HOST, "role": "leader", "lease": None}
+    return {"host": leader.host, "role": leader.role,
+            "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
 
 
-class Refused(Exception):
-    """The driver cannot start: message and exit code."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
+def for_leadership(config: Config) -> Config:
+    """A many-host driver beats (and renews its lease) at least twice per half
+    TTL, whatever ``heartbeat_interval`` says."""
+    if not config.ring.journal:
+        return config
+    from .lease import beat_every
+    every = beat_every(config.ring.lease_ttl, config.ring.heartbeat_interval)
+    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
 
 
 def prepare_state_dir(state_dir: Path) -> None:
@@ -54,13 +66,13 @@ def prepare_state_dir(state_dir: Path) -> None:
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
         except OSError as e:
-            raise Refused(f"{state_dir}: cannot create state dir: {e.strerror}", EXIT_CONFIG) from None
+            raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", EX_CONFIG) from None
     st = os.stat(state_dir)
     if not stat.S_ISDIR(st.st_mode):
-        raise Refused(f"{state_dir}: state dir is not a directory", EXIT_CONFIG)
+        raise RingError(f"{state_dir}: state dir is not a directory", EX_CONFIG)
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise Refused(f"{state_dir}: state dir is writable by group or others "
-                      f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EXIT_CONFIG)
+        raise RingError(f"{state_dir}: state dir is writable by group or others "
+                        f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EX_CONFIG)
 
 
 def acquire_lock(state_dir: Path) -> KernelLock:
@@ -73,74 +85,187 @@ def acquire_lock(state_dir: Path) -> KernelLock:
         if holder is None:  # no /proc/locks: the heartbeat names the live driver
             hb = read_heartbeat(state_dir)
             holder = hb.get("pid") if hb and not hb.get("stopped") else None
-        raise Refused(f"{path}: another driver holds the lock"
-                      f"{f' (pid {holder})' if holder else ''}", EXIT_LOCKED) from None
+        raise RingError(f"{path}: another driver holds the lock"
+                        f"{f' (pid {holder})' if holder else ''}", EX_TEMPFAIL) from None
     except OSError as e:
-        raise Refused(f"{path}: cannot lock: {e.strerror}", EXIT_CONFIG) from None
+        raise RingError(f"{path}: cannot lock: {e.strerror}", EX_CONFIG) from None
+
+
+def live_driver(state_dir: Path, me: tuple) -> Optional[int]:
+    """The pid of another driver of this state dir that is alive (per its heartbeat:
+    pid *and* start time), though we hold the lock - its lock file was deleted."""
+    hb = read_heartbeat(state_dir)
+    if not hb or hb.get("stopped"):
+        return None
+    pid, start = hb.get("pid"), hb.get("pid_start")
+    if (pid, start) == me or not isinstance(pid, int):
+        return None
+    return pid if same_process(pid, start) else None
 
 
 class Driver:
-    def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config,
-                 roster: RosterSource, journal: Journal, *, once: bool = False,
-                 agent_umask: int = 0o022, logger: Callable[[str], None] = log, leader=None):
+    def __init__(self, env, state_dir: Path, config_path: Optional[Path], config: Config,
+                 roster: RosterSource, journal: Journal, *, lock=None, once: bool = False,
+                 agent_umask: int = 0o022, base_env: Optional[dict] = None, leader=None):
+        self.env = env
         self.state_dir = state_dir
+        self.state_key = str(state_dir)
         self.config_path = config_path
+        self.config = config
         self.roster = roster
+        self.roster_dir = roster.path.parent
+        self.journal = journal
+        self.lock = lock
         self.once = once
-        self.log = logger
-        self.notifier = Notifier()
-        self.wakeups = Wakeups()
-        self.ctx = Context(state_dir=state_dir, config=config, journal=journal,
-                           heartbeat=Heartbeat(state_dir, self.notifier), notifier=self.notifier,
-                           wakeups=self.wakeups, roster_dir=roster.path.parent, log=logger,
-                           roster_error=roster.error, agent_umask=agent_umask,
-                           on_run_end=self.after_run, on_beat=self.beat_metrics, leader=leader)
-        self.leader = leader
-        self._metrics_failing = False
+        self.agent_umask = agent_umask
+        self.base_env = dict(base_env or {})
+        self.leader = leader   # leader.Leader of a many-host ring (None: SQLite, the lock makes us leader)
+        self.log = env.log
+        # what signals asked for
+        self.stop_requested = False
+        self.stop_reason = "driver stopping"
+        self.reload_requested = False
+        self.exit_code = EX_OK
+        # the ring's position
+        self.lap = 1
+        self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
+        self.prev_index: Optional[int] = None
+        self.spin = Spin()
+        self.spin_logged = False
+        self.idle_logged = False
+        self.at_lap_start = False
+        # heartbeat and metrics
+        self.next_beat = env.monotonic()
+        self.beat_error: Optional[str] = None
+        self.lock_lost_since: Optional[float] = None
         self._metrics_at = float("-inf")
         self._metrics_dirty = False
+        self._metrics_failing = False
 
-    # --- helpers -------------------------------------------------------------
-    @property
-    def config(self) -> Config:
-        return self.ctx.config
+    # --- hearing and beating ------------------------------------------------------------
+    def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests:
+        """Turn signals into the driver's flags (and reap exited helpers, but ``keep``)."""
+        req = requests_from(sigs)
+        if req.children:
+            self.env.reap_helpers(keep)
+        if req.reload:
+            self.reload_requested = True
+        if req.stop and not self.stop_requested:
+            self.stop_requested = True
+            self.log("stop requested: finishing up")
+        return req
 
-    def sleep(self, seconds: float) -> None:
-        """Pause (lap pause, idle) while beating; returns early on a signal."""
-        end = time.monotonic() + seconds
-        while not self.ctx.stop_requested:
-            now = time.monotonic()
-            if now >= end:
-                return
-            self.ctx.beat()
-            timeout = min(end - now, self.config.ring.heartbeat_interval)
-            sigs, _ = self.wakeups.wait(timeout)
-            if self.ctx.absorb(sigs):
-                return
+    def hear(self) -> Requests:
+        """Signals that arrived since the last wait (between runs: no sleeping)."""
+        return self.absorb(self.env.signals())
 
-    # --- what others see: metrics and alerts -----------------------------------
-    def beat_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
-        """With a heartbeat: refresh metrics.prom unless a hop end just did."""
+    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
+             run_started_at: Optional[float] = None) -> None:
+        # A heartbeat that cannot be written (state dir full or read-only) must
+        # never abandon a running agent nor kill the driver: say so once, go on.
+        self.next_beat = self.env.monotonic() + self.config.ring.heartbeat_interval
+        if self.leader is not None:
+            self.leader.beat()   # renew (or take) the lease with every heartbeat
+        try:
+            self.env.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
+                          run_started_at=run_started_at,
+                          extra={"roster_error": self.roster.error, **role_fields(self.leader)})
+        except OSError as e:
+            if self.beat_error is None:
+                self.log(f"cannot write the heartbeat ({self.env.errno_reason(e)}); "
+                         f"the ring goes on, a watcher will see it as stale")
+            self.beat_error = str(e)
+        else:
+            if self.beat_error is not None:
+                self.log("heartbeat written again")
+            self.beat_error = None
+        self.check_lock()
         due = self.config.ring.heartbeat_interval * 0.9
-        if self._metrics_dirty or time.monotonic() - self._metrics_at >= due:
+        if self._metrics_dirty or self.env.monotonic() - self._metrics_at >= due:
             self.write_metrics(agent, run_started_at)
 
+    def beat_if_due(self) -> None:
+        if self.env.monotonic() >= self.next_beat:
+            self.beat()
+
+    def check_lock(self) -> None:
+        """Our lock file deleted or replaced: take it again, or stop if another driver got it."""
+        if self.lock is None:
+            return
+        verdict = self.lock.verify()
+        now = self.env.monotonic()
+        if verdict != "lost":
+            self.lock_lost_since = None
+        if verdict == "retaken":
+            self.log(f"{self.lock.path} was removed or replaced; locked it again")
+        elif verdict == "lost" and self.lock_lost_since is None:
+            # a second driver that locked the new file gives it up at once when it
+            # sees us alive: only a loss that lasts means another driver runs
+            self.lock_lost_since = now
+        elif verdict == "lost" and now - self.lock_lost_since >= LOCK_LOSS_GRACE and not self.stop_requested:
+            self.log(f"{self.lock.path} was replaced and another driver holds it; stopping")
+            self.stop_requested, self.stop_reason, self.exit_code = True, "driver lost its lock", EX_TEMPFAIL
+
+    # --- waiting -----------------------------------------------------------------------
+    def pause(self, seconds: Optional[float], *, until_roster_edit: bool = False) -> None:
+        """Sleep ``seconds`` (None: until something happens) while beating; returns
+        early on a signal that asks for something, or on a roster edit."""
+        env = self.env
+        end = None if seconds is None else env.monotonic() + seconds
+        while not self.stop_requested:
+            now = env.monotonic()
+            if end is not None and now >= end:
+                return
+            self.beat_if_due()
+            # the roster file is looked at (one stat) at least once a heartbeat
+            timeout = wait_timeout(now, end, self.next_beat, self.next_beat)
+            sigs, _ = env.wait(timeout)
+            if self.absorb(sigs).any:
+                return
+            if until_roster_edit and self.roster.refresh():
+                self.roster_changed()
+                return
+
+    # --- reloading ------------------------------------------------------------------------
+    def reload(self) -> None:
+        force = self.reload_requested
+        self.reload_requested = False
+        if force and self.config_path is not None:
+            try:
+                self.config = for_leadership(load_config(self.config_path))
+                self.log(f"config reloaded from {self.config_path}")
+            except ConfigError as e:
+                self.log(f"config error, keeping the running config: {e}")
+        if self.roster.refresh(force=force):
+            self.roster_changed()
+
+    def roster_changed(self) -> None:
+        if self.roster.error:
+            self.log(f"roster error, keeping the last good roster: {self.roster.error}")
+        else:
+            self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
+        try:
+            self.journal.set_meta("roster_error", self.roster.error)
+        except JournalError as e:   # state dir full or read-only
+            self.log(f"cannot record the roster state in the journal: {e}")
+
+    # --- metrics and alerts ---------------------------------------------------------------
     def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
-        """metrics.prom at every hop end and heartbeat; never allowed to hurt the ring."""
-        now = time.time()
-        self._metrics_at = time.monotonic()
+        """metrics.prom at hop ends and heartbeats; never allowed to hurt the ring."""
+        now = self.env.wall()
+        self._metrics_at = self.env.monotonic()
         self._metrics_dirty = False
         try:
             snap = metrics.snapshot(
-                self.ctx.journal, now=now,
+                self.journal, now=now,
                 current=(agent, now - run_started_at) if agent and run_started_at else None,
-                heartbeat_at=now, driver_started_at=self.ctx.heartbeat.started_at,
-                laps=self.ctx.lap - 1, roster_agents=len(self.roster.agents),
+                heartbeat_at=now, driver_started_at=self.env.started_at,
+                laps=self.lap - 1, roster_agents=len(self.roster.agents),
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
                 role=self.leader.role if self.leader is not None else "leader")
             metrics.write_metrics(self.state_dir, metrics.render(snap))
             self._metrics_failing = False
-        except (OSError, sqlite3.Error) as e:
+        except (OSError, JournalError) as e:
             if not self._metrics_failing:
                 self.log(f"cannot write metrics: {e}")
             self._metrics_failing = True
@@ -149,190 +274,193 @@ class Driver:
         alerts.fire(self.config.alerts.command, kind, agent, detail, self.state_dir, extra,
                     timeout=self.config.alerts.timeout, log=self.log)
 
-    def after_run(self, result: HopResult) -> None:
-        # Every hop end refreshes metrics, at most once a second: a ring of
-        # sub-second agents would otherwise spend its time rewriting the file.
-        # Idle waits and the stop write them too, so they settle when runs do.
-        if time.monotonic() - self._metrics_at >= METRICS_MIN_INTERVAL:
-            self.write_metrics()
-        else:
-            self._metrics_dirty = True
-        self.alert_on_agent_state(result.agent, result.status, result.agent_state, run_id=result.run_id)
+    def alert_closed(self, closed: transitions.Closed) -> None:
+        for kind, detail in alerts_after(closed.agent, closed.status, closed.source, closed.settled,
+                                         self.config.alerts.failures_in_a_row):
+            self.alert(kind, closed.agent, detail, run_id=closed.run_id)
 
-    def alert_on_agent_state(self, agent: str, status: str, state: dict, **extra) -> None:
-        if state.get("entered_quarantine"):
-            self.alert(alerts.QUARANTINED, agent,
-                       f"{agent} quarantined after {state.get('bad_streak')} bad endings in a row", **extra)
-        failures = state.get("consecutive_failures") or 0
-        every = self.config.alerts.failures_in_a_row
-        if status in FAILURES and failures and failures % every == 0:
-            self.alert(alerts.FAILURES, agent, f"{agent} failed {failures} times in a row "
-                                               f"(last: {status})", **extra)
-
-    def on_reaped(self, row, state: dict) -> None:
+    def on_reaped(self, row, closed: transitions.Closed) -> None:
         self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running by a "
                                                  f"dead driver (pid {row.driver_pid}); closed as interrupted",
                    run_id=row.id)
-        self.alert_on_agent_state(row.agent, "interrupted", state, run_id=row.id)
+        self.alert_closed(closed)
 
-    def reload(self, force: bool = False) -> None:
-        if force and self.config_path is not None:
-            try:
-                self.ctx.config = for_leadership(load_config(self.config_path))
-                self.log(f"config reloaded from {self.config_path}")
-            except ConfigError as e:
-                self.log(f"config error, keeping the running config: {e}")
-        if self.roster.refresh(force=force):
-            if self.roster.error:
-                self.log(f"roster error, keeping the last good roster: {self.roster.error}")
-            else:
-                self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
-            self.ctx.roster_error = self.roster.error
-            try:
-                self.ctx.journal.set_meta("roster_error", self.roster.error)
-            except sqlite3.OperationalError as e:   # state dir full or read-only
-                self.log(f"cannot record the roster state in the journal: {e}")
+    def after_run(self, result: HopResult) -> None:
+        # Metrics at most once a second at hop ends: a ring of sub-second agents
+        # would otherwise spend its time rewriting the file. Beats settle them.
+        if self.env.monotonic() - self._metrics_at >= METRICS_MIN_INTERVAL:
+            self.write_metrics()
+        else:
+            self._metrics_dirty = True
+        if result.closed is not None:
+            self.alert_closed(result.closed)
+        self.spin = spin_after_run(self.spin, result.status, result.duration, self.config.ring.fast_fail)
 
-    # --- the loop ------------------------------------------------------------
+    # --- leadership (a many-host ring) --------------------------------------------------
     def stand_by(self) -> bool:
         """A many-host ring's driver without the lease: beat (each beat tries to
         take it) until it leads; then close the lapsed leader's run. False if
         told to stop first."""
-        ctx, leader = self.ctx, self.leader
+        leader = self.leader
         if leader.must_stop():
-            self.notifier.notify("STATUS=standby: another driver leads the ring")
+            self.env.notify("STATUS=standby: another driver leads the ring")
             self.log("standing by: another driver leads the ring (or the journal is unreachable)")
-        while not ctx.stop_requested:
+        while not self.stop_requested:
             if not leader.must_stop():
                 try:
                     leader.settle_takeover(self.config, on_reaped=self.on_reaped)
-                except (sqlite3.Error, OSError) as e:
+                except (JournalError, OSError) as e:
                     self.log(f"cannot close the lapsed leader's run yet: {e}")
                 else:
                     return True
-            sigs, _ = self.wakeups.wait(self.config.ring.heartbeat_interval)
-            ctx.absorb(sigs)
-            ctx.beat()
+            sigs, _ = self.env.wait(self.config.ring.heartbeat_interval)
+            self.absorb(sigs)
+            self.beat()
         return False
 
-    def run(self) -> int:
-        ctx = self.ctx
-        journal = ctx.journal
-        if self.leader is not None:
-            ctx.beat()
-            self.notifier.notify("READY=1")  # a standby is a started, healthy driver
-            if not self.stand_by():
-                self.shutdown()
-                return EXIT_OK
-        journal.set_meta("roster_error", self.roster.error)
-        last = journal.last_run()
-        cursor_name = last.agent if last else None
-        cursor_pos = last.position if last else None
-        turns_left = len(self.roster.agents) if self.once else None
-        passes = 0          # turns in a row that started nothing (all backing off)
-        prev_index = None
-        ctx.beat()
-        self.notifier.notify("READY=1")
-        self.notifier.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
-        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
-        while not ctx.stop_requested:
-            if turns_left is not None and turns_left <= 0:
-                break
-            if self.leader is not None and time.monotonic() - ctx.last_beat >= self.config.ring.heartbeat_interval:
-                ctx.beat()  # a ring of quick agents never waits inside a hop: renew between turns too
-            if self.leader is not None and (self.leader.must_stop() or self.leader.took_over):
-                if not self.stand_by():
-                    break
-                last = journal.last_run()  # continue after the run the lapsed leader left
-                cursor_name = last.agent if last else None
-                cursor_pos = last.position if last else None
-                prev_index = None
-            self.reload(force=ctx.reload_requested)
-            ctx.reload_requested = False
-            agents = self.roster.agents
-            index = next_index([a.name for a in agents], cursor_name, cursor_pos)
-            if prev_index is not None and index <= prev_index:
-                ctx.lap += 1
-                if self.config.ring.lap_pause > 0 and not self.once:
-                    self.sleep(self.config.ring.lap_pause)
-                    if ctx.stop_requested:
-                        break
-            prev_index = index
-            agent = agents[index]
-            cursor_name, cursor_pos = agent.name, index
-            if turns_left is not None:
-                turns_left -= 1
-            try:
-                took = self.take_turn(agent, index)
-            except (sqlite3.OperationalError, OSError) as e:
-                # a skip or quarantine change that could not be written: nothing ran
-                self.log(f"{agent.name}: journal or state dir failure, turn not taken: {e}")
-                self.sleep(min(5.0, max(1.0, self.config.ring.heartbeat_interval)))
-                took = True
-            passes = 0 if took else passes + 1
-            if passes >= len(agents) and not self.once:
-                self.wait_for_backoff()
-                passes = 0
-        self.shutdown()
-        return EXIT_OK
-
-    def take_turn(self, agent, index: int) -> bool:
-        """Run, skip or pass one agent. Returns False when it passed silently."""
-        ctx = self.ctx
-        state = ctx.journal.agent_state(agent.name)
-        decision, reason = turn_decision(state, time.time(), agent.text)
-        if decision == "pass":
-            return False
-        if state.get("quarantined_until") is not None and reason and "line changed" in reason:
-            ctx.journal.set_agent(agent.name, quarantined_until=None, quarantine_line=None, bad_streak=0)
-            self.log(f"{agent.name}: {reason}")
-        elif state.get("quarantined_until") is not None:
-            self.log(f"{agent.name}: {reason}")
-        if decision == "skip":
-            ctx.journal.record_skip(agent.name, index, reason or "skipped", "operator",
-                                    clear_skip_request=True)
-            self.log(f"{agent.name}: turn skipped ({reason})")
+    def lead(self) -> bool:
+        """Before a turn: still leading (or took over: continue after the lapsed
+        leader's run)? False when told to stop while standing by."""
+        if self.leader is None or not (self.leader.must_stop() or self.leader.took_over):
             return True
-        ctx.notifier.notify(f"STATUS=lap {ctx.lap}: running {agent.name}")
-        try:
-            Hop(ctx, agent, index).run()
-        except (sqlite3.Error, OSError) as e:
-            # The journal could not record the run, so it was not started (or not
-            # closed): say why and try again after a breath, never a silent run.
-            self.log(f"{agent.name}: journal or state dir failure, run not recorded: {e}")
-            self.sleep(min(5.0, max(1.0, self.config.ring.heartbeat_interval)))
+        if not self.stand_by():
+            return False
+        last = self.journal.last_run()
+        self.cursor = (last.agent, last.position) if last else (None, None)
+        self.prev_index = None
         return True
 
-    def wait_for_backoff(self) -> None:
-        """Every agent is backing off or quarantined: sleep until the first one is due."""
-        states = self.ctx.journal.agent_states()
-        now = time.time()
-        dues = [s[k] for s in states.values() for k in ("backoff_until", "quarantined_until")
-                if s.get(k) is not None and s[k] > now]
-        delay = (min(dues) - now) if dues else self.config.ring.heartbeat_interval
-        self.log(f"nothing to run: every agent is backing off; next in {delay:.1f}s")
-        self.sleep(delay)
+    # --- the loop ---------------------------------------------------------------------
+    def run(self) -> int:
+        if self.leader is not None:
+            self.beat()
+            self.env.notify("READY=1")  # a standby is a started, healthy driver
+            if not self.stand_by():
+                self.shutdown()
+                return EX_OK
+        try:
+            last = self.journal.last_run()
+            self.cursor = (last.agent, last.position) if last else (None, None)
+            self.journal.set_meta("roster_error", self.roster.error)
+        except JournalError as e:
+            self.log(str(e))
+            return EX_CONFIG
+        turns_left = len(self.roster.agents) if self.once else None
+        self.beat()
+        self.env.notify("READY=1")
+        self.env.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
+        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
+        while True:
+            self.hear()
+            if self.stop_requested or (turns_left is not None and turns_left <= 0):
+                break
+            self.beat_if_due()
+            try:
+                if not self.lead():
+                    break
+                self.reload()
+                taken = self.turn(turns_left)
+            except JournalError as e:
+                if not e.transient:
+                    # an unusable journal: nothing can be recorded; any agent is already stopped
+                    self.log(f"journal unusable, stopping: {e}")
+                    self.exit_code = EX_CONFIG
+                    break
+                self.log(f"journal failure, turn not taken: {e}")
+                self.pause(min(JOURNAL_RETRY[1], max(JOURNAL_RETRY[0], self.config.ring.heartbeat_interval)))
+                continue
+            if turns_left is not None:
+                turns_left -= taken
+        self.shutdown()
+        return self.exit_code
+
+    def turn(self, limit: Optional[int]) -> int:
+        """Choose and take one turn, or wait when none is due. Returns how many
+        roster positions it went through (for ``--once``)."""
+        env = self.env
+        agents = self.roster.agents
+        roster = [(a.name, a.text) for a in agents]
+        start = next_index([a.name for a in agents], *self.cursor)
+        now = env.wall()
+        started = None
+        with self.journal.transaction() as tx:   # the choice and the start commit together
+            plan = plan_turn(TurnInputs(roster, start, tx.agents(), now, limit=limit))
+            wraps = plan.index is not None and self.prev_index is not None and plan.index <= self.prev_index
+            if wraps and not self.at_lap_start:
+                plan = None   # a new lap: count it (and pause) before anything starts
+            elif plan.index is not None:
+                agent = agents[plan.index]
+                d = plan.decision
+                if d.line_changed:
+                    transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
+                if d.action is Action.SKIP:
+                    transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
+                else:
+                    limits = self.config.limits_for(agent.name)
+                    started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
+                                           stall_threshold=limits.stall_threshold, driver_pid=env.pid,
+                                           driver_start=env.pid_start)
+        if plan is None:
+            self.lap_boundary()
+            return 0
+        if plan.index is None:
+            if self.once:
+                return len(plan.passed) or 1
+            self.idle(plan.until, now)
+            return 0
+        self.idle_logged = False
+        self.at_lap_start = False
+        self.cursor = (agent.name, plan.index)
+        self.prev_index = plan.index
+        if d.action is Action.RUN and d.reason:   # line changed, probation
+            self.log(f"{agent.name}: {d.reason}")
+        if started is None:
+            self.log(f"{agent.name}: turn skipped ({d.reason})")
+            return len(plan.passed) + 1
+        env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
+        result = Hop(self, agent, plan.index, started, now).run()
+        self.after_run(result)
+        return len(plan.passed) + 1
+
+    def lap_boundary(self) -> None:
+        """A new lap starts when the ring wraps: count it, pause if configured, and
+        slow down if every run of the lap failed at once (SPEC: never spins)."""
+        self.at_lap_start = True
+        self.lap += 1
+        self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
+        if self.once:
+            return
+        if self.spin.delay > 0:
+            if not self.spin_logged:
+                self.log(f"every run of the last lap failed within {self.config.ring.fast_fail:g}s; "
+                         f"waiting between laps (from 1s, doubling up to {self.config.ring.backoff_max:g}s)")
+                self.spin_logged = True
+            self.pause(self.spin.delay)
+        else:
+            self.spin_logged = False
+        if self.config.ring.lap_pause > 0:
+            self.pause(self.config.ring.lap_pause)
+
+    def idle(self, until: Optional[float], now: float) -> None:
+        """Nothing is due (every agent backing off, quarantined ...): wait until the
+        first one is, hearing signals, beating and watching the roster meanwhile."""
+        delay = None if until is None else max(0.0, until - now)
+        if not self.idle_logged:
+            self.log("nothing to run: every agent is backing off or quarantined"
+                     + (f"; next in {delay:.1f}s" if delay is not None else ""))
+            self.idle_logged = True
+        self.pause(delay, until_roster_edit=True)
 
     def shutdown(self) -> None:
-        self.notifier.notify("STOPPING=1")
+        self.env.notify("STOPPING=1")
         if self.leader is not None:
             self.leader.release()  # a standby takes over at once, not after the TTL
         self.write_metrics()
         try:
-            self.ctx.heartbeat.beat(lap=self.ctx.lap, agent=None, run_id=None, stopped=True)
+            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True)
         except OSError as e:
             self.log(f"cannot record the clean stop in the heartbeat: {e}")
         self.log("driver stopped")
-
-
-def for_leadership(config: Config) -> Config:
-    """A many-host driver beats (and renews its lease) at least twice per half
-    TTL, whatever ``heartbeat_interval`` says."""
-    if not config.ring.journal:
-        return config
-    from .lease import beat_every
-    every = beat_every(config.ring.lease_ttl, config.ring.heartbeat_interval)
-    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
 
 
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
@@ -347,14 +475,20 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         roster = RosterSource(config.roster_path(state_dir))
         roster.refresh(force=True)
         if roster.error:
-            raise Refused(roster.error, EXIT_CONFIG)
+            raise ConfigError(roster.error)
         lock = acquire_lock(state_dir)
-    except ConfigError as e:
-        logger(f"configuration error: {e}")
-        return EXIT_CONFIG
-    except Refused as e:
-        logger(str(e))
+    except RingError as e:
+        logger(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e))
         return e.code
+    env = RealEnv(state_dir, logger)
+    me = (env.pid, env.pid_start)
+    other = live_driver(state_dir, me)
+    if other is not None:
+        logger(f"{state_dir / LOCK_FILE}: another driver (pid {other}) is alive though its lock file "
+               f"was removed; not starting beside it")
+        lock.release()
+        env.close()
+        return EX_TEMPFAIL
     leader = None
     try:
         if config.ring.journal:
@@ -370,16 +504,25 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     except JournalError as e:
         logger(str(e))
         lock.release()
-        return EXIT_CONFIG if leader is None and not config.ring.journal else EXIT_UNAVAILABLE
+        env.close()
+        return EX_UNAVAILABLE if config.ring.journal else EX_CONFIG
     proctree.set_child_subreaper()
     try:
-        driver = Driver(state_dir, config_path, config, roster, journal, once=once,
-                        agent_umask=caller_umask, logger=logger, leader=leader)
+        driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
+                        agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
+        lines = {a.name: a.text for a in roster.agents}
         if leader is None:
-            # the lock proves every earlier driver of this state dir is dead; with
-            # PostgreSQL the lease decides instead (Driver.stand_by)
-            reap(journal, state_dir, config, lock_held=True, log=logger, on_reaped=driver.on_reaped)
+            # Holding the lock proves every earlier driver of this state dir dead,
+            # whatever pid it had: its running row is reaped (only a live driver's
+            # is not). With PostgreSQL the lease decides instead (Driver.stand_by).
+            try:
+                reap(journal, state_dir, config, me=me, line_of=lines.get, log=logger,
+                     on_reaped=driver.on_reaped)
+            except JournalError as e:
+                logger(str(e))
+                return EX_CONFIG
         return driver.run()
     finally:
         journal.close()
         lock.release()
+        env.close()

@@ -1,358 +1,254 @@
 """One hop: run one agent to its end and close its journal row.
 
-Start (row ``running`` first, then the process), then sleep until something
-happens: the agent exits, the budget (SIGTERM to the group), the stall
-threshold (SIGKILL to the whole tree), an operator skip, a driver stop, or a
-heartbeat is due. However the run ends, nothing it started survives it.
+The row is ``running`` (committed, fsync'd) before the process starts - the
+driver wrote it in the transaction that chose the turn. Then the hop sleeps on
+events (the agent's pidfd, signals, the next deadline) and feeds what it sees to
+the pure run state machine (:mod:`ringd.runstate`), carrying out the actions it
+returns: beat, SIGTERM the group, kill the tree, close the row. However the run
+ends, nothing it started survives it. Every effect goes through the driver's
+:class:`ringd.env.RealEnv` (or a test's fake).
+
+An ordinary hop costs two commits: the start (with the turn's choice) and the
+close. The agent's pid is recorded in a third, unsynced write only when the run
+lives past ``PID_RECORD_DELAY`` (status and the reaper need it then; a run that
+ends sooner records it with its close).
 """
 from __future__ import annotations
 
-import errno
-import os
-import signal
-import socket
-import sqlite3
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Optional, Protocol, Set
 
-from . import proctree, safefile
+from . import runstate, transitions
 from .config import Config
-from .heartbeat import Heartbeat, Notifier
-from .journal import Journal
-from .policy import after_run, classify
+from .journal import Journal, JournalError
+from .policy import Requests
+from .proctree import clean_env
 from .roster import Agent, resolve_program
-from .wakeup import Wakeups
+from .runstate import Beat, Close, Exited, KillTree, Log, SetPhase, Skip, Stop, Term, Tick
 
-HOST = socket.gethostname()
-SKIP_GRACE = 0.5   # s between SIGTERM and SIGKILL when an operator skips (ring moves on within 1 s)
-STOP_GRACE = 3.0   # s between SIGTERM and SIGKILL when the driver itself stops
+PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
 
 
-@dataclass
-class Context:
-    """What a hop needs from the driver (kept small so a hop is easy to follow)."""
-    state_dir: Path
-    config: Config
+class Host(Protocol):
+    """What a hop needs from its driver."""
+    env: object
     journal: Journal
-    heartbeat: Heartbeat
-    notifier: Notifier
-    wakeups: Wakeups
+    config: Config
+    state_key: str
     roster_dir: Path
-    log: Callable[[str], None]
-    agent_umask: int = 0o022
-    lap: int = 1
-    stop_requested: bool = False
-    reload_requested: bool = False
-    roster_error: Optional[str] = None
-    on_run_end: Optional[Callable[["HopResult"], None]] = None
-    on_beat: Optional[Callable[[Optional[str], Optional[float]], None]] = None
-    beat_error: Optional[str] = None   # why the last heartbeat could not be written
-    last_beat: float = float("-inf")   # monotonic time of the last heartbeat
-    leader: Optional[Any] = None       # leader.Leader of a many-host ring (None: SQLite, always leading)
+    agent_umask: int
+    base_env: dict
+    stop_requested: bool
+    stop_reason: str
+    next_beat: float
+    leader: object   # leader.Leader of a many-host ring (None: SQLite, always leading)
 
-    @property
-    def state_key(self) -> str:
-        return str(self.state_dir)
+    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
+             run_started_at: Optional[float] = None) -> None: ...
 
-    def absorb(self, sigs, keep_unreaped: Iterable[int] = ()) -> bool:
-        """Turn the signals a wait returned into the driver's flags (and reap
-        exited children but ``keep_unreaped``). True if one asks the caller to
-        stop waiting (stop, reload, operator request)."""
-        if signal.SIGCHLD in sigs:
-            proctree.reap_zombie_children(keep_unreaped)  # orphans re-parented to us, alerts
-        if signal.SIGHUP in sigs:
-            self.reload_requested = True
-        if signal.SIGTERM in sigs or signal.SIGINT in sigs:
-            self.stop_requested = True
-        return bool(sigs & {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1})
-
-    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None,
-             run_pid: Optional[int] = None, run_started_at: Optional[float] = None) -> None:
-        # A heartbeat that cannot be written (state dir full or read-only) must
-        # never abandon a running agent nor kill the driver: say so once, go on.
-        self.last_beat = time.monotonic()
-        if self.leader is not None:
-            self.leader.beat()  # renew (or take) the lease with every heartbeat
-        try:
-            self.heartbeat.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
-                                run_started_at=run_started_at,
-                                extra={"roster_error": self.roster_error, **role_fields(self.leader)})
-        except OSError as e:
-            if self.beat_error is None:
-                self.log(f"cannot write the heartbeat ({proctree.errno_reason(e)}); "
-                         f"the ring goes on, a watcher will see it as stale")
-            self.beat_error = str(e)
-        else:
-            if self.beat_error is not None:
-                self.log("heartbeat written again")
-            self.beat_error = None
-        if self.on_beat is not None:
-            self.on_beat(agent, run_started_at)
+    def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests: ...
 
 
-def role_fields(leader) -> dict:
-    """What the heartbeat says of leadership (a SQLite ring's one driver always leads)."""
-    if leader is None:
-        return {"host": HOST, "role": "leader", "lease": None}
-    return {"host": leader.host, "role": leader.role,
-            "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
-
-
-@dataclass
+@dataclass(frozen=True)
 class HopResult:
     run_id: int
     agent: str
     status: str
-    exit_code: Optional[int] = None
-    signal: Optional[int] = None
-    reason: Optional[str] = None
-    duration: float = 0.0
-    closed: bool = True  # False: someone else (operator, reaper) closed the row first
-    agent_state: dict = field(default_factory=dict)  # the agent's state after the close
+    duration: float
+    closed: Optional[transitions.Closed]   # None: someone else (operator, reaper) closed the row first
 
 
-@dataclass
-class _Ending:
-    """How the run is being ended, once we started ending it."""
-    kind: Optional[str] = None          # None | "stall" | "skip" | "stop"
-    kill_at: Optional[float] = None     # monotonic time of the SIGKILL
-    termed_at_budget: bool = False
-    reason: Optional[str] = None
-
-
-def open_log(state_dir: Path, agent: str, run_id: int) -> "tuple[int, str]":
-    """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
-    local user planted in the state dir."""
-    fd = safefile.open_file(state_dir, ("logs", agent), f"{run_id}.log",
-                            os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    return fd, str(state_dir / "logs" / agent / f"{run_id}.log")
-
-
-def _log_open_reason(e: OSError) -> str:
-    """Say plainly when the log path was tampered with (never followed)."""
-    if e.errno in (errno.ELOOP, errno.ENOTDIR):
-        return "a symbolic link (or a non-directory) is in the way; refusing to follow it"
-    if e.errno == errno.EEXIST:
-        return "a file or symbolic link is already there; refusing to write through it"
-    return proctree.errno_reason(e)
-
-
-def prune_logs(state_dir: Path, agent: str, keep: int) -> None:
-    """Keep the newest ``keep`` run logs of an agent (by run id)."""
-    folder = state_dir / "logs" / agent
-    ids = safefile.run_log_ids(folder)
-    for old in ids[:-keep] if keep > 0 else ids:
-        try:
-            os.unlink(folder / f"{old}.log")
-        except OSError:
-            pass
+def agent_env(base, agent: str, run_id: int, budget: float, deadline: float, state_key: str) -> dict:
+    """The environment of a run: ours, minus systemd's notify/watchdog variables
+    (an agent must never speak to systemd as the driver), plus the run's own."""
+    return clean_env(base, {"RING_AGENT": agent, "RING_RUN_ID": str(run_id), "RING_RUN_BUDGET": f"{budget:g}",
+                            "RING_DEADLINE": f"{deadline:.3f}", "RING_STATE": state_key})
 
 
 class Hop:
-    def __init__(self, ctx: Context, agent: Agent, position: int):
-        self.ctx = ctx
+    def __init__(self, host: Host, agent: Agent, position: int, run_id: int, started_at: float):
+        self.host = host
+        self.env = host.env
         self.agent = agent
         self.position = position
-        self.limits = ctx.config.limits_for(agent.name)
+        self.run_id = run_id
+        self.started_at = started_at       # wall clock, as in the row
+        self.limits = host.config.limits_for(agent.name)
+        self.log_path: Optional[str] = None
+        self.pid: Optional[int] = None
+        self.pid_start: Optional[float] = None
 
-    # --- the run ---------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
+
+    # --- the run ---------------------------------------------------------------------
     def run(self) -> HopResult:
-        ctx, name = self.ctx, self.agent.name
-        started = time.time()
-        run_id = ctx.journal.start_run(name, self.position, run_budget=self.limits.run_budget,
-                                       stall_threshold=self.limits.stall_threshold,
-                                       driver_pid=ctx.heartbeat.pid, driver_start=ctx.heartbeat.pid_start,
-                                       now=started)
-        if ctx.journal.agent_state(name).get("skip_requested"):
-            # `ringd skip NAME` landed after this turn was decided but before the
-            # row existed (the CLI saw nothing running and promised to skip the
-            # next turn): honour it now, never start (found by the soak)
-            ctx.log(f"run {run_id}: {name} skipped by operator before it started")
-            return self._close(run_id, "skipped", "operator", None, None, "operator requested skip")
+        env, host, name = self.env, self.host, self.agent.name
         try:
-            log_fd, log_path = open_log(ctx.state_dir, name, run_id)
+            log_fd, self.log_path = env.open_run_log(name, self.run_id)
         except OSError as e:
-            return self._close_error(run_id, f"cannot open run log logs/{name}/{run_id}.log: "
-                                             f"{_log_open_reason(e)}")
+            from .env import log_open_reason
+            return self._close_error(f"cannot open run log logs/{name}/{self.run_id}.log: {log_open_reason(e)}")
         try:
-            child = self._spawn(run_id, started, log_fd, log_path)
+            child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
+                              cwd=host.config.cwd_for(name) or str(host.roster_dir),
+                              env=agent_env(host.base_env, name, self.run_id, self.limits.run_budget,
+                                            self.started_at + self.limits.run_budget, host.state_key),
+                              stdout_fd=log_fd, umask=host.agent_umask)
         except OSError as e:
-            os.write(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {proctree.errno_reason(e)}\n".encode())
-            ctx.journal.set_log_path(run_id, log_path)
-            return self._close_error(run_id, f"cannot start: {proctree.errno_reason(e)}")
+            env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
+            return self._close_error(f"cannot start: {env.errno_reason(e)}")
         finally:
-            os.close(log_fd)
-        ctx.log(f"run {run_id}: {name} started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
-        if ctx.leader is not None:
-            ctx.leader.guard(child.pid, child.start_time, ctx.state_key, run_id)  # killed at the switch even if we block
+            env.close_fd(log_fd)
+        self.pid = child.pid
+        self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
+        leader = host.leader
+        if leader is not None:
+            leader.guard(child.pid, env.start_time(child))   # killed at the switch even if we block
         try:
-            ctx.journal.set_process(run_id, child.pid, child.start_time, log_path)
-        except (sqlite3.OperationalError, OSError) as e:
+            close = self._supervise(child)
+        finally:
+            if leader is not None:
+                leader.guard(None, None)
+        if close is None or (leader is not None and leader.killed_pid == child.pid):
+            # leadership lost: record nothing, the row is the next leader's to close
+            return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
+        return self._close(close)
+
+    def _supervise(self, child) -> Optional[Close]:
+        """Sleep on events until the state machine closes the run; carry out its actions."""
+        env, host = self.env, self.host
+        t0 = env.monotonic()
+        rs = runstate.start(t0, budget=self.limits.run_budget, stall=self.limits.stall_threshold,
+                            beat_at=host.next_beat, beat_every=host.config.ring.heartbeat_interval,
+                            tempfail_exit_code=host.config.ring.tempfail_exit_code)
+        record_at: Optional[float] = t0 + PID_RECORD_DELAY
+        stop_sent = False
+        close: Optional[Close] = None
+        leader = host.leader
+        while close is None:
+            if leader is not None and leader.must_stop():
+                # checked before any beat: a driver waking from a freeze kills its
+                # agent at once, before asking a database that may not answer; the
+                # next leader reaps the row as interrupted
+                self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
+                env.kill_tree(child, host.state_key, self.run_id)
+                env.reap(child)
+                return None
+            deadline = runstate.next_deadline(rs)
+            if record_at is not None:
+                deadline = min(deadline, record_at)
+            if leader is not None:
+                deadline = min(deadline, env.monotonic() + leader.seconds_left())
+            sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
+            now = env.monotonic()
+            events = []
+            if child.pidfd is None or child.pidfd in ready:
+                ended = env.exit_status(child)
+                if ended is not None:
+                    events.append(Exited(*ended))   # an exit seen with anything else is the agent's own ending
+            if sigs:
+                req = host.absorb(sigs, keep=(child.pid,))
+                if req.wake and self._skip_requested():
+                    events.append(Skip())
+            if host.stop_requested and not stop_sent:
+                stop_sent = True
+                events.append(Stop(host.stop_reason))
+            events.append(Tick())
+            for ev in events:
+                rs, actions = runstate.step(rs, ev, now)
+                for a in actions:
+                    if isinstance(a, Close):
+                        close = a
+                    else:
+                        self._do(a, child)
+            if close is None and record_at is not None and now >= record_at:
+                record_at = None
+                self._record_pid(child)
+        env.reap(child)
+        return close
+
+    def _do(self, a, child) -> None:
+        env, host = self.env, self.host
+        if isinstance(a, Beat):
+            host.beat(self.agent.name, self.run_id, child.pid, self.started_at)
+        elif isinstance(a, Term):
+            env.term(child)
+        elif isinstance(a, KillTree):
+            killed = env.kill_tree(child, host.state_key, self.run_id)
+            if killed:
+                self.say(f"left {killed} process(es) behind; killed them")
+        elif isinstance(a, Log):
+            self.say(a.text)
+        elif isinstance(a, SetPhase):
+            pass   # kept in the run state; the notify socket's owner records it
+
+    def _skip_requested(self) -> bool:
+        try:
+            return transitions.skip_requested_for(self.host.journal, self.run_id)
+        except JournalError as e:
+            # the agent is supervised to its end whatever the journal does
+            self.say(f"cannot read operator requests ({e}); the run goes on")
+            return False
+
+    def _record_pid(self, child) -> None:
+        self.pid_start = self.env.start_time(child)
+        try:
+            with self.host.journal.transaction() as tx:
+                tx.set_process(self.run_id, child.pid, self.pid_start, self.log_path)
+        except JournalError as e:
             # the row exists (written before the start); only its pid is missing:
             # supervise the agent anyway, never leave it running unwatched
-            ctx.log(f"run {run_id}: cannot record the pid of {name}: {e}")
-        try:
-            status_word, ending = self._wait(run_id, child, started)
-        finally:
-            if ctx.leader is not None:
-                ctx.leader.guard(None, None)
-            child.close()
-        if ending.kind == "lease" or (ctx.leader is not None and ctx.leader.killed_pid == child.pid):
-            # Killed because leadership is gone: record nothing (the next leader
-            # reaps the row as interrupted).
-            return HopResult(run_id=run_id, agent=name, status="running", reason=ending.reason, closed=False)
-        exit_code, sig = proctree.decode_status(status_word)
-        status = classify(exit_code, sig, ended_by=ending.kind, termed_at_budget=ending.termed_at_budget,
-                          tempfail_exit_code=ctx.config.ring.tempfail_exit_code)
-        source = "operator" if ending.kind == "skip" else "driver"
-        return self._close(run_id, status, source, exit_code, sig, ending.reason)
+            self.say(f"cannot record its pid: {e}")
 
-    def _spawn(self, run_id: int, started: float, log_fd: int, log_path: str) -> proctree.Child:
-        ctx = self.ctx
-        env = proctree.clean_env(os.environ, {
-            "RING_AGENT": self.agent.name,
-            "RING_RUN_ID": str(run_id),
-            "RING_RUN_BUDGET": f"{self.limits.run_budget:g}",
-            "RING_DEADLINE": f"{started + self.limits.run_budget:.3f}",
-            "RING_STATE": ctx.state_key,
-        })
-        cwd = ctx.config.cwd_for(self.agent.name) or str(ctx.roster_dir)
-        argv = resolve_program(self.agent.argv, ctx.roster_dir)
-        return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=log_fd, umask=ctx.agent_umask)
+    # --- closing -------------------------------------------------------------------------
+    def _close_error(self, reason: str) -> HopResult:
+        self.say(f"could not start: {reason}")
+        return self._close(Close("error", "driver", None, None, reason))
 
-    def _wait(self, run_id: int, child: proctree.Child, started: float) -> "tuple[int, _Ending]":
-        """Sleep on events until the agent's leader has exited; then end the rest of
-        its tree and reap the leader. Returns (wait status, how it ended)."""
-        ctx = self.ctx
-        t0 = time.monotonic()
-        term_at = t0 + self.limits.run_budget
-        stall_at = t0 + self.limits.stall_threshold
-        ending = _Ending()
-        hb_interval = ctx.config.ring.heartbeat_interval
-        next_beat = ctx.last_beat + hb_interval  # keeps its rhythm across hops (status reads the journal)
-        while proctree.peek_exit(child.pid) is None:
-            if ctx.leader is not None and ctx.leader.must_stop():
-                # checked before any beat: a driver waking from a freeze kills
-                # its agent at once, before asking a database that may not answer
-                ending.kind, ending.reason = "lease", "leadership lost"
-                ctx.log(f"run {run_id}: {self.agent.name}: leadership lost; SIGKILL to its whole process "
-                        f"tree, recording nothing more")
-                break
-            now = time.monotonic()
-            if now >= next_beat:
-                ctx.beat(self.agent.name, run_id, child.pid, started)
-                next_beat = now + hb_interval
-            if ending.kill_at is not None and now >= ending.kill_at:
-                break  # grace over (stall, skip or stop): kill the tree below
-            if now >= stall_at and ending.kind is None:
-                ending.kind, ending.reason = "stall", f"no exit {self.limits.stall_threshold:g}s after start"
-                ending.kill_at = now
-                ctx.log(f"run {run_id}: {self.agent.name} stalled; SIGKILL to its whole process tree")
-                break
-            if now >= term_at and not ending.termed_at_budget and ending.kind is None:
-                ending.termed_at_budget = True
-                ending.reason = f"run budget of {self.limits.run_budget:g}s reached"
-                ctx.log(f"run {run_id}: {self.agent.name} reached its budget; SIGTERM to its process group")
-                proctree.signal_group(child.pid, signal.SIGTERM)
-            deadlines = [next_beat, stall_at]
-            if not ending.termed_at_budget:
-                deadlines.append(term_at)
-            if ending.kill_at is not None:
-                deadlines.append(ending.kill_at)
-            if ctx.leader is not None:
-                deadlines.append(time.monotonic() + ctx.leader.seconds_left())
-            sigs, _ = ctx.wakeups.wait(min(deadlines) - time.monotonic(), fds=[child.pidfd])
-            self._on_signals(sigs, run_id, child, ending)
-        # Whatever happened, nothing of this run may survive it. The leader is
-        # kept as an unreaped zombie meanwhile so its group id cannot be reused.
-        proctree.signal_process(child.pid, child.start_time, signal.SIGKILL)
-        # Let the leader finish dying first: until it is a zombie its escaped
-        # children are still being re-parented to us, and a walk of our process
-        # tree at that moment misses them (they leave the leader's list after we
-        # read ours) - found by the soak: a setsid grandchild survived its run.
-        proctree.wait_exit(child.pidfd, timeout=2.0)
-        killed = proctree.kill_run(ctx.state_key, run_id, child.pid, keep_unreaped=[child.pid])
-        if killed:
-            ctx.log(f"run {run_id}: killed {killed} leftover process(es) of {self.agent.name}")
-        _, status_word = os.waitpid(child.pid, 0)
-        child.popen.returncode = os.waitstatus_to_exitcode(status_word)  # we reaped it, not Popen
-        proctree.reap_zombie_children()
-        return status_word, ending
+    def _close(self, c: Close) -> HopResult:
+        env, host = self.env, self.host
+        now = env.wall()
+        closed = self._until_recorded(lambda: transitions.close_run(
+            host.journal, self.run_id, self.agent.name, self.position, c.status, source=c.source, now=now,
+            ring=host.config.ring, line=self.agent.text, exit_code=c.exit_code, signal=c.signal,
+            reason=c.reason, log_path=self.log_path, pid=self.pid, pid_start=self.pid_start))
+        duration = max(0.0, now - self.started_at)
+        detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")
+        if closed is not None:
+            self.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s")
+            if closed.settled.entered_quarantine:
+                env.log(f"{self.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)")
+        else:
+            self.say("ended, but its row was already closed (by an operator or the reaper)")
+        if self.log_path is not None:
+            env.keep_logs(self.agent.name, self.run_id, host.config.ring.keep_logs)
+        return HopResult(self.run_id, self.agent.name, c.status, duration, closed)
 
-    def _on_signals(self, sigs, run_id: int, child: proctree.Child, ending: _Ending) -> None:
-        ctx = self.ctx
-        ctx.absorb(sigs, keep_unreaped=[child.pid])
-        if ctx.stop_requested and ending.kind != "stop":
-            self._begin_end(child, ending, "stop", STOP_GRACE, "driver stopping")
-            ctx.log(f"run {run_id}: stopping {self.agent.name}: the driver is shutting down")
-        if signal.SIGUSR1 in sigs and ending.kind is None:
-            if ctx.journal.agent_state(self.agent.name).get("skip_requested"):
-                self._begin_end(child, ending, "skip", SKIP_GRACE, "skipped by operator")
-                ctx.log(f"run {run_id}: {self.agent.name} skipped by operator")
-
-    @staticmethod
-    def _begin_end(child: proctree.Child, ending: _Ending, kind: str, grace: float, reason: str) -> None:
-        ending.kind, ending.reason = kind, reason
-        ending.kill_at = time.monotonic() + grace
-        proctree.signal_group(child.pid, signal.SIGTERM)
-        proctree.signal_group(child.pid, signal.SIGCONT)
-
-    # --- closing ------------------------------------------------------------------
-    def _close_error(self, run_id: int, reason: str) -> HopResult:
-        self.ctx.log(f"run {run_id}: {self.agent.name} could not start: {reason}")
-        return self._close(run_id, "error", "driver", None, None, reason)
-
-    def _until_recorded(self, run_id: int, write: Callable[[], object]) -> object:
-        """Run a journal write that must not be lost (closing a run that has ended):
+    def _until_recorded(self, write: Callable[[], Optional[transitions.Closed]]) -> Optional[transitions.Closed]:
+        """A journal write that must not be lost (closing a run that has ended):
         while the state dir is full or read-only, say why once, keep beating and
         retry; give up only when the driver is told to stop (the row then stays
-        ``running`` and the next driver's reaper closes it as ``interrupted``)."""
-        ctx = self.ctx
+        ``running`` and the next driver's reaper closes it as ``interrupted``).
+        An unusable journal is raised at once (the agent is already gone)."""
+        env, host = self.env, self.host
         delay, failing = 0.2, False
         while True:
             try:
                 result = write()
-            except (sqlite3.OperationalError, OSError) as e:
-                if ctx.stop_requested or (ctx.leader is not None and ctx.leader.must_stop()):
+            except JournalError as e:
+                if not e.transient or host.stop_requested or (host.leader is not None and host.leader.must_stop()):
                     raise
                 if not failing:
-                    ctx.log(f"run {run_id}: cannot record the end of {self.agent.name} ({e}); "
-                            f"retrying until the state dir is writable")
+                    self.say(f"ended, but its end cannot be recorded ({e}); retrying until the state dir "
+                             f"is writable")
                 failing = True
-                sigs, _ = ctx.wakeups.wait(delay)
-                ctx.absorb(sigs)
-                ctx.beat()
+                sigs, _ = env.wait(delay)
+                host.absorb(sigs)
+                host.beat()
                 delay = min(delay * 2, 5.0)
                 continue
             if failing:
-                ctx.log(f"run {run_id}: end of {self.agent.name} recorded")
+                self.say("end recorded")
             return result
-
-    def _close(self, run_id: int, status: str, source: str, exit_code: Optional[int],
-               sig: Optional[int], reason: Optional[str]) -> HopResult:
-        ctx = self.ctx
-        now = time.time()
-
-        after = self._until_recorded(run_id, lambda: ctx.journal.close_run(
-            run_id, status, source=source, exit_code=exit_code, signal=sig, reason=reason, now=now,
-            settle=lambda state: after_run(state, status, now, ctx.config.ring, self.agent.text)))
-        row = ctx.journal.run(run_id)
-        result = HopResult(run_id=run_id, agent=self.agent.name, status=row.status if row else status,
-                           exit_code=exit_code, signal=sig, reason=reason,
-                           duration=(row.duration or 0.0) if row else 0.0, closed=after is not None,
-                           agent_state=after or {})
-        detail = f"exit {exit_code}" if exit_code is not None else (f"signal {sig}" if sig else "")
-        if after is not None:
-            ctx.log(f"run {run_id}: {self.agent.name} {status}"
-                    f"{f' ({detail})' if detail else ''} after {result.duration:.2f}s")
-            if after.get("entered_quarantine"):
-                ctx.log(f"{self.agent.name}: quarantined ({after.get('bad_streak')} bad endings in a row)")
-        else:
-            ctx.log(f"run {run_id}: {self.agent.name} ended, but its row was already closed "
-                    f"as {result.status} (by an operator or the reaper)")
-        prune_logs(ctx.state_dir, self.agent.name, ctx.config.ring.keep_logs)
-        if ctx.on_run_end is not None:
-            ctx.on_run_end(result)
-        return result

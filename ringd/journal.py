@@ -3,52 +3,50 @@
 This module is the only writer of the schema. The schema itself enforces the
 SPEC's invariants (status set, terminal coherence, at most one ``running`` row)
 with CHECK constraints and a partial unique index; triggers keep per-agent
-counters in step with the runs so readers never scan history. Writers use
-``BEGIN IMMEDIATE``; readers open the file read-only.
+counters in step with the runs so readers never scan history.
+
+The interface is backend-neutral (a PostgreSQL journal offers the same): callers
+see :class:`RunRow`/:class:`AgentState` values and one error type,
+:class:`JournalError`, never a driver's own types. Writes happen in
+``with journal.transaction() as tx:`` (``BEGIN IMMEDIATE``: the write lock is
+taken up front), where callers read, decide (with :mod:`ringd.policy`) and
+write in one atomic step; the journal itself decides nothing.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-from .schema_sqlite import SCHEMA, SCHEMA_VERSION, SOURCES, STATUSES, TERMINAL  # noqa: F401
+from .records import TERMINAL, AgentState, RunRow
+from .schema_sqlite import SCHEMA, SCHEMA_VERSION
+
+__all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
 JOURNAL_FILE = "journal.db"
 
-
 class JournalError(Exception):
-    """The journal cannot be used (corrupt, unwritable, ...). Message is one line."""
+    """The journal cannot do what was asked. Message is one line.
+
+    ``transient``: the journal is fine but could not be written now (state dir
+    full or read-only, busy): retrying later may succeed. Otherwise the journal
+    itself is unusable (damaged, not a database) and retrying is pointless."""
+
+    transient = False
+
+    def __init__(self, message: str, transient: Optional[bool] = None):
+        super().__init__(message)
+        if transient is not None:
+            self.transient = transient
 
 
-@dataclass
-class RunRow:
-    id: int
-    agent: str
-    position: Optional[int]
-    status: str
-    started_at: float
-    ended_at: Optional[float]
-    duration: Optional[float]
-    exit_code: Optional[int]
-    signal: Optional[int]
-    reason: Optional[str]
-    pid: Optional[int]
-    pid_start: Optional[float]
-    run_budget: Optional[float]
-    stall_threshold: Optional[float]
-    log_path: Optional[str]
-    driver_pid: Optional[int]
-    driver_start: Optional[float]
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "RunRow":
-        return cls(**{k: row[k] for k in row.keys()})
+def _wrap(path: Path, e: sqlite3.Error) -> JournalError:
+    if isinstance(e, JournalError):   # a backend's own error (PostgreSQL) is already ours
+        return e
+    transient = isinstance(e, (sqlite3.OperationalError, sqlite3.IntegrityError))
+    return JournalError(f"{path}: {' '.join(str(e).split())[:200]}", transient=transient)
 
 
 def journal_path(state_dir: Path) -> Path:
@@ -88,8 +86,121 @@ def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     return con
 
 
+_DEFAULT_AGENT_ROW = {"runs": 0, "last_run_id": None}
+
+
+class Tx:
+    """One transaction on the journal: reads and writes that commit together."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con = con
+
+    def _x(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        return self.con.execute(sql, params)
+
+    # --- reads ---------------------------------------------------------------
+    def running_row(self) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs WHERE status = 'running'").fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def run(self, run_id: int) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def last_run(self) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def agent(self, name: str) -> AgentState:
+        row = self._x("SELECT * FROM agents WHERE name = ?", (name,)).fetchone()
+        return AgentState.from_mapping(row) if row else AgentState(name=name)
+
+    def agents(self) -> Dict[str, AgentState]:
+        return {r["name"]: AgentState.from_mapping(r) for r in self._x("SELECT * FROM agents")}
+
+    def meta(self, key: str) -> Optional[str]:
+        row = self._x("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row["value"] if row else None
+
+    # --- writes --------------------------------------------------------------
+    def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float) -> None:
+        self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)",
+                (at, run_id, kind, source, detail))
+
+    def start_run(self, agent: str, position: int, *, now: float, run_budget: float,
+                  stall_threshold: float, driver_pid: int, driver_start: Optional[float],
+                  pid: Optional[int] = None, pid_start: Optional[float] = None,
+                  log_path: Optional[str] = None) -> int:
+        """A ``running`` row (and its ``started`` event). Fails (transient) if one
+        is running already."""
+        cur = self._x(
+            "INSERT INTO runs(agent, position, status, started_at, run_budget, stall_threshold,"
+            " driver_pid, driver_start, pid, pid_start, log_path)"
+            " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (agent, position, now, run_budget, stall_threshold, driver_pid, driver_start,
+             pid, pid_start, log_path))
+        run_id = cur.lastrowid
+        self.event(run_id, "started", "driver", f"agent={agent}", now)
+        return run_id
+
+    def set_process(self, run_id: int, pid: int, pid_start: Optional[float], log_path: str) -> None:
+        self._x("UPDATE runs SET pid = ?, pid_start = ?, log_path = ? WHERE id = ?",
+                (pid, pid_start, log_path, run_id))
+
+    def close_run(self, run_id: int, status: str, *, source: str, now: float,
+                  exit_code: Optional[int] = None, signal: Optional[int] = None,
+                  reason: Optional[str] = None, log_path: Optional[str] = None,
+                  pid: Optional[int] = None, pid_start: Optional[float] = None) -> bool:
+        """Close a ``running`` row. Guarded: a row someone else closed meanwhile (an
+        operator, the reaper) is never clobbered; then nothing happens and False
+        is returned. The end is never before the start."""
+        assert status in TERMINAL, status
+        cur = self._x(
+            "UPDATE runs SET status = ?,"
+            " ended_at = CASE WHEN ? > started_at THEN ? ELSE started_at END,"
+            " duration = CASE WHEN ? > started_at THEN ? - started_at ELSE 0 END,"
+            " exit_code = ?, signal = ?, reason = ?, log_path = COALESCE(?, log_path),"
+            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start)"
+            " WHERE id = ? AND status = 'running'",
+            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, run_id))
+        if cur.rowcount != 1:
+            return False
+        detail = f"from=running to={status}"
+        if reason:
+            detail += f" reason={reason}"
+        self.event(run_id, status, source, detail, now)
+        return True
+
+    def add_skipped(self, agent: str, position: Optional[int], reason: str, source: str, now: float,
+                    kind: str = "skipped") -> int:
+        """A turn not taken: a ``skipped`` row that never started a process."""
+        cur = self._x("INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
+                      " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
+        run_id = cur.lastrowid
+        self.event(run_id, kind, source, f"agent={agent} reason={reason}", now)
+        return run_id
+
+    def put_agent(self, state: AgentState) -> None:
+        """Store an agent's decided fields (its counters are the journal's own)."""
+        values = state.decided()
+        values["skip_requested"] = int(values["skip_requested"])
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        sets = ", ".join(f"{k} = excluded.{k}" for k in values)
+        self._x(f"INSERT INTO agents(name, {cols}) VALUES (?, {marks}) ON CONFLICT(name) DO UPDATE SET {sets}",
+                (state.name, *values.values()))
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        if value is None:
+            self._x("DELETE FROM meta WHERE key = ?", (key,))
+        else:
+            self._x("INSERT INTO meta(key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+
 class Journal:
-    """A connection to the journal plus the transitions the ring makes."""
+    """A connection to the journal. Writes go through :meth:`transaction`; the
+    one-line read helpers below each run one short query."""
 
     def __init__(self, con: sqlite3.Connection, path: Path):
         self.con = con
@@ -110,9 +221,12 @@ class Journal:
         elif not create:
             raise JournalError(f"{path}: no journal (has the driver ever run here?)")
         else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.fchmod(fd, 0o600)
-            os.close(fd)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                os.fchmod(fd, 0o600)
+                os.close(fd)
+            except OSError as e:
+                raise JournalError(f"{path}: cannot create journal: {e.strerror}", transient=True) from None
         try:
             con = _connect(path, readonly=False, timeout=busy_timeout)
             if verify:
@@ -155,160 +269,117 @@ class Journal:
     def close(self) -> None:
         self.con.close()
 
+    # --- transactions ------------------------------------------------------------
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """One short write transaction (BEGIN IMMEDIATE takes the write lock up front,
-        so a busy database waits here instead of failing half-way)."""
+        """The backend's write transaction (BEGIN IMMEDIATE takes SQLite's write lock
+        up front, so a busy database waits here instead of failing half-way)."""
         self.con.execute("BEGIN IMMEDIATE")
         try:
             yield self.con
         except BaseException:
-            self.con.execute("ROLLBACK")
+            try:
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
             raise
-        else:
+        try:
             self.con.execute("COMMIT")
+        except sqlite3.Error:
+            try:   # a failed COMMIT (disk full) leaves the transaction open
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
 
-    # --- events ----------------------------------------------------------------
-    def _event(self, run_id: Optional[int], kind: str, source: str, detail: str = "",
-               at: Optional[float] = None) -> None:
-        self.con.execute("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)",
-                         (at if at is not None else time.time(), run_id, kind, source, detail))
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One write transaction; everything inside commits together or not at all.
+        Any failure of the database surfaces as :class:`JournalError`."""
+        try:
+            with self.write() as con:
+                yield Tx(con)
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
 
-    def event(self, run_id: Optional[int], kind: str, source: str, detail: str = "") -> None:
-        with self.write():
-            self._event(run_id, kind, source, detail)
+    @contextmanager
+    def snapshot(self) -> Iterator[Tx]:
+        """One read transaction: every read inside sees the same journal."""
+        try:
+            self.con.execute("BEGIN")
+            try:
+                yield Tx(self.con)
+            finally:
+                self.con.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
 
-    # --- transitions -----------------------------------------------------------
-    def start_run(self, agent: str, position: int, *, run_budget: float, stall_threshold: float,
-                  driver_pid: int, driver_start: float, now: Optional[float] = None) -> int:
-        """Write the ``running`` row before the process exists."""
-        now = time.time() if now is None else now
-        with self.write():
-            cur = self.con.execute(
-                "INSERT INTO runs(agent, position, status, started_at, run_budget, stall_threshold,"
-                " driver_pid, driver_start) VALUES (?, ?, 'running', ?, ?, ?, ?, ?)",
-                (agent, position, now, run_budget, stall_threshold, driver_pid, driver_start))
-            run_id = cur.lastrowid
-            self._event(run_id, "started", "driver", f"agent={agent}", at=now)
-        return run_id
+    def _read(self, fn):
+        try:
+            return fn(Tx(self.con))
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
 
-    def set_process(self, run_id: int, pid: int, pid_start: Optional[float], log_path: str) -> None:
-        with self.write():
-            self.con.execute("UPDATE runs SET pid = ?, pid_start = ?, log_path = ? WHERE id = ?",
-                             (pid, pid_start, log_path, run_id))
-
-    def set_log_path(self, run_id: int, log_path: str) -> None:
-        with self.write():
-            self.con.execute("UPDATE runs SET log_path = ? WHERE id = ?", (log_path, run_id))
-
-    def close_run(self, run_id: int, status: str, *, source: str, exit_code: Optional[int] = None,
-                  signal: Optional[int] = None, reason: Optional[str] = None,
-                  now: Optional[float] = None,
-                  settle: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
-                  ) -> Optional[Dict[str, Any]]:
-        """Close a running row. Guarded: only if it is still ``running`` (a row an
-        operator or the reaper closed meanwhile is never clobbered).
-
-        ``settle(agent_state) -> fields`` computes the agent's new per-agent state;
-        it is applied in the same transaction. Returns the agent's state after the
-        close (with ``entered_quarantine``), or None if this call closed nothing."""
-        assert status in TERMINAL, status
-        now = time.time() if now is None else now
-        with self.write():
-            row = self.con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None or row["status"] != "running":
-                return None
-            ended = max(now, row["started_at"])
-            self.con.execute(
-                "UPDATE runs SET status = ?, ended_at = ?, duration = ?, exit_code = ?, signal = ?,"
-                " reason = ? WHERE id = ? AND status = 'running'",
-                (status, ended, ended - row["started_at"], exit_code, signal, reason, run_id))
-            detail = f"from=running to={status}"
-            if reason:
-                detail += f" reason={reason}"
-            self._event(run_id, status, source, detail, at=ended)
-            state = self.agent_state(row["agent"])
-            fields = settle(state) if settle is not None else {}
-            return self._settle(row["agent"], row["position"], state, fields, source, ended)
-
-    def _settle(self, agent: str, position: Optional[int], before: Dict[str, Any],
-                fields: Dict[str, Any], source: str, now: float) -> Dict[str, Any]:
-        """Store new per-agent fields; an agent entering quarantine gets its one
-        ``skipped`` row saying so (call inside a write transaction)."""
-        self.update_agent(self.con, agent, **fields)
-        after = {**before, **fields, "entered_quarantine": False}
-        if fields.get("quarantined_until") is not None:
-            until = datetime.fromtimestamp(fields["quarantined_until"], tz=timezone.utc).isoformat()
-            reason = (f"quarantined until {until} after {after.get('bad_streak')} runs in a row "
-                      f"ended stalled, timeout or interrupted")
-            cur = self.con.execute(
-                "INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
-                " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
-            self._event(cur.lastrowid, "quarantined", source, f"agent={agent} reason={reason}", at=now)
-            after["entered_quarantine"] = True
-        return after
-
-    def record_skip(self, agent: str, position: int, reason: str, source: str,
-                    now: Optional[float] = None, clear_skip_request: bool = False) -> int:
-        """A turn not taken: a ``skipped`` row that never started a process."""
-        now = time.time() if now is None else now
-        with self.write():
-            cur = self.con.execute(
-                "INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
-                " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
-            run_id = cur.lastrowid
-            self._event(run_id, "skipped", source, f"reason={reason}", at=now)
-            if clear_skip_request:
-                self.update_agent(self.con, agent, skip_requested=0)
-        return run_id
-
-    # --- reads -------------------------------------------------------------------
+    # --- one-shot reads ------------------------------------------------------------
     def running_row(self) -> Optional[RunRow]:
-        row = self.con.execute("SELECT * FROM runs WHERE status = 'running'").fetchone()
-        return RunRow.from_row(row) if row else None
+        return self._read(lambda tx: tx.running_row())
 
     def last_run(self) -> Optional[RunRow]:
-        row = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
-        return RunRow.from_row(row) if row else None
+        return self._read(lambda tx: tx.last_run())
 
     def run(self, run_id: int) -> Optional[RunRow]:
-        row = self.con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return RunRow.from_row(row) if row else None
+        return self._read(lambda tx: tx.run(run_id))
 
-    def history(self, agent: Optional[str] = None, limit: int = 20) -> List[RunRow]:
-        if agent is None:
-            rows = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
-        else:
-            rows = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT ?",
-                                    (agent, limit))
-        return [RunRow.from_row(r) for r in rows.fetchall()]
+    def agent_state(self, name: str) -> AgentState:
+        return self._read(lambda tx: tx.agent(name))
 
-    def last_run_of(self, agent: str) -> Optional[RunRow]:
-        row = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT 1",
-                               (agent,)).fetchone()
-        return RunRow.from_row(row) if row else None
-
-    def agent_states(self) -> Dict[str, Dict[str, Any]]:
-        return {r["name"]: dict(r) for r in self.con.execute("SELECT * FROM agents").fetchall()}
-
-    def agent_state(self, name: str) -> Dict[str, Any]:
-        row = self.con.execute("SELECT * FROM agents WHERE name = ?", (name,)).fetchone()
-        if row:
-            return dict(row)
-        return {"name": name, "runs": 0, "last_run_id": None, "consecutive_failures": 0,
-                "consecutive_deferrals": 0, "bad_streak": 0, "backoff_until": None,
-                "skip_requested": 0, "quarantined_until": None, "quarantine_line": None}
-
-    def run_counts(self) -> Dict[str, Dict[str, int]]:
-        out: Dict[str, Dict[str, int]] = {}
-        for r in self.con.execute("SELECT agent, status, n FROM run_counts"):
-            out.setdefault(r["agent"], {})[r["status"]] = r["n"]
-        return out
+    def agent_states(self) -> Dict[str, AgentState]:
+        return self._read(lambda tx: tx.agents())
 
     def meta(self, key: str) -> Optional[str]:
-        row = self.con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row["value"] if row else None
+        return self._read(lambda tx: tx.meta(key))
 
+    def history(self, agent: Optional[str] = None, limit: int = 20) -> List[RunRow]:
+        def q(_tx: Tx) -> List[RunRow]:
+            if agent is None:
+                rows = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+            else:
+                rows = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT ?",
+                                         (agent, limit))
+            return [RunRow.from_mapping(r) for r in rows.fetchall()]
+        return self._read(q)
+
+    def last_run_of(self, agent: str) -> Optional[RunRow]:
+        def q(_tx: Tx) -> Optional[RunRow]:
+            row = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT 1",
+                                    (agent,)).fetchone()
+            return RunRow.from_mapping(row) if row else None
+        return self._read(q)
+
+    def agent_names(self) -> List[str]:
+        return self._read(lambda _tx: [r[0] for r in self.con.execute("SELECT name FROM agents ORDER BY name")])
+
+    def run_counts(self) -> Dict[str, Dict[str, int]]:
+        def q(_tx: Tx) -> Dict[str, Dict[str, int]]:
+            out: Dict[str, Dict[str, int]] = {}
+            for r in self.con.execute("SELECT agent, status, n FROM run_counts"):
+                out.setdefault(r["agent"], {})[r["status"]] = r["n"]
+            return out
+        return self._read(q)
+
+    def last_runs(self) -> Dict[str, RunRow]:
+        """Each agent's last finished (or skipped) run, by agent name."""
+        return self._read(lambda _tx: {r["agent"]: RunRow.from_mapping(r) for r in self.con.execute(
+            "SELECT r.* FROM agents a JOIN runs r ON r.id = a.last_run_id")})
+
+    def status_view(self) -> "tuple[Optional[RunRow], Dict[str, AgentState], Dict[str, RunRow], Optional[str]]":
+        """What ``ringd status`` shows, in one snapshot: (running row, agent states,
+        last finished run per agent, roster error the driver recorded). Cost is
+        independent of the journal's size (primary-key and index lookups only)."""
+        with self.snapshot() as tx:
+            return tx.running_row(), tx.agents(), self.last_runs(), tx.meta("roster_error")
+
+    # --- one-shot writes -------------------------------------------------------------
     def start_ids_after(self, run_id: int) -> None:
         """Make the next run id greater than ``run_id`` (SQLite's AUTOINCREMENT
         counter): a journal started anew beside old run logs never reuses their ids."""
@@ -319,31 +390,9 @@ class Journal:
                     self.con.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (run_id,))
                 elif row[0] < run_id:
                     self.con.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'runs'", (run_id,))
-        except sqlite3.DatabaseError as e:
-            raise JournalError(f"{self.path}: journal is not usable: {e}") from None
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
 
     def set_meta(self, key: str, value: Optional[str]) -> None:
-        with self.write():
-            if value is None:
-                self.con.execute("DELETE FROM meta WHERE key = ?", (key,))
-            else:
-                self.con.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
-                                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
-
-    # --- per-agent state -----------------------------------------------------------
-    def update_agent(self, con: sqlite3.Connection, name: str, **fields: Any) -> None:
-        """Upsert per-agent fields (call inside a write transaction)."""
-        con.execute("INSERT INTO agents(name) VALUES (?) ON CONFLICT(name) DO NOTHING", (name,))
-        if fields:
-            sets = ", ".join(f"{k} = ?" for k in fields)
-            con.execute(f"UPDATE agents SET {sets} WHERE name = ?", (*fields.values(), name))
-
-    def set_agent(self, name: str, **fields: Any) -> None:
-        with self.write():
-            self.update_agent(self.con, name, **fields)
-
-    def request_skip(self, name: str) -> None:
-        """Operator: skip this agent's current run, or its next turn."""
-        with self.write():
-            self.update_agent(self.con, name, skip_requested=1)
-            self._event(None, "skip-requested", "operator", f"agent={name}")
+        with self.transaction() as tx:
+            tx.set_meta(key, value)

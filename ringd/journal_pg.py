@@ -44,13 +44,13 @@ CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keep
 
 
 class PgJournalError(JournalError, sqlite3.OperationalError):
-    """The database cannot be reached or refused a write. (Also an
-    ``sqlite3.OperationalError``, so the driver's handlers for a failing journal
-    serve both backends alike.)"""
+    """The database cannot be reached or refused a write: retrying later may work."""
+    transient = True
 
 
 class PgIntegrityError(JournalError, sqlite3.IntegrityError):
     """A constraint of the schema refused a write (as sqlite3's would)."""
+    transient = True
 
 
 class Fenced(PgJournalError):

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from . import lease as leaselib
 from . import procid
 from .journal import JournalError
-from .policy import after_run
+from .transitions import close_row
 
 LEADER, STANDBY = "leader", "standby"
 
@@ -178,13 +178,13 @@ class Leader:
         reason = (f"leader {previous} (host {leaselib.holder_host(previous) or '?'}) "
                   f"lost its lease while it ran")
         now = time.time()
-        after = self.journal.close_run(row.id, "interrupted", source="reaper", reason=reason, now=now,
-                                       settle=lambda st: after_run(st, "interrupted", now, config.ring))
+        closed = close_row(self.journal, row, "interrupted", source="reaper", now=now, ring=config.ring,
+                           reason=reason)
         self.took_over = False
-        if after is not None:
+        if closed is not None:
             self.log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
             if on_reaped is not None:
-                on_reaped(row, after)
+                on_reaped(row, closed)
 
     def release(self) -> None:
         if self.leading:

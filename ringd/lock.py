@@ -44,6 +44,32 @@ class KernelLock:
         self.fd = fd
         return self
 
+    def verify(self) -> str:
+        """Is the lock still on the file at our path? A lock file deleted or
+        replaced under us (tmpfiles cleaners, ``git clean -X``) would let a second
+        driver lock a fresh file. ``"ok"``; ``"retaken"`` (the path named another
+        file or none, and we locked it again); ``"lost"`` (another process holds
+        the new file's lock)."""
+        assert self.fd is not None
+        try:
+            ours = os.fstat(self.fd)
+            theirs = os.stat(self.path, follow_symlinks=False)
+            if (ours.st_ino, ours.st_dev) == (theirs.st_ino, theirs.st_dev):
+                return "ok"
+        except OSError:
+            pass
+        old = self.fd
+        try:
+            self.acquire()
+        except LockHeld:
+            self.fd = old
+            return "lost"
+        except OSError:
+            self.fd = old
+            return "ok"   # cannot recreate it now (read-only dir ...): keep ours, look again next beat
+        os.close(old)
+        return "retaken"
+
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing the only descriptor drops the flock

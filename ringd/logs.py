@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
@@ -53,8 +52,6 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
             reader.close()
     except JournalError as e:
         raise OperatorError(str(e)) from None
-    except sqlite3.Error as e:
-        raise OperatorError(f"cannot read journal: {e}") from None
 
 
 def _open_log(path: Path) -> Optional[int]:

@@ -97,14 +97,13 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
                  driver_started_at=driver_started_at, laps=laps, roster_agents=roster_agents,
                  roster_error=roster_error, role=role)
-    for r in journal.con.execute(
-            "SELECT a.name, r.duration, r.ended_at FROM agents a JOIN runs r ON r.id = a.last_run_id"):
-        s.last_runs[r["name"]] = (r["duration"], r["ended_at"])
+    for name, r in journal.last_runs().items():
+        s.last_runs[name] = (r.duration, r.ended_at)
     for name, st in journal.agent_states().items():
-        s.consecutive_failures[name] = st.get("consecutive_failures") or 0
-        if st.get("quarantined_until") is not None and st["quarantined_until"] > now:
+        s.consecutive_failures[name] = st.consecutive_failures
+        if st.quarantined_until is not None and st.quarantined_until > now:
             s.quarantined.append(name)
-        elif st.get("backoff_until") is not None and st["backoff_until"] > now:
+        elif st.backoff_until is not None and st.backoff_until > now:
             s.deferred.append(name)
     if state_dir is not None:
         from .heartbeat import read_json

@@ -1,15 +1,28 @@
-"""Pure decisions of the driver: what a run's ending means, what an agent's
-state becomes after it, and whether an agent takes its turn. Plain functions
-of their inputs and a clock value; no I/O.
+"""Pure decisions of the driver: what a run's ending means for its agent
+(SPEC "Whose fault"), whether an agent takes its turn, which agent goes next
+or how long to wait when none is due, which alerts an ending raises, and when
+a ring whose every run fails at once must slow down. Plain functions of their
+inputs and a clock value; no I/O.
+
+Extending the turn choice (pauses, ``ringd next``, scheduled agents): add a
+field to :class:`TurnInputs` and a rule in :func:`decide` or :func:`plan_turn`;
+the driver only carries out the :class:`Plan` it gets.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+import enum
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .config import RingSettings
+from .records import AgentState
 
-FAILURES = ("failed", "error", "timeout", "stalled", "interrupted")
-BAD_ENDINGS = ("stalled", "timeout", "interrupted")  # the agent wedged, or its run was lost
+# Endings that count as failures of the agent (consecutive_failures, alerts),
+# and those that also count towards quarantine (the agent wedged).
+# ``interrupted`` counts only when an operator force-failed the run.
+FAILURES = ("failed", "error", "timeout", "stalled")
+WEDGED = ("timeout", "stalled")
+BACKS_OFF = ("deferred", "error")   # the agent is retried after backoff_initial, doubling
 
 
 def classify(exit_code: Optional[int], signal: Optional[int], *, ended_by: Optional[str],
@@ -17,9 +30,9 @@ def classify(exit_code: Optional[int], signal: Optional[int], *, ended_by: Optio
     """The terminal status of a run from how it ended.
 
     ``ended_by``: None (the agent exited by itself), ``"stall"`` (killed at the
-    stall threshold), ``"skip"`` (an operator ended it), ``"stop"`` (the driver
-    is shutting down)."""
-    if ended_by == "stall":
+    stall threshold), ``"watchdog"`` (its watchdog starved), ``"skip"`` (an operator ended it),
+    ``"stop"`` (the driver is shutting down)."""
+    if ended_by in ("stall", "watchdog"):
         return "stalled"
     if ended_by == "skip":
         return "skipped"
@@ -34,54 +47,199 @@ def classify(exit_code: Optional[int], signal: Optional[int], *, ended_by: Optio
     return "failed"
 
 
-def backoff_delay(consecutive_deferrals: int, initial: float, maximum: float) -> float:
-    """initial, 2x, 4x ... per consecutive deferral, capped at maximum."""
-    n = max(1, consecutive_deferrals)
+def counts_against(status: str, source: str) -> Tuple[bool, bool]:
+    """(counts as a failure, counts towards quarantine) for an ending, per the
+    SPEC's "Whose fault" table."""
+    if status == "interrupted":
+        forced = source == "operator"
+        return forced, forced
+    return status in FAILURES, status in WEDGED
+
+
+def backoff_delay(streak: int, initial: float, maximum: float) -> float:
+    """initial, 2x, 4x ... per consecutive back-off, capped at maximum."""
+    n = max(1, streak)
     return min(maximum, initial * (2 ** min(n - 1, 62)))
 
 
-def after_run(state: Mapping[str, Any], status: str, now: float, ring: RingSettings,
-              line: Optional[str] = None) -> Dict[str, Any]:
-    """The per-agent fields to store after a run ended with ``status``."""
-    failures = state.get("consecutive_failures") or 0
-    deferrals = state.get("consecutive_deferrals") or 0
-    bad = state.get("bad_streak") or 0
-    out: Dict[str, Any] = {}
+@dataclass(frozen=True)
+class Settled:
+    """An agent's state after one of its runs closed."""
+    state: AgentState
+    entered_quarantine: bool = False
+
+
+def after_run(state: AgentState, status: str, source: str, now: float, ring: RingSettings,
+              line: Optional[str] = None) -> Settled:
+    """The agent's new state after a run ended with ``status`` (closed by ``source``)."""
+    failure, wedged = counts_against(status, source)
+    s = state   # a skip asked for the next turn stays for that turn (a running run is skipped by its id)
     if status == "ok":
-        out.update(consecutive_failures=0, consecutive_deferrals=0, backoff_until=None, bad_streak=0)
-    elif status == "deferred":
-        deferrals += 1
-        out.update(consecutive_deferrals=deferrals, bad_streak=0,
-                   backoff_until=now + backoff_delay(deferrals, ring.backoff_initial, ring.backoff_max))
-    elif status in FAILURES:
-        out["consecutive_failures"] = failures + 1
-        out["bad_streak"] = bad + 1 if status in BAD_ENDINGS else 0
-    out["skip_requested"] = 0  # a pending skip is used up by the run that just ended
-    if status in BAD_ENDINGS and ring.quarantine_after and out.get("bad_streak", 0) >= ring.quarantine_after:
-        out["quarantined_until"] = now + ring.quarantine_cooloff
-        out["quarantine_line"] = line
-    elif status in ("ok", "failed", "error", "deferred") and state.get("quarantined_until") is not None:
-        out["quarantined_until"] = None  # a probation run that did not wedge ends the quarantine
-        out["quarantine_line"] = None
+        s = s.with_(consecutive_failures=0, consecutive_deferrals=0, backoff_until=None, bad_streak=0)
+    if failure:
+        s = s.with_(consecutive_failures=s.consecutive_failures + 1)
+    if wedged:
+        s = s.with_(bad_streak=s.bad_streak + 1)
+    if status in BACKS_OFF:
+        n = s.consecutive_deferrals + 1
+        s = s.with_(consecutive_deferrals=n, quarantine_line=line,
+                    backoff_until=now + backoff_delay(n, ring.backoff_initial, ring.backoff_max))
+    if wedged and ring.quarantine_after and s.bad_streak >= ring.quarantine_after:
+        return Settled(s.with_(quarantined_until=now + ring.quarantine_cooloff, quarantine_line=line), True)
+    if status in ("ok", "failed", "error", "deferred") and state.quarantined_until is not None:
+        # a probation run that did not wedge ends the quarantine
+        s = s.with_(quarantined_until=None, quarantine_line=line if status in BACKS_OFF else None)
+    return Settled(s)
+
+
+def lifted(state: AgentState) -> AgentState:
+    """The agent's state once its quarantine and back-off are lifted (``ringd
+    resume NAME``, or its roster line changed)."""
+    return state.with_(quarantined_until=None, quarantine_line=None, bad_streak=0,
+                       backoff_until=None, consecutive_deferrals=0)
+
+
+# --- the turn ---------------------------------------------------------------------
+
+class Action(enum.Enum):
+    RUN = "run"      # start the agent
+    SKIP = "skip"    # record a skipped row (an operator asked), start nothing
+    PASS = "pass"    # go on to the next agent silently (backing off, quarantined)
+
+
+@dataclass(frozen=True)
+class TurnDecision:
+    action: Action
+    reason: Optional[str] = None
+    line_changed: bool = False   # the roster line differs from the one its back-off/quarantine began under
+    until: Optional[float] = None  # PASS: when the agent is due again (None: not by itself)
+
+
+def decide(state: AgentState, now: float, line: Optional[str] = None) -> TurnDecision:
+    """Does an agent take its turn?"""
+    if state.skip_requested:
+        return TurnDecision(Action.SKIP, "operator requested skip")
+    held = state.quarantined_until is not None or (state.backoff_until is not None and now < state.backoff_until)
+    if held and line is not None and state.quarantine_line not in (None, line):
+        return TurnDecision(Action.RUN, "roster line changed; quarantine and back-off lifted", line_changed=True)
+    if state.quarantined_until is not None:
+        if now < state.quarantined_until:
+            return TurnDecision(Action.PASS, "quarantined", until=state.quarantined_until)
+        return TurnDecision(Action.RUN, "probation run after quarantine cool-off")
+    if state.backoff_until is not None and now < state.backoff_until:
+        return TurnDecision(Action.PASS, "backing off", until=state.backoff_until)
+    return TurnDecision(Action.RUN)
+
+
+@dataclass(frozen=True)
+class TurnInputs:
+    """Everything the turn choice looks at."""
+    roster: Sequence[Tuple[str, str]]        # (name, line) in ring order
+    start: int                               # index of the agent whose turn it is
+    states: Mapping[str, AgentState]
+    now: float
+    limit: Optional[int] = None              # consider at most this many agents (``--once``)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the driver does next: take ``index``'s turn (``decision``), or, when
+    ``index`` is None, nothing is due: wait until ``until`` (None: until woken)."""
+    index: Optional[int]
+    decision: Optional[TurnDecision]
+    passed: List[int] = field(default_factory=list)   # indexes passed over on the way
+    until: Optional[float] = None
+
+
+def plan_turn(inp: TurnInputs) -> Plan:
+    """Go round the ring from ``start``: the first agent that runs or is skipped
+    takes the turn; agents that pass are stepped over."""
+    n = len(inp.roster)
+    passed: List[int] = []
+    dues: List[float] = []
+    for k in range(n if inp.limit is None else min(n, inp.limit)):
+        i = (inp.start + k) % n
+        name, line = inp.roster[i]
+        d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
+        if d.action is not Action.PASS:
+            return Plan(i, d, passed)
+        passed.append(i)
+        if d.until is not None:
+            dues.append(d.until)
+    return Plan(None, None, passed, min(dues) if dues else None)
+
+
+# --- alerts -----------------------------------------------------------------------
+
+QUARANTINED = "quarantined"
+FAILURES_IN_A_ROW = "failures"
+
+
+def alerts_after(agent: str, status: str, source: str, settled: Settled,
+                 failures_in_a_row: int) -> List[Tuple[str, str]]:
+    """The alerts a closed run raises: [(kind, detail)]."""
+    out: List[Tuple[str, str]] = []
+    if settled.entered_quarantine:
+        out.append((QUARANTINED, f"{agent} quarantined after {settled.state.bad_streak} bad endings in a row"))
+    n = settled.state.consecutive_failures
+    if counts_against(status, source)[0] and n and failures_in_a_row and n % failures_in_a_row == 0:
+        out.append((FAILURES_IN_A_ROW, f"{agent} failed {n} times in a row (last: {status})"))
     return out
 
 
-def turn_decision(state: Mapping[str, Any], now: float, line: Optional[str] = None
-                  ) -> Tuple[str, Optional[str]]:
-    """Does an agent take its turn? -> (``run`` | ``skip`` | ``pass``, reason).
+# --- a ring that fails at once must not spin ---------------------------------------
 
-    ``skip``: record a skipped row (operator asked). ``pass``: silently go on to
-    the next agent (backing off after a deferral, or quarantined)."""
-    if state.get("skip_requested"):
-        return "skip", "operator requested skip"
-    q_until = state.get("quarantined_until")
-    if q_until is not None:
-        if line is not None and state.get("quarantine_line") not in (None, line):
-            return "run", "roster line changed; quarantine lifted"
-        if now < q_until:
-            return "pass", "quarantined"
-        return "run", "probation run after quarantine cool-off"
-    backoff = state.get("backoff_until")
-    if backoff is not None and now < backoff:
-        return "pass", "backing off"
-    return "run", None
+@dataclass(frozen=True)
+class Spin:
+    """Fast-fail laps: does the current lap consist only of runs that failed
+    within ``fast_fail`` seconds (or could not start), and how long the driver
+    waits after such a lap."""
+    runs: int = 0            # runs in the current lap
+    all_fast: bool = True    # every one of them failed fast
+    delay: float = 0.0       # the current wait after a fast-fail lap (0: none)
+
+
+def spin_after_run(spin: Spin, status: str, duration: float, fast_fail: float) -> Spin:
+    fast = status == "error" or (status == "failed" and duration <= fast_fail)
+    if status == "ok" or duration > fast_fail:
+        return Spin(runs=spin.runs + 1, all_fast=False, delay=0.0)
+    if status == "skipped":
+        return spin
+    return Spin(runs=spin.runs + 1, all_fast=spin.all_fast and fast, delay=spin.delay)
+
+
+def spin_at_lap_end(spin: Spin, backoff_max: float) -> Spin:
+    """At the end of a lap: the wait before the next one (``delay``; 0: none)
+    and a fresh lap. The wait doubles from 1 s up to ``backoff_max``."""
+    if spin.runs and spin.all_fast:
+        delay = min(backoff_max, 1.0 if spin.delay <= 0 else spin.delay * 2)
+        return Spin(delay=delay)
+    return Spin(delay=0.0 if spin.runs else spin.delay)
+
+
+# --- signals ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Requests:
+    """What the signals a wait returned ask of the driver."""
+    stop: bool = False       # SIGTERM, SIGINT
+    reload: bool = False     # SIGHUP
+    wake: bool = False       # SIGUSR1: an operator wrote a request to the journal
+    children: bool = False   # SIGCHLD: reap exited helpers
+
+    @property
+    def any(self) -> bool:
+        return self.stop or self.reload or self.wake
+
+
+def requests_from(sigs: "set[int]") -> Requests:
+    import signal as _s  # signal numbers only
+    return Requests(stop=bool(sigs & {_s.SIGTERM, _s.SIGINT}), reload=_s.SIGHUP in sigs,
+                    wake=_s.SIGUSR1 in sigs, children=_s.SIGCHLD in sigs)
+
+
+def wait_timeout(now: float, until: Optional[float], next_beat: float, roster_check: float) -> float:
+    """How long an idle driver may sleep: until the thing it waits for, but never
+    past its next heartbeat or its next look at the roster file."""
+    candidates = [next_beat, roster_check] + ([until] if until is not None else [])
+    return max(0.0, min(candidates) - now)

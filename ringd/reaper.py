@@ -1,15 +1,15 @@
 """The reaper: close journal rows left ``running`` by a driver that died.
 
-"Reap before you count": the driver calls it at start (holding the lock, so
-every ``running`` row is an orphan), and status/history call it before reading
-(then a row is an orphan when its driver - pid *and* start time - is gone).
-A still-alive agent of an orphaned run is killed first: its process group if
-the leader is still the process we started, and every process carrying the
-run's environment key.
+"Reap before you count": the driver calls it at start (holding the lock, which
+proves every earlier driver of this state dir is dead - even one that had the
+same pid, as pid 1 in a container has every time) and status/history call it
+before reading (then a row is an orphan when its driver - pid *and* start
+ticks - is gone). A driver that is alive is never reaped, lock or not (a lock
+file deleted under it lets a second driver take a fresh lock). A still-alive
+agent of an orphaned run is killed first.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -18,10 +18,13 @@ from . import proctree
 from .config import Config
 from .procid import same_process
 from .journal import Journal, RunRow
-from .policy import after_run
+from .transitions import Closed, close_row
 
 
-def driver_alive(row: RunRow) -> bool:
+def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
+    """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?"""
+    if me is not None and (row.driver_pid, row.driver_start) == me:
+        return False
     return same_process(row.driver_pid, row.driver_start)
 
 
@@ -34,31 +37,26 @@ def kill_orphan(state_dir: Path, row: RunRow) -> int:
     return proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
 
 
-def reap(journal: Journal, state_dir: Path, config: Optional[Config] = None, *,
-         lock_held: bool, log: Callable[[str], None] = lambda _m: None,
-         on_reaped: Optional[Callable[[RunRow, dict], None]] = None) -> List[int]:
-    """Close every orphaned ``running`` row as ``interrupted`` (source ``reaper``).
-    Returns the ids reaped."""
-    reaped: List[int] = []
+def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,
+         line_of: Callable[[str], Optional[str]] = lambda _n: None,
+         log: Callable[[str], None] = lambda _m: None,
+         on_reaped: Optional[Callable[[RunRow, Closed], None]] = None) -> List[int]:
+    """Close the orphaned ``running`` row, if any, as ``interrupted`` (source
+    ``reaper``). ``me``: the calling driver's (pid, start), which holds the lock.
+    ``line_of``: the agent's roster line, recorded so that an edit of the line
+    lifts a quarantine decided here. Returns the ids reaped."""
     row = journal.running_row()
-    if row is None:
-        return reaped
-    if row.driver_pid == os.getpid():
-        return reaped  # our own run, in flight
-    if not lock_held and driver_alive(row):
-        return reaped
+    if row is None or driver_alive(row, me):
+        return []
     killed = kill_orphan(state_dir, row)
-    now = time.time()
-    ring = config.ring if config is not None else None
     reason = f"driver (pid {row.driver_pid}) died while it ran"
     if killed:
         reason += f"; killed {killed} leftover process(es)"
-    after = journal.close_run(row.id, "interrupted", source="reaper", reason=reason, now=now,
-                              settle=(lambda state: after_run(state, "interrupted", now, ring))
-                              if ring is not None else None)
-    if after is not None:
-        reaped.append(row.id)
-        log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
-        if on_reaped is not None:
-            on_reaped(row, after)
-    return reaped
+    closed = close_row(journal, row, "interrupted", source="reaper", now=time.time(), ring=config.ring,
+                       line=line_of(row.agent), reason=reason)
+    if closed is None:
+        return []
+    log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
+    if on_reaped is not None:
+        on_reaped(row, closed)
+    return [row.id]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from .config import ConfigError, check_not_writable_by_others, excerpt, read_regular_file
+from .errors import ConfigError, excerpt
+from .safefile import check_not_writable_by_others, read_regular_file
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_ROSTER_BYTES = 1024 * 1024

@@ -3,18 +3,26 @@ every directory on the way is opened O_NOFOLLOW (created 0700 if missing) and
 the file is opened relative to it, O_NOFOLLOW, mode 0600. A symlink planted at
 ``logs/``, ``logs/<agent>/`` or at the file itself is refused (ELOOP/ENOTDIR/
 EEXIST), never followed. Used for run logs, ``alerts.log`` and ``ringd.log``.
-Also the one definition of a run log's name, ``logs/<agent>/<run_id>.log``.
+Also the one definition of a run log's name, ``logs/<agent>/<run_id>.log``, and
+the checks on files the daemons read (regular, not writable by others, a path a
+system call can take).
 """
 from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import List, Sequence
+
+from .errors import ConfigError, excerpt
 
 # Agents can write into their log dir: a name is a run log only if it is exactly
 # ASCII digits + ".log" ("²".isdigit() is True, int("²") raises).
 RUN_LOG_RE = re.compile(r"([1-9][0-9]{0,18})\.log", re.ASCII)
+
+NAME_MAX = 255                 # bytes in one path component (Linux, macOS)
+PATH_MAX = 4095
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -66,3 +74,68 @@ def highest_run_log_id(state_dir: Path) -> int:
     except OSError:
         return 0
     return max((ids[-1] for ids in map(run_log_ids, agents) if ids), default=0)
+
+
+def check_path(what: str, raw: str) -> str:
+    """Refuse a path no system call could take (a NUL byte, a component over
+    NAME_MAX, over PATH_MAX, not encodable), naming it by an excerpt only."""
+    if "\x00" in raw:
+        raise ConfigError(f"{what}: path contains a NUL byte: {excerpt(raw)}")
+    try:
+        blob = os.fsencode(raw)
+    except UnicodeError:
+        raise ConfigError(f"{what}: path is not a valid file name: {excerpt(raw)}") from None
+    if len(blob) > PATH_MAX:
+        raise ConfigError(f"{what}: path is longer than {PATH_MAX} bytes: {excerpt(raw)}")
+    for part in blob.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise ConfigError(f"{what}: a path component is longer than {NAME_MAX} bytes: "
+                              f"{excerpt(os.fsdecode(part))}")
+    return raw
+
+
+def read_regular_file(path: Path, what: str, limit: int) -> bytes:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others. Opened non-blocking and checked on the open
+    descriptor: a FIFO (or a device) is refused, never waited on, and the file
+    checked is the file read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: {what} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: {what} is not a regular file")
+        _refuse_writable_by_others(path, what, st)
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def check_not_writable_by_others(path: Path, what: str) -> None:
+    """Refuse files that group or others may write (sshd StrictModes)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    _refuse_writable_by_others(path, what, st)
+
+
+def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> None:
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(st.st_mode)
+        raise ConfigError(
+            f"{path}: {what} is writable by group or others (mode {mode:04o}); "
+            f"anyone who can write it can run commands as this user. Fix: chmod go-w {path}")

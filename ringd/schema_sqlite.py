@@ -4,12 +4,9 @@ Status set and terminal coherence by CHECK constraints, at most one ``running``
 row by a partial unique index, final statuses final and per-agent counters by
 triggers. ``schema_pg`` is the same schema for PostgreSQL.
 """
-SCHEMA_VERSION = 1
+from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
 
-# The journal's vocabulary, whatever the backend (schema_pg uses the same).
-TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
-STATUSES = ("running",) + TERMINAL
-SOURCES = ("driver", "reaper", "operator")
+SCHEMA_VERSION = 1
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
 _SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)

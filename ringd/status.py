@@ -13,37 +13,26 @@ Rich is never imported here (``status --json`` must stay fast).
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 import time
-from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import procid
 from .config import Config, ConfigError, excerpt
+from .errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
+from .errors import STATUS_OK as EXIT_HEALTHY
+from .errors import STATUS_STOPPED as EXIT_STOPPED
+from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
+from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
 from .journal import Journal, JournalError, RunRow, journal_path
 
 WATCHER_FILE = "ringwatch.json"
 
-# `ringd status` exit codes (LSB init-script status codes).
-EXIT_HEALTHY = 0
-EXIT_DEAD_OR_STALE = 1
-EXIT_STOPPED = 3
-EXIT_UNKNOWN = 4      # the status cannot be told (no such state dir, unreadable journal)
-
 HISTORY_KEYS = ("id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason")
 MAX_KNOWN_NAMES_CHARS = 600
-
-
-class OperatorError(Exception):
-    """A one-line message for the operator and the exit code that goes with it."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 # --- opening things without creating them -----------------------------------
@@ -75,17 +64,6 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
     return Journal.open_readonly(state_dir)
 
 
-@contextmanager
-def snapshot(journal: Journal) -> Iterator[sqlite3.Connection]:
-    """One short read transaction: every query inside sees the same journal."""
-    con = journal.con
-    con.execute("BEGIN")
-    try:
-        yield con
-    finally:
-        con.execute("COMMIT")
-
-
 def process_alive(pid: Any, start_ticks: Any) -> bool:
     """Is ``pid`` alive and the process that started at ``start_ticks``? (procid:
     boot-relative, so a step of the wall clock changes nothing; no psutil import,
@@ -109,15 +87,15 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
         from .reaper import reap
         writer = Journal.open(state_dir, create=False)
         try:
-            return reap(writer, state_dir, config, lock_held=False,
-                        on_reaped=lambda row, state: _alert_reaped(state_dir, config, row, state)), None
+            return reap(writer, state_dir, config,
+                        on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed)), None
         finally:
             writer.close()
-    except (JournalError, sqlite3.Error, OSError) as e:
+    except (JournalError, OSError) as e:
         return [], f"run {row.id} looks orphaned (its driver is gone) but could not be reaped: {e}"
 
 
-def _alert_reaped(state_dir: Path, config: Config, row: RunRow, state: Mapping[str, Any]) -> None:
+def _alert_reaped(state_dir: Path, config: Config, row: RunRow, closed) -> None:
     """The alerts the driver would raise had it reaped this run itself."""
     if not config.alerts.command:
         return
@@ -126,27 +104,19 @@ def _alert_reaped(state_dir: Path, config: Config, row: RunRow, state: Mapping[s
                 f"run {row.id} of {row.agent} was left running by a dead driver (pid {row.driver_pid}); "
                 f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
                 timeout=config.alerts.timeout, reaped_by_caller=False)
-    alert_agent_state(state_dir, config, row, "interrupted", state)
+    alert_closed(state_dir, config, closed)
 
 
-def alert_agent_state(state_dir: Path, config: Config, row: RunRow, status: str,
-                      state: Optional[Mapping[str, Any]]) -> None:
+def alert_closed(state_dir: Path, config: Config, closed) -> None:
     """Quarantine entered / N failures in a row, after an operator command closed a run."""
-    if not config.alerts.command or not state:
+    if not config.alerts.command or closed is None:
         return
     from . import alerts
-    from .policy import FAILURES
-    extra = {"run_id": row.id}
-    if state.get("entered_quarantine"):
-        alerts.fire(config.alerts.command, alerts.QUARANTINED, row.agent,
-                    f"{row.agent} quarantined after {state.get('bad_streak')} bad endings in a row",
-                    state_dir, extra, timeout=config.alerts.timeout, reaped_by_caller=False)
-    failures = state.get("consecutive_failures") or 0
-    every = config.alerts.failures_in_a_row
-    if status in FAILURES and failures and failures % every == 0:
-        alerts.fire(config.alerts.command, alerts.FAILURES, row.agent,
-                    f"{row.agent} failed {failures} times in a row (last: {status})",
-                    state_dir, extra, timeout=config.alerts.timeout, reaped_by_caller=False)
+    from .policy import alerts_after
+    for kind, detail in alerts_after(closed.agent, closed.status, closed.source, closed.settled,
+                                     config.alerts.failures_in_a_row):
+        alerts.fire(config.alerts.command, kind, closed.agent, detail, state_dir, {"run_id": closed.run_id},
+                    timeout=config.alerts.timeout, reaped_by_caller=False)
 
 
 # --- the roster as status sees it ---------------------------------------------
@@ -169,7 +139,7 @@ def known_names(config: Config, state_dir: Path, reader: Optional[Journal] = Non
     _, agents, _ = roster_view(config, state_dir)
     names = [n for n, _ in agents] if agents is not None else []
     if (include_journal or agents is None) and reader is not None:
-        for (n,) in reader.con.execute("SELECT name FROM agents ORDER BY name").fetchall():
+        for n in reader.agent_names():
             if n not in names:
                 names.append(n)
     return names
@@ -323,25 +293,20 @@ def status_exit_code(doc: Mapping[str, Any]) -> int:
     return EXIT_STOPPED
 
 
-AGENT_ROWS_SQL = """
-SELECT a.name, a.runs, a.consecutive_failures, a.backoff_until, a.skip_requested,
-       a.quarantined_until, a.bad_streak,
-       r.status AS last_status, r.started_at AS last_started_at, r.ended_at AS last_ended_at,
-       r.duration AS last_duration, r.exit_code AS last_exit_code, r.signal AS last_signal,
-       r.position AS last_position
-FROM agents a LEFT JOIN runs r ON r.id = a.last_run_id
-"""
-
-
 def read_journal_view(reader: Journal) -> Tuple[Optional[RunRow], Dict[str, Dict[str, Any]], Optional[str]]:
-    """(running row, per-agent rows, driver-recorded roster error) in one snapshot.
-    Cost is independent of the journal's size: primary-key and index lookups only."""
-    with snapshot(reader) as con:
-        row = con.execute("SELECT * FROM runs WHERE status = 'running'").fetchone()
-        running = RunRow.from_row(row) if row else None
-        agents = {r["name"]: dict(r) for r in con.execute(AGENT_ROWS_SQL).fetchall()}
-        meta = con.execute("SELECT value FROM meta WHERE key = 'roster_error'").fetchone()
-    return running, agents, (meta[0] if meta else None)
+    """(running row, per-agent rows, driver-recorded roster error) in one snapshot:
+    each agent's state plus ``last_*`` keys of its last finished run."""
+    running, states, last, roster_error = reader.status_view()
+    agents: Dict[str, Dict[str, Any]] = {}
+    for name, st in states.items():
+        row = asdict(st)
+        r = last.get(name)
+        if r is not None:
+            row.update(last_status=r.status, last_started_at=r.started_at, last_ended_at=r.ended_at,
+                       last_duration=r.duration, last_exit_code=r.exit_code, last_signal=r.signal,
+                       last_position=r.position)
+        agents[name] = row
+    return running, agents, roster_error
 
 
 def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
@@ -369,8 +334,6 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         # a many-host ring whose database is away: the drivers' health is still
         # known from this box's heartbeat; say why the rest is missing
         warnings.append(f"journal unreachable: {e}")
-    except sqlite3.Error as e:
-        raise OperatorError(f"{journal_path(state_dir)}: cannot read journal: {e}", EXIT_UNKNOWN) from None
     hb = read_heartbeat(state_dir)
     watcher = read_json(state_dir / WATCHER_FILE)
     roster_path, roster, roster_error = roster_view(config, state_dir)
@@ -439,6 +402,4 @@ def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit:
             reader.close()
     except JournalError as e:
         raise OperatorError(str(e)) from None
-    except sqlite3.Error as e:
-        raise OperatorError(f"{journal_path(state_dir)}: cannot read journal: {e}") from None
     return [run_dict(r) for r in rows]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import Iterable, Optional, Set, Tuple
 
 from . import earlysig
 
@@ -26,7 +26,6 @@ class Wakeups:
         os.set_inheritable(self._w, False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._r, selectors.EVENT_READ, "signals")
-        self._pending: List[int] = []
         self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         self._old = {}
         for sig in signals:

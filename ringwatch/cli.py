@@ -17,11 +17,10 @@ from typing import Optional
 import click
 
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
+from ringd.errors import EX_SOFTWARE as EXIT_INTERNAL
 
 from . import state
 from .state import Refusal
-
-EXIT_INTERNAL = 70
 
 
 def _fail(message: str, code: int) -> None:

@@ -24,6 +24,10 @@ from typing import Any, Dict, Iterable, Optional, Set
 
 from ringd import alerts, proctree
 from ringd.config import Config, ConfigError, load_config
+from ringd.errors import EX_CONFIG as EXIT_CONFIG
+from ringd.errors import EX_OK as EXIT_OK
+from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
+from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
 from ringd.heartbeat import Notifier, iso, read_heartbeat
 from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
@@ -32,10 +36,6 @@ from . import driverproc, policy, state
 from .driverproc import DriverProc
 from .state import Refusal
 
-EXIT_OK = 0
-EXIT_GAVE_UP = 70      # EX_SOFTWARE: the start limit was hit
-EXIT_LOCKED = 75       # EX_TEMPFAIL: another watcher runs on this state dir
-EXIT_CONFIG = 78       # EX_CONFIG
 
 STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
@@ -384,7 +384,7 @@ class Watcher:
                 log(f"cannot reap the driver's last run: {e}")
             return
         try:
-            reap(journal, self.state_dir, self.config, lock_held=False, log=log)
+            reap(journal, self.state_dir, self.config, log=log)
         except Exception as e:  # noqa: BLE001 - best effort; `ringd status` reaps too
             log(f"cannot reap the driver's last run: {e}")
         finally:

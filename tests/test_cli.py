@@ -464,7 +464,9 @@ def test_resume_lifts_quarantine(ring):
     from ringd.journal import Journal
     j = Journal.open(ring.state)
     try:
-        j.set_agent("wedgy", quarantined_until=time.time() + 3600, quarantine_line="wedgy x", bad_streak=3)
+        with j.transaction() as tx:
+            tx.put_agent(tx.agent("wedgy").with_(quarantined_until=time.time() + 3600,
+                                                 quarantine_line="wedgy x", bad_streak=3))
     finally:
         j.close()
     doc, _ = status_json(ring)

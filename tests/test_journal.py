@@ -2,6 +2,7 @@
 import os
 import sqlite3
 import stat
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ def raw(tmp_path):
 
 def test_file_is_private_and_wal(tmp_path, journal):
     assert stat.S_IMODE(os.stat(journal_path(tmp_path)).st_mode) == 0o600
-    assert journal.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert raw(tmp_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 @pytest.mark.parametrize("sql", [
@@ -55,25 +56,49 @@ def test_at_most_one_running_row(tmp_path, journal):
         con.execute("INSERT INTO runs(agent, status, started_at) VALUES ('b', 'running', 2)")
 
 
+def start(journal, agent="a"):
+    with journal.transaction() as tx:
+        return tx.start_run(agent, 0, now=time.time(), run_budget=1, stall_threshold=2,
+                            driver_pid=1, driver_start=1.0)
+
+
+def close(journal, rid, status, source="driver", **kw):
+    with journal.transaction() as tx:
+        return tx.close_run(rid, status, source=source, now=time.time(), **kw)
+
+
 def test_guarded_close_never_clobbers(tmp_path, journal):
-    rid = journal.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
-    assert journal.close_run(rid, "interrupted", source="operator", reason="stuck")
-    assert not journal.close_run(rid, "ok", source="driver", exit_code=0)
+    rid = start(journal)
+    assert close(journal, rid, "interrupted", source="operator", reason="stuck")
+    assert not close(journal, rid, "ok", exit_code=0)
     row = journal.run(rid)
     assert row.status == "interrupted" and row.exit_code is None
     with pytest.raises(sqlite3.IntegrityError):
         raw(tmp_path).execute("UPDATE runs SET status = 'ok' WHERE id = ?", (rid,))
-    kinds = [(r[0], r[1]) for r in journal.con.execute("SELECT kind, source FROM events ORDER BY id")]
+    kinds = [(r[0], r[1]) for r in raw(tmp_path).execute("SELECT kind, source FROM events ORDER BY id")]
     assert kinds == [("started", "driver"), ("interrupted", "operator")]
 
 
 def test_counters_follow_runs(journal):
     for status in ("ok", "ok", "failed"):
-        rid = journal.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
-        journal.close_run(rid, status, source="driver")
-    journal.record_skip("a", 0, "operator requested skip", "operator")
+        close(journal, start(journal), status)
+    with journal.transaction() as tx:
+        tx.add_skipped("a", 0, "operator requested skip", "operator", time.time())
     assert journal.run_counts() == {"a": {"ok": 2, "failed": 1, "skipped": 1}}
-    assert journal.agent_state("a")["runs"] == 4
+    assert journal.agent_state("a").runs == 4
+
+
+def test_a_transaction_commits_all_or_nothing(journal):
+    with pytest.raises(RuntimeError):
+        with journal.transaction() as tx:
+            tx.put_agent(tx.agent("a").with_(consecutive_failures=3))
+            raise RuntimeError("the caller changed its mind")
+    assert journal.agent_state("a").consecutive_failures == 0
+    rid = start(journal)
+    with pytest.raises(JournalError) as e:   # a second running row: the schema refuses it
+        start(journal, "b")
+    assert e.value.transient
+    assert journal.running_row().id == rid
 
 
 def test_corrupt_journal_is_refused_and_left_in_place(tmp_path):
@@ -87,7 +112,7 @@ def test_corrupt_journal_is_refused_and_left_in_place(tmp_path):
 
 def test_truncated_journal_is_refused(tmp_path):
     j = Journal.open(tmp_path)
-    j.start_run("a", 0, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+    start(j)
     j.close()
     p = journal_path(tmp_path)
     for suffix in ("-wal", "-shm"):

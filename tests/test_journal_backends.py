@@ -2,10 +2,11 @@
 PostgreSQL (a real server, see pgcluster). The schema itself enforces the
 SPEC's invariants; the transitions behave alike on both."""
 import sqlite3
+import time
 
 import pytest
 
-from ringd.journal import Journal
+from ringd.journal import Journal, JournalError
 
 
 class Backend:
@@ -41,7 +42,14 @@ def backend(request, tmp_path):
 
 
 def start(j, agent="a", position=0):
-    return j.start_run(agent, position, run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+    with j.transaction() as tx:
+        return tx.start_run(agent, position, now=time.time(), run_budget=1, stall_threshold=2,
+                            driver_pid=1, driver_start=1.0)
+
+
+def close(j, rid, status, source="driver", **kw):
+    with j.transaction() as tx:
+        return tx.close_run(rid, status, source=source, now=time.time(), **kw)
 
 
 @pytest.mark.parametrize("sql", [
@@ -76,16 +84,17 @@ def test_at_most_one_running_row(backend):
 
 def test_a_second_start_is_refused_through_the_journal_too(backend):
     start(backend.journal, "a")
-    with pytest.raises(sqlite3.IntegrityError):  # PostgreSQL's is raised as sqlite3's kind too
+    with pytest.raises(JournalError) as e:   # one error type, whatever the backend
         start(backend.journal, "b")
+    assert e.value.transient
     assert backend.journal.running_row().agent == "a"
 
 
 def test_guarded_close_never_clobbers(backend):
     j = backend.journal
     rid = start(j)
-    assert j.close_run(rid, "interrupted", source="operator", reason="stuck")
-    assert not j.close_run(rid, "ok", source="driver", exit_code=0)
+    assert close(j, rid, "interrupted", source="operator", reason="stuck")
+    assert not close(j, rid, "ok", exit_code=0)
     row = j.run(rid)
     assert row.status == "interrupted" and row.exit_code is None and row.reason == "stuck"
     kinds = [(r[0], r[1]) for r in j.con.execute("SELECT kind, source FROM events ORDER BY id")]
@@ -95,7 +104,7 @@ def test_guarded_close_never_clobbers(backend):
 @pytest.mark.parametrize("new", ["ok", "running", "interrupted"])
 def test_final_statuses_are_final_whoever_writes(backend, new):
     rid = start(backend.journal)
-    backend.journal.close_run(rid, "failed", source="driver", exit_code=3)
+    close(backend.journal, rid, "failed", exit_code=3)
     with pytest.raises(Exception) as e:
         backend.raw_exec("UPDATE runs SET status = ? WHERE id = ?", (new, rid))
     assert "cannot change status" in str(e.value)
@@ -105,29 +114,32 @@ def test_final_statuses_are_final_whoever_writes(backend, new):
 def test_counters_follow_runs(backend):
     j = backend.journal
     for status in ("ok", "ok", "failed"):
-        j.close_run(start(j), status, source="driver")
-    j.record_skip("a", 0, "operator requested skip", "operator")
+        close(j, start(j), status)
+    with j.transaction() as tx:
+        tx.add_skipped("a", 0, "operator requested skip", "operator", time.time())
     assert j.run_counts() == {"a": {"ok": 2, "failed": 1, "skipped": 1}}
-    assert j.agent_state("a")["runs"] == 4
-    assert j.agent_state("a")["last_run_id"] == j.last_run().id
+    assert j.agent_state("a").runs == 4
+    assert j.agent_state("a").last_run_id == j.last_run().id
 
 
 def test_counters_are_kept_by_the_database_not_the_journal_code(backend):
     backend.raw_exec("INSERT INTO runs(agent, status, started_at, ended_at, duration) "
                      "VALUES ('z', 'ok', 1, 2, 1)")
     assert backend.journal.run_counts() == {"z": {"ok": 1}}
-    assert backend.journal.agent_state("z")["runs"] == 1
+    assert backend.journal.agent_state("z").runs == 1
 
 
-def test_settle_stores_agent_state_and_quarantine_writes_its_row(backend):
+def test_closing_settles_the_agent_and_quarantine_writes_its_row(backend):
+    from ringd.config import RingSettings
+    from ringd.transitions import close_run
     j = backend.journal
+    ring = RingSettings(quarantine_after=1, quarantine_cooloff=100)
     rid = start(j)
-    after = j.close_run(rid, "stalled", source="driver", reason="no exit",
-                        settle=lambda st: {"bad_streak": st["bad_streak"] + 1, "quarantined_until": 5e9})
-    assert after["entered_quarantine"] and after["bad_streak"] == 1
+    closed = close_run(j, rid, "a", 0, "stalled", source="driver", now=time.time(), ring=ring, reason="no exit")
+    assert closed.settled.entered_quarantine and closed.settled.state.bad_streak == 1
     last = j.last_run()
     assert last.status == "skipped" and "quarantined" in last.reason
-    assert j.agent_state("a")["quarantined_until"] == 5e9
+    assert j.agent_state("a").quarantined_until == closed.settled.state.quarantined_until
     kinds = [r["kind"] for r in j.con.execute("SELECT kind FROM events ORDER BY id")]
     assert kinds == ["started", "stalled", "quarantined"]
 
@@ -135,11 +147,14 @@ def test_settle_stores_agent_state_and_quarantine_writes_its_row(backend):
 def test_process_skip_request_and_meta(backend):
     j = backend.journal
     rid = start(j)
-    j.set_process(rid, 4242, 12.5, "/x/1.log")
+    with j.transaction() as tx:
+        tx.set_process(rid, 4242, 12.5, "/x/1.log")
     row = j.running_row()
     assert (row.pid, row.pid_start, row.log_path) == (4242, 12.5, "/x/1.log")
-    j.request_skip("a")
-    assert j.agent_state("a")["skip_requested"] == 1
+    from ringd.transitions import request_skip, skip_requested_for
+    assert request_skip(j, None, rid, time.time()).run_id == rid and skip_requested_for(j, rid)
+    assert request_skip(j, "b", None, time.time()).run_id is None
+    assert j.agent_state("b").skip_requested
     j.set_meta("roster_error", "bad line")
     assert j.meta("roster_error") == "bad line"
     j.set_meta("roster_error", None)
@@ -149,7 +164,7 @@ def test_process_skip_request_and_meta(backend):
 def test_history_is_newest_first_and_by_agent(backend):
     j = backend.journal
     for name in ("a", "b", "a"):
-        j.close_run(start(j, name), "ok", source="driver", exit_code=0)
+        close(j, start(j, name), "ok", exit_code=0)
     assert [r.agent for r in j.history()] == ["a", "b", "a"]
     assert [r.id for r in j.history("a", limit=1)] == [j.last_run_of("a").id]
     assert set(j.agent_states()) == {"a", "b"}

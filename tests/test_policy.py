@@ -1,8 +1,15 @@
-"""The driver's pure decisions."""
+"""The driver's pure decisions (microseconds each, no processes)."""
+import signal
+
+import pytest
+
 from ringd.config import RingSettings
-from ringd.policy import after_run, backoff_delay, classify, turn_decision
+from ringd.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
+                          decide, plan_turn, requests_from, spin_after_run, spin_at_lap_end, wait_timeout)
+from ringd.records import AgentState
 
 RING = RingSettings(backoff_initial=60, backoff_max=3600, quarantine_after=3, quarantine_cooloff=100)
+A = AgentState(name="a")
 
 
 def test_classify():
@@ -24,30 +31,122 @@ def test_backoff_doubles_and_caps():
 
 
 def test_deferral_sets_backoff_and_success_resets_it():
-    s = after_run({}, "deferred", 1000.0, RING)
-    assert s["backoff_until"] == 1060 and s["consecutive_deferrals"] == 1
-    s2 = after_run(s, "deferred", 2000.0, RING)
-    assert s2["backoff_until"] == 2120 and s2["consecutive_deferrals"] == 2
-    s3 = after_run({**s, **s2}, "ok", 3000.0, RING)
-    assert s3["backoff_until"] is None and s3["consecutive_deferrals"] == 0
+    s = after_run(A, "deferred", "driver", 1000.0, RING).state
+    assert s.backoff_until == 1060 and s.consecutive_deferrals == 1
+    s = after_run(s, "deferred", "driver", 2000.0, RING).state
+    assert s.backoff_until == 2120 and s.consecutive_deferrals == 2
+    s = after_run(s, "ok", "driver", 3000.0, RING).state
+    assert s.backoff_until is None and s.consecutive_deferrals == 0
 
 
-def test_turn_decision():
-    assert turn_decision({}, 0) == ("run", None)
-    assert turn_decision({"backoff_until": 10}, 5)[0] == "pass"
-    assert turn_decision({"backoff_until": 10}, 11)[0] == "run"
-    assert turn_decision({"skip_requested": 1, "backoff_until": 10}, 5)[0] == "skip"
-    assert turn_decision({"quarantined_until": 10, "quarantine_line": "a x"}, 5, "a x")[0] == "pass"
-    assert turn_decision({"quarantined_until": 10, "quarantine_line": "a x"}, 11, "a x")[0] == "run"
-    assert turn_decision({"quarantined_until": 10, "quarantine_line": "a x"}, 5, "a y")[0] == "run"
+def test_error_backs_off_like_a_deferral_and_counts_as_a_failure():
+    s = after_run(A, "error", "driver", 1000.0, RING, "a ./x").state
+    assert s.backoff_until == 1060 and s.consecutive_failures == 1 and s.quarantine_line == "a ./x"
+    s = after_run(s, "error", "driver", 1100.0, RING, "a ./x").state
+    assert s.backoff_until == 1220
+    assert decide(s, 1200.0, "a ./x").action is Action.PASS
+    d = decide(s, 1200.0, "a ./y")   # the line was fixed: run now
+    assert d.action is Action.RUN and d.line_changed
 
 
-def test_failures_count_and_bad_streak_quarantines():
-    s = {}
+# SPEC "Whose fault": (status, source) -> (failures delta, streak delta, reset)
+WHOSE_FAULT = [
+    ("ok", "driver", "reset", "reset"),
+    ("failed", "driver", +1, 0),
+    ("error", "driver", +1, 0),
+    ("deferred", "driver", 0, 0),
+    ("timeout", "driver", +1, +1),
+    ("stalled", "driver", +1, +1),
+    ("interrupted", "operator", +1, +1),
+    ("interrupted", "driver", 0, 0),
+    ("interrupted", "reaper", 0, 0),
+    ("skipped", "operator", 0, 0),
+    ("skipped", "driver", 0, 0),
+]
+
+
+@pytest.mark.parametrize("status,source,fails,streak", WHOSE_FAULT)
+def test_whose_fault(status, source, fails, streak):
+    before = A.with_(consecutive_failures=1, bad_streak=1)
+    s = after_run(before, status, source, 0.0, RING).state
+    assert s.consecutive_failures == (0 if fails == "reset" else 1 + fails)
+    assert s.bad_streak == (0 if streak == "reset" else 1 + streak)
+    failures_alert = bool(alerts_after("a", status, source, after_run(before, status, source, 0.0, RING), 2))
+    assert failures_alert == (fails == +1)
+
+
+def test_three_clean_stops_quarantine_nothing():
+    s = A
+    for source in ("driver", "reaper", "driver"):
+        settled = after_run(s, "interrupted", source, 0.0, RING)
+        assert not settled.entered_quarantine
+        s = settled.state
+    assert s.quarantined_until is None and s.consecutive_failures == 0
+
+
+def test_wedges_quarantine_and_a_good_probation_ends_it():
+    s = A
     for status in ("stalled", "timeout"):
-        s.update(after_run(s, status, 0.0, RING))
-    assert s["consecutive_failures"] == 2 and "quarantined_until" not in s
-    s.update(after_run(s, "interrupted", 50.0, RING, "a x"))
-    assert s["quarantined_until"] == 150 and s["quarantine_line"] == "a x"
-    s.update(after_run(s, "ok", 200.0, RING))
-    assert s["quarantined_until"] is None and s["consecutive_failures"] == 0 and s["bad_streak"] == 0
+        s = after_run(s, status, "driver", 0.0, RING).state
+    assert s.consecutive_failures == 2 and s.quarantined_until is None
+    settled = after_run(s, "interrupted", "operator", 50.0, RING, "a x")
+    assert settled.entered_quarantine
+    s = settled.state
+    assert s.quarantined_until == 150 and s.quarantine_line == "a x"
+    assert decide(s, 100.0, "a x").action is Action.PASS
+    assert decide(s, 100.0, "a y").line_changed
+    assert decide(s, 151.0, "a x").action is Action.RUN
+    s = after_run(s, "ok", "driver", 200.0, RING).state
+    assert s.quarantined_until is None and s.consecutive_failures == 0 and s.bad_streak == 0
+
+
+def test_decide_order():
+    assert decide(A, 0).action is Action.RUN
+    assert decide(A.with_(backoff_until=10), 5).action is Action.PASS
+    assert decide(A.with_(backoff_until=10), 5).until == 10
+    assert decide(A.with_(backoff_until=10), 11).action is Action.RUN
+    assert decide(A.with_(skip_requested=True, backoff_until=10), 5).action is Action.SKIP
+
+
+def test_plan_steps_over_passes_and_says_when_to_wake():
+    roster = [("a", "a x"), ("b", "b x"), ("c", "c x")]
+    states = {"a": A.with_(backoff_until=50), "b": AgentState("b", backoff_until=20)}
+    p = plan_turn(TurnInputs(roster, 0, states, now=10))
+    assert p.index == 2 and p.passed == [0, 1]
+    states["c"] = AgentState("c", quarantined_until=30)
+    p = plan_turn(TurnInputs(roster, 1, states, now=10))
+    assert p.index is None and p.until == 20 and p.passed == [1, 2, 0]
+    p = plan_turn(TurnInputs(roster, 1, states, now=10, limit=1))
+    assert p.index is None and p.passed == [1]
+
+
+def test_a_ring_that_fails_at_once_waits_doubling_and_resets():
+    spin = Spin()
+    delays = []
+    for _ in range(5):
+        for _ in range(3):
+            spin = spin_after_run(spin, "failed", 0.01, fast_fail=1.0)
+        spin = spin_at_lap_end(spin, backoff_max=6)
+        delays.append(spin.delay)
+    assert delays == [1, 2, 4, 6, 6]
+    spin = spin_after_run(spin, "error", 0.0, 1.0)
+    spin = spin_after_run(spin, "failed", 1.5, 1.0)   # one slow failure: not a spinning lap
+    assert spin_at_lap_end(spin, 6).delay == 0
+    spin = spin_after_run(Spin(delay=4), "ok", 0.01, 1.0)
+    assert spin_at_lap_end(spin, 6).delay == 0
+
+
+def test_signals_become_requests():
+    r = requests_from({signal.SIGTERM})
+    assert r.stop and not r.reload and r.any
+    r = requests_from({signal.SIGHUP, signal.SIGCHLD})
+    assert r.reload and r.children and not r.stop
+    assert requests_from({signal.SIGUSR1}).wake
+    assert not requests_from({signal.SIGCHLD}).any
+
+
+def test_idle_wait_never_sleeps_past_a_beat_or_a_roster_look():
+    assert wait_timeout(100, until=86400, next_beat=110, roster_check=105) == 5
+    assert wait_timeout(100, until=101, next_beat=110, roster_check=105) == 1
+    assert wait_timeout(100, until=None, next_beat=103, roster_check=105) == 3
+    assert wait_timeout(100, until=90, next_beat=103, roster_check=105) == 0

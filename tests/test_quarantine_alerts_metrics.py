@@ -99,8 +99,10 @@ def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
     seen = ring.base / "alerts.jsonl"
     pids = ring.base / "alert.pids"
     alert = ring.agent("alert", f"echo $$ >> {pids}\ncat >> {seen}\necho \"$RING_EVENT $RING_AGENT\" >> {seen}.env\nexec sleep 60")
-    ring.write_config(alerts={"command": [str(alert)], "failures_in_a_row": 2, "timeout": 1.0})
-    ring.agent("bad", "exit 1")
+    # fast_fail below the agent's run time: this ring must turn at full speed (no spin wait)
+    ring.write_config(ring={"fast_fail": 0.01},
+                      alerts={"command": [str(alert)], "failures_in_a_row": 2, "timeout": 1.0})
+    ring.agent("bad", "sleep 0.05; exit 1")
     ring.roster(f"bad {ring.agents_dir}/bad.sh")
     ring.start_driver()
     # alerts run concurrently (each hangs): on a loaded box the alert for 4
@@ -137,6 +139,7 @@ def test_missing_alert_command_never_stops_the_ring(ring):
 
 def test_metrics_parse_and_agree_with_status(ring):
     from prometheus_client.parser import text_string_to_metric_families
+    ring.write_config(ring={"backoff_initial": 60, "backoff_max": 60})  # c still backs off on lap 2
     ring.agent("a", "exit 0")
     ring.agent("b", "exit 2")
     ring.agent("c", "exit 75")

@@ -268,6 +268,7 @@ def test_symlinked_logs_dir_is_not_followed(ring, victim):
 
 def test_symlink_planted_at_the_next_run_log_is_not_followed(ring, victim):
     vdir, precious = victim
+    ring.write_config(ring={"backoff_initial": 0.01, "backoff_max": 0.01})   # the error's back-off is short
     ring.agent("a", "echo overwrite-attempt")
     ring.roster(f"a {ring.agents_dir}/a.sh")
     code, err = finish(ring.start_driver("--once"))

@@ -1,0 +1,210 @@
+"""The driver's effects, behind one small object: clocks, the event wait,
+spawning and signalling an agent, killing its tree, the heartbeat, sd_notify,
+run logs and the daemon log. The driver and the hop only decide and call these;
+:class:`RealEnv` does them, and tests pass a fake with a scripted clock, exits
+and signals (tests/fakeenv.py).
+
+Extra event sources (the per-run notify socket) register a descriptor with
+:meth:`RealEnv.watch`; a wait then reports it ready like the agent's pidfd.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Deque, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
+
+from . import proctree, safefile
+from .heartbeat import Heartbeat, Notifier
+from .procid import start_ticks
+from .wakeup import Wakeups
+
+MAX_WAIT = 86400.0   # s; selectors overflow past ~24.8 days (2^31 ms): never ask for more
+
+
+@dataclass
+class Child:
+    """An agent process we started as the leader of a new session. Until we reap
+    it, its pid (and process group id) cannot be reused, so signalling it and its
+    group stays safe."""
+    pid: int
+    pidfd: Optional[int]
+    popen: Optional[subprocess.Popen] = None
+    start_time: Optional[int] = None     # boot-relative start ticks (procid), read when first needed
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+@dataclass
+class LogIndex:
+    """The run-log ids of one agent we know of, oldest first (read from the
+    directory once, then kept in step as runs are added and pruned)."""
+    ids: Deque[int] = field(default_factory=deque)
+
+
+class RealEnv:
+    def __init__(self, state_dir: Path, logger, notifier: Optional[Notifier] = None,
+                 wakeups: Optional[Wakeups] = None):
+        self.state_dir = state_dir
+        self.log = logger
+        self.notifier = notifier or Notifier()
+        self.wakeups = wakeups or Wakeups()
+        self.heartbeat = Heartbeat(state_dir, self.notifier)
+        self.pid = self.heartbeat.pid
+        self.pid_start = self.heartbeat.pid_start
+        self.started_at = self.heartbeat.started_at
+        self._watched: Set[int] = set()
+        self._logs: Dict[str, LogIndex] = {}
+
+    # --- clocks and the wait ---------------------------------------------------------
+    monotonic = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
+
+    def watch(self, fd: int) -> None:
+        """Report ``fd`` from every wait until :meth:`unwatch` (e.g. a run's notify socket)."""
+        self._watched.add(fd)
+
+    def unwatch(self, fd: int) -> None:
+        self._watched.discard(fd)
+
+    def wait(self, timeout: Optional[float], fds: Iterable[Optional[int]] = ()) -> Tuple[Set[int], Set[int]]:
+        """Sleep until a signal arrives, a descriptor is ready, or ``timeout`` passes.
+        Returns (signals, ready descriptors)."""
+        if timeout is not None:
+            timeout = min(max(0.0, timeout), MAX_WAIT)
+        return self.wakeups.wait(timeout, [*fds, *self._watched])
+
+    def signals(self) -> Set[int]:
+        """Signals that arrived since the last wait, without sleeping."""
+        return self.wakeups.drain()
+
+    # --- the agent ---------------------------------------------------------------------
+    def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
+              umask: int) -> Child:
+        """Start ``argv`` in its own session. Raises OSError if it cannot be started."""
+        popen = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
+        popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(popen.pid)
+            except OSError:
+                pidfd = None
+        return Child(pid=popen.pid, pidfd=pidfd, popen=popen)
+
+    def start_time(self, child: Child) -> Optional[int]:
+        if child.start_time is None:
+            child.start_time = start_ticks(child.pid)
+        return child.start_time
+
+    @staticmethod
+    def exit_status(child: Child) -> Optional[Tuple[Optional[int], Optional[int]]]:
+        """(exit code, signal) once the leader has exited, without reaping it."""
+        ws = proctree.peek_exit(child.pid)
+        return None if ws is None else proctree.decode_status(ws)
+
+    @staticmethod
+    def term(child: Child) -> None:
+        """SIGTERM to the agent's group, and SIGCONT so a stopped agent can act on it."""
+        proctree.signal_group(child.pid, signal.SIGTERM)
+        proctree.signal_group(child.pid, signal.SIGCONT)
+
+    def kill_tree(self, child: Child, state_key: str, run_id: int) -> int:
+        """SIGKILL the run's whole tree; returns how many leftovers were killed.
+        The leader is kept as an unreaped zombie meanwhile so its group id
+        cannot be reused."""
+        if child.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            proctree.signal_group(child.pid, signal.SIGKILL)
+        # Let the leader finish dying first: until it is a zombie its escaped
+        # children are still being re-parented to us, and a walk of our process
+        # tree at that moment misses them (found by the soak).
+        proctree.wait_exit(child.pidfd, timeout=2.0)
+        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid])
+
+    @staticmethod
+    def reap(child: Child) -> None:
+        try:
+            os.waitpid(child.pid, 0)
+        except ChildProcessError:
+            pass
+        child.close()
+
+    @staticmethod
+    def reap_helpers(keep: Iterable[int] = ()) -> None:
+        """Collect exited children other than ``keep`` (alert helpers, orphans re-parented to us)."""
+        proctree.reap_zombie_children(keep)
+
+    # --- files -------------------------------------------------------------------------
+    def beat(self, **fields) -> None:
+        self.heartbeat.beat(**fields)
+
+    def notify(self, message: str) -> None:
+        self.notifier.notify(message)
+
+    def open_run_log(self, agent: str, run_id: int) -> Tuple[int, str]:
+        """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
+        local user planted in the state dir."""
+        fd = safefile.open_file(self.state_dir, ("logs", agent), f"{run_id}.log",
+                                os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        return fd, str(self.state_dir / "logs" / agent / f"{run_id}.log")
+
+    @staticmethod
+    def write_fd(fd: int, text: str) -> None:
+        os.write(fd, text.encode())
+
+    @staticmethod
+    def close_fd(fd: int) -> None:
+        os.close(fd)
+
+    def keep_logs(self, agent: str, run_id: int, keep: int) -> None:
+        """Keep the newest ``keep`` run logs of an agent. The directory is listed
+        once per agent; after that each run costs at most one unlink."""
+        index = self._logs.get(agent)
+        if index is None:
+            index = self._logs[agent] = LogIndex(deque(safefile.run_log_ids(self.state_dir / "logs" / agent)))
+        if not index.ids or index.ids[-1] != run_id:
+            index.ids.append(run_id)
+        while len(index.ids) > max(keep, 0):
+            old = index.ids.popleft()
+            try:
+                os.unlink(self.state_dir / "logs" / agent / f"{old}.log")
+            except OSError:
+                pass
+
+    @staticmethod
+    def errno_reason(e: OSError) -> str:
+        return proctree.errno_reason(e)
+
+    def close(self) -> None:
+        self.wakeups.close()
+
+
+def log_open_reason(e: OSError) -> str:
+    """Say plainly when the log path was tampered with (never followed)."""
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "a symbolic link (or a non-directory) is in the way; refusing to follow it"
+    if e.errno == errno.EEXIST:
+        return "a file or symbolic link is already there; refusing to write through it"
+    return proctree.errno_reason(e)
+
+
+def stderr_logger(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    sys.stderr.write(f"{stamp} ringd[{os.getpid()}]: {message}\n")
+    sys.stderr.flush()

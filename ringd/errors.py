@@ -1,0 +1,46 @@
+"""Exit codes and the one error type that carries one.
+
+Daemon and command exit codes come from sysexits (``os.EX_*``); ``ringd status``
+uses the LSB init-script status codes. Every error meant for the operator is a
+:class:`RingError`: a one-line message plus the exit code that goes with it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# sysexits(3)
+EX_OK = os.EX_OK                # 0
+EX_UNAVAILABLE = os.EX_UNAVAILABLE  # 69: the PostgreSQL journal cannot be reached at start
+EX_SOFTWARE = os.EX_SOFTWARE    # 70: internal error; ringwatch gave up
+EX_TEMPFAIL = os.EX_TEMPFAIL    # 75: another daemon holds the lock
+EX_CONFIG = os.EX_CONFIG        # 78: configuration (or unusable journal): do not restart blindly
+EX_INTERRUPTED = 128 + 2        # 130: a foreground command was interrupted (SIGINT)
+
+# LSB init-script status codes (``ringd status``)
+STATUS_OK = 0
+STATUS_DEAD = 1                 # dead or stale
+STATUS_STOPPED = 3              # stopped, or never ran
+STATUS_UNKNOWN = 4              # cannot be told
+
+
+class RingError(Exception):
+    """A one-line message for the operator and the process exit code that goes with it."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class ConfigError(RingError):
+    """A configuration or roster problem (exit 78)."""
+
+    def __init__(self, message: str, code: int = EX_CONFIG):
+        super().__init__(message, code)
+
+
+def excerpt(value: Any, limit: int = 40) -> str:
+    """A short, single-line rendering of untrusted input for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,75 @@
+"""The ring's records as plain typed values, shared by every journal backend
+and its readers: run statuses and event sources, a run row, an agent's state.
+No I/O here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping, Optional
+
+TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
+STATUSES = ("running",) + TERMINAL
+SOURCES = ("driver", "reaper", "operator")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    agent: str
+    position: Optional[int]
+    status: str
+    started_at: float
+    ended_at: Optional[float]
+    duration: Optional[float]
+    exit_code: Optional[int]
+    signal: Optional[int]
+    reason: Optional[str]
+    pid: Optional[int]
+    pid_start: Optional[float]
+    run_budget: Optional[float]
+    stall_threshold: Optional[float]
+    log_path: Optional[str]
+    driver_pid: Optional[int]
+    driver_start: Optional[float]
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":
+        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row.keys()})
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """What the ring remembers about one agent between runs (the ``agents`` table).
+
+    ``runs`` and ``last_run_id`` are kept by the journal itself as runs close;
+    the rest is decided by :mod:`ringd.policy` and stored with :meth:`Tx.put_agent`.
+    """
+    name: str
+    runs: int = 0
+    last_run_id: Optional[int] = None
+    consecutive_failures: int = 0
+    consecutive_deferrals: int = 0          # back-off streak: deferrals and runs that could not start
+    bad_streak: int = 0                     # quarantine streak (see SPEC "Whose fault")
+    backoff_until: Optional[float] = None
+    skip_requested: bool = False            # skip this agent's next turn
+    quarantined_until: Optional[float] = None
+    quarantine_line: Optional[str] = None   # the roster line its back-off or quarantine began under
+
+    # the fields policy decides (the rest are counters the journal keeps)
+    DECIDED = ("consecutive_failures", "consecutive_deferrals", "bad_streak", "backoff_until",
+               "skip_requested", "quarantined_until", "quarantine_line")
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> "AgentState":
+        keys = set(row.keys())
+        data = {f.name: row[f.name] for f in fields(cls) if f.name in keys}
+        for counter in ("runs", "consecutive_failures", "consecutive_deferrals", "bad_streak"):
+            data[counter] = int(data.get(counter) or 0)
+        data["skip_requested"] = bool(data.get("skip_requested"))
+        return cls(**data)
+
+    def decided(self) -> "dict[str, Any]":
+        return {k: getattr(self, k) for k in self.DECIDED}
+
+    def with_(self, **changes: Any) -> "AgentState":
+        return replace(self, **changes)

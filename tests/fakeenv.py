@@ -1,0 +1,158 @@
+"""A scripted stand-in for ringd.env.RealEnv: a clock that jumps to the next
+event, agents whose exits are scripted by name, signals delivered at given
+times. Lets the driver loop and the hop be tested in microseconds of real time."""
+from __future__ import annotations
+
+import errno
+import itertools
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+WALL0 = 2_000_000_000.0
+
+
+@dataclass
+class Behaviour:
+    """How a fake agent behaves: exits after ``runs_for`` s with ``code`` (or
+    ``signal``); on SIGTERM exits after ``term_delay`` (None: ignores it)."""
+    runs_for: float = 0.001
+    code: Optional[int] = 0
+    signal: Optional[int] = None
+    term_delay: Optional[float] = 0.01
+    cannot_start: bool = False
+
+
+@dataclass
+class FakeChild:
+    pid: int
+    pidfd: int
+    agent: str
+    exit_at: float
+    code: Optional[int]
+    signal: Optional[int]
+    term_delay: Optional[float]
+    termed: List[float] = field(default_factory=list)
+    start_time: Optional[float] = None
+
+
+class FakeEnv:
+    def __init__(self, behaviours: Optional[Dict[str, Behaviour]] = None, *, default: Behaviour = Behaviour()):
+        self.t = 0.0
+        self.behaviours = behaviours or {}
+        self.default = default
+        self.pending: List[Tuple[float, int]] = []   # (time, signal)
+        self.children: List[FakeChild] = []
+        self.logs: List[Tuple[float, str]] = []
+        self.beats: List[Tuple[float, dict]] = []
+        self.notes: List[str] = []
+        self.waits = 0
+        self.pid, self.pid_start, self.started_at = 4242, 1.0, WALL0
+        self._pids = itertools.count(1000)
+        self.hooks: List[Tuple[float, Callable[[], None]]] = []   # run at a time (e.g. edit the roster)
+        self.after_run: List[Tuple[int, int]] = []   # (n, signal): arrives right after the n-th run ends
+
+    # clocks
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return WALL0 + self.t
+
+    # scripting
+    def send(self, at: float, sig: int) -> None:
+        self.pending.append((at, sig))
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        self.hooks.append((when, fn))
+
+    def _due_signals(self) -> set:
+        got = {s for t, s in self.pending if t <= self.t}
+        self.pending = [(t, s) for t, s in self.pending if t > self.t]
+        for when, fn in [h for h in self.hooks if h[0] <= self.t]:
+            self.hooks.remove((when, fn))
+            fn()
+        return got
+
+    def wait(self, timeout, fds=()):
+        self.waits += 1
+        if self.waits > 1_000_000:
+            raise AssertionError("the driver spins")
+        live = [c for c in self.children if c.pidfd in fds]
+        candidates = [self.t + max(0.0, timeout)] if timeout is not None else []
+        candidates += [t for t, _ in self.pending] + [t for t, _ in self.hooks] + [c.exit_at for c in live]
+        if not candidates:
+            raise AssertionError("the driver waits forever with nothing to wake it")
+        self.t = max(self.t, min(candidates))
+        ready = {c.pidfd for c in live if c.exit_at <= self.t}
+        return self._due_signals(), ready
+
+    def signals(self):
+        return self._due_signals()
+
+    # agents
+    def spawn(self, argv, *, cwd, env, stdout_fd, umask):
+        name = env["RING_AGENT"]
+        b = self.behaviours.get(name, self.default)
+        if b.cannot_start:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        pid = next(self._pids)
+        c = FakeChild(pid, pid + 100000, name, self.t + b.runs_for, b.code, b.signal, b.term_delay)
+        self.children.append(c)
+        return c
+
+    def start_time(self, child):
+        return 123.0
+
+    def exit_status(self, child):
+        if child.exit_at <= self.t:
+            return child.code, child.signal
+        return None
+
+    def term(self, child):
+        child.termed.append(self.t)
+        if child.term_delay is not None and child.exit_at > self.t + child.term_delay:
+            child.exit_at, child.code, child.signal = self.t + child.term_delay, None, signal.SIGTERM
+
+    def kill_tree(self, child, state_key, run_id):
+        if child.exit_at > self.t:
+            child.exit_at, child.code, child.signal = self.t, None, signal.SIGKILL
+        return 0
+
+    def reap(self, child):
+        for n, sig in list(self.after_run):
+            if n == len(self.children):   # delivered between this run and the next
+                self.pending.append((self.t, sig))
+                self.after_run.remove((n, sig))
+
+    def reap_helpers(self, keep=()):
+        pass
+
+    # files
+    def beat(self, **fields):
+        self.beats.append((self.t, fields))
+
+    def notify(self, message):
+        self.notes.append(message)
+
+    def open_run_log(self, agent, run_id):
+        return -1, f"/fake/logs/{agent}/{run_id}.log"
+
+    def write_fd(self, fd, text):
+        pass
+
+    def close_fd(self, fd):
+        pass
+
+    def keep_logs(self, agent, run_id, keep):
+        pass
+
+    @staticmethod
+    def errno_reason(e):
+        return e.strerror or str(e)
+
+    def log(self, message):
+        self.logs.append((self.t, message))
+
+    def close(self):
+        pass

@@ -1,0 +1,172 @@
+"""The driver loop and the hop against a scripted environment (tests/fakeenv.py):
+a fake clock, scripted agents and signals, a real SQLite journal in tmp_path.
+Each test runs minutes of ring time in milliseconds."""
+import signal
+
+import pytest
+
+from fakeenv import Behaviour, FakeEnv
+from ringd.config import Config, RingSettings
+from ringd.driver import Driver
+from ringd.errors import EX_CONFIG
+from ringd.journal import Journal, JournalError
+from ringd.roster import RosterSource
+
+RING = dict(run_budget=10.0, stall_threshold=15.0, heartbeat_interval=1.0, backoff_initial=5.0,
+            backoff_max=8.0, quarantine_after=3, quarantine_cooloff=1000.0)
+
+
+def make(tmp_path, names, behaviours=None, once=False, default=Behaviour(), **ring):
+    roster = tmp_path / "ring.txt"
+    roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
+    roster.chmod(0o600)
+    src = RosterSource(roster)
+    src.refresh(force=True)
+    journal = Journal.open(tmp_path)
+    env = FakeEnv(behaviours, default=default)
+    cfg = Config(ring=RingSettings(**{**RING, **ring}))
+    return Driver(env, tmp_path, None, cfg, src, journal, once=once), env, journal
+
+
+def rows(journal):
+    return journal.history(limit=100000)[::-1]
+
+
+def test_a_sigterm_between_runs_starts_no_further_run(tmp_path):
+    d, env, j = make(tmp_path, "ab")
+    env.after_run.append((7, signal.SIGTERM))   # lands after the 7th run ended, before the 8th
+    assert d.run() == 0
+    assert [r.status for r in rows(j)] == ["ok"] * 7
+    assert env.beats[-1][1].get("stopped") is True
+
+
+def test_an_unstartable_ring_backs_off_beats_and_hears_sigterm(tmp_path):
+    d, env, j = make(tmp_path, "ab", default=Behaviour(cannot_start=True))
+    env.send(60.0, signal.SIGTERM)
+    assert d.run() == 0
+    rs = rows(j)
+    assert {r.status for r in rs} == {"error"}
+    assert len(rs) <= 2 * (1 + 60 / 5)            # back-off: 5 s, doubling, capped at 8 s
+    assert env.t < 61.0                           # the SIGTERM was acted on within a second
+    gaps = [b - a for (a, _), (b, _) in zip(env.beats, env.beats[1:])]
+    assert max(gaps) <= 1.0 + 1e-9                # beats every heartbeat while idle
+    assert sum("nothing to run" in m for _, m in env.logs) <= len(rs)
+
+
+def test_a_ring_whose_every_run_fails_at_once_does_not_spin(tmp_path):
+    d, env, j = make(tmp_path, "abc", default=Behaviour(runs_for=0.001, code=1), backoff_max=16.0)
+    env.send(120.0, signal.SIGTERM)
+    d.run()
+    rs = rows(j)
+    assert len(rs) / 120 < 2                      # under 2 rows/s averaged over the run
+    waits = [m for _, m in env.logs if "failed within" in m]
+    assert len(waits) == 1                        # said once
+
+
+def test_a_fast_ok_ring_keeps_beating_and_is_never_stale(tmp_path):
+    d, env, j = make(tmp_path, "ab", default=Behaviour(runs_for=0.01))
+    env.send(3.0, signal.SIGTERM)
+    d.run()
+    times = [t for t, _ in env.beats]
+    assert len(times) >= 3 and max(b - a for a, b in zip(times, times[1:])) <= 1.0 + 0.011
+    assert len(rows(j)) > 200
+
+
+def test_exit_zero_at_the_moment_of_a_sigterm_is_ok(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=2.0))
+    env.send(2.0, signal.SIGTERM)
+    d.run()
+    assert [r.status for r in rows(j)] == ["ok"]
+
+
+def test_sigterm_mid_run_interrupts_and_counts_nothing(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=100.0))
+    env.send(2.0, signal.SIGTERM)
+    d.run()
+    (r,) = rows(j)
+    assert r.status == "interrupted" and env.t < 2.0 + 3.5
+    assert j.agent_state("a").consecutive_failures == 0 and j.agent_state("a").bad_streak == 0
+
+
+def test_roster_edit_is_read_while_everything_backs_off(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(cannot_start=True), backoff_initial=3600.0,
+                     backoff_max=3600.0)
+    def edit():
+        (tmp_path / "ring.txt").write_text("a /bin/a\nb /bin/b\n")
+    env.at(30.0, edit)
+    env.send(40.0, signal.SIGTERM)
+    env.behaviours["b"] = Behaviour(runs_for=0.5)
+    d.run()
+    b = [r for r in rows(j) if r.agent == "b"]
+    assert b and b[0].started_at - 2_000_000_000.0 <= 31.0 + 1e-6   # within a heartbeat of the edit
+
+
+def test_a_changed_line_lifts_an_error_back_off(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(cannot_start=True), backoff_initial=3600.0,
+                     backoff_max=3600.0)
+    def fix():
+        (tmp_path / "ring.txt").write_text("a /bin/a --fixed\n")
+        env.default = Behaviour(runs_for=0.5)
+    env.at(30.0, fix)
+    env.send(40.0, signal.SIGTERM)
+    d.run()
+    assert [r.status for r in rows(j)][:2] == ["error", "ok"]
+
+
+def test_stalled_and_timeout_runs(tmp_path):
+    d, env, j = make(tmp_path, "ab", {"a": Behaviour(runs_for=100.0, term_delay=None),
+                                      "b": Behaviour(runs_for=100.0, term_delay=1.0)}, once=True)
+    d.run()
+    a, b = rows(j)
+    assert (a.status, a.signal) == ("stalled", signal.SIGKILL) and a.duration == pytest.approx(15.0)
+    assert (b.status, b.signal) == ("timeout", signal.SIGTERM) and b.duration == pytest.approx(11.0)
+
+
+class BrokenJournal:
+    """A journal whose writes fail (unusable) once armed: the run in flight must
+    still be supervised to its end before the driver gives up."""
+
+    def __init__(self, journal):
+        self._j, self.armed = journal, False
+
+    def __getattr__(self, name):
+        return getattr(self._j, name)
+
+    def transaction(self):
+        if self.armed:
+            raise JournalError("journal.db: database disk image is malformed", transient=False)
+        return self._j.transaction()
+
+
+def test_an_unusable_journal_mid_run_stops_the_agent_first_then_exits_78(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=5.0))
+    d.journal = broken = BrokenJournal(j)
+    env.at(1.0, lambda: setattr(broken, "armed", True))
+    assert d.run() == EX_CONFIG
+    (child,) = env.children
+    assert child.exit_at == pytest.approx(5.0) and env.t >= 5.0   # it ran to its end, supervised
+    assert any("journal unusable" in m for _, m in env.logs)
+
+
+class ScriptedLock:
+    path = "ringd.lock"
+
+    def __init__(self, verdicts):
+        self.verdicts = verdicts
+
+    def verify(self):
+        return self.verdicts(self)
+
+
+def test_a_lock_lost_for_a_moment_is_not_a_loss_but_a_lasting_one_stops_the_driver(tmp_path):
+    from ringd.errors import EX_TEMPFAIL
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=100.0))
+    d.lock = ScriptedLock(lambda _l: "lost" if 3.0 <= env.t < 3.5 else "ok")   # a second driver backing off
+    env.send(10.0, signal.SIGTERM)
+    assert d.run() == 0
+    d, env, j = make(tmp_path / "x" if (tmp_path / "x").mkdir() is None else None, "a",
+                     default=Behaviour(runs_for=100.0))
+    d.lock = ScriptedLock(lambda _l: "lost" if env.t >= 3.0 else "ok")
+    assert d.run() == EX_TEMPFAIL
+    assert 4.0 <= env.t <= 4.0 + 3.5          # gave way after the grace, its agent stopped first
+    assert [r.status for r in rows(j)] == ["interrupted"]

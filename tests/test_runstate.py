@@ -1,0 +1,125 @@
+"""The run state machine: every ordering that matters, in microseconds."""
+from ringd.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, KillTree, Phase, Ping, SetPhase, Skip,
+                            Stop, Term, Tick, next_deadline, start, step)
+
+
+def new(**kw):
+    args = dict(budget=10.0, stall=20.0, beat_at=5.0, beat_every=5.0)
+    args.update(kw)
+    return start(0.0, **args)
+
+
+def run(s, *timeline):
+    """Feed (now, event) pairs; return the final state and every action in order."""
+    out = []
+    for now, ev in timeline:
+        s, acts = step(s, ev, now)
+        out += acts
+    return s, out
+
+
+def closes(actions):
+    return [a for a in actions if isinstance(a, Close)]
+
+
+def kinds(actions):
+    return [type(a).__name__ for a in actions if not isinstance(a, Beat) and type(a).__name__ != "Log"]
+
+
+def test_an_agent_that_exits_by_itself():
+    s, acts = run(new(), (1.0, Exited(0, None)))
+    assert kinds(acts) == ["KillTree", "Close"]   # nothing it started survives it
+    assert closes(acts)[0].status == "ok" and closes(acts)[0].source == "driver"
+    assert run(new(), (1.0, Exited(75, None)))[1][-1].status == "deferred"
+    assert run(new(), (1.0, Exited(3, None)))[1][-1].status == "failed"
+
+
+def test_beats_keep_their_rhythm():
+    s = new()
+    assert next_deadline(s) == 5.0
+    s, acts = step(s, Tick(), 5.0)
+    assert acts == [Beat()] and next_deadline(s) == 10.0   # the budget and the next beat coincide
+    s, acts = step(s, Tick(), 10.0)
+    assert kinds(acts) == ["Term"] and Beat() in acts and next_deadline(s) == 15.0
+
+
+def test_budget_then_exit_is_a_timeout_and_budget_then_stall_is_stalled():
+    s, acts = run(new(), (10.0, Tick()), (11.0, Exited(None, 15)))
+    assert kinds(acts) == ["Term", "KillTree", "Close"] and closes(acts)[0].status == "timeout"
+    assert closes(acts)[0].reason == "run budget of 10s reached"
+    s, acts = run(new(), (10.0, Tick()), (20.0, Tick()), (20.01, Exited(None, 9)))
+    assert kinds(acts) == ["Term", "KillTree", "KillTree", "Close"]
+    assert closes(acts)[0].status == "stalled" and closes(acts)[0].reason == "no exit 20s after start"
+
+
+def test_a_stall_at_the_same_instant_as_an_exit_is_the_agents_own_ending():
+    # the hop feeds the exit first when both are seen in one wake
+    s, acts = run(new(), (20.0, Exited(0, None)), (20.0, Tick()))
+    assert [c.status for c in closes(acts)] == ["ok"] and kinds(acts) == ["KillTree", "Close"]
+
+
+def test_exit_zero_seen_with_a_stop_is_never_interrupted():
+    s, acts = run(new(), (3.0, Exited(0, None)), (3.0, Stop()))
+    assert [c.status for c in closes(acts)] == ["ok"]
+
+
+def test_stop_terms_then_kills_after_its_grace():
+    s, acts = run(new(), (3.0, Stop()))
+    assert kinds(acts) == ["Term"] and s.kill_at == 3.0 + STOP_GRACE and next_deadline(s) == 5.0  # a beat first
+    s, acts = run(s, (3.0 + STOP_GRACE, Tick()), (3.0 + STOP_GRACE, Exited(None, 9)))
+    assert kinds(acts) == ["KillTree", "KillTree", "Close"]
+    c = closes(acts)[0]
+    assert c.status == "interrupted" and c.source == "driver" and c.reason == "driver stopping"
+
+
+def test_a_skip_during_the_budgets_grace_is_a_skip():
+    s, acts = run(new(), (10.0, Tick()), (12.0, Skip()), (12.0 + SKIP_GRACE, Tick()), (12.6, Exited(None, 9)))
+    c = closes(acts)[0]
+    assert c.status == "skipped" and c.source == "operator"
+    assert kinds(acts) == ["Term", "Term", "KillTree", "KillTree", "Close"]
+
+
+def test_a_stop_during_a_skips_grace_keeps_it_skipped():
+    s, acts = run(new(), (3.0, Skip()), (3.1, Stop()), (3.2, Exited(None, 15)))
+    assert closes(acts)[0].status == "skipped"
+    assert kinds(acts) == ["Term", "KillTree", "Close"]   # no second SIGTERM
+
+
+def test_a_skip_during_a_stop_changes_nothing():
+    s, acts = run(new(), (3.0, Stop()), (3.1, Skip()), (3.2, Exited(None, 15)))
+    assert closes(acts)[0].status == "interrupted"
+
+
+def test_a_stop_during_the_budgets_grace_keeps_the_timeout_and_shortens_the_wait():
+    s, _ = run(new(), (10.0, Tick()), (11.0, Stop()))
+    assert s.kill_at == 11.0 + STOP_GRACE and next_deadline(s) == 11.0 + STOP_GRACE
+    s, acts = run(s, (11.5, Exited(None, 15)))
+    assert closes(acts)[0].status == "timeout"
+
+
+def test_the_watchdog_starves_into_a_stall_unless_pinged():
+    s = new(watchdog=2.0)
+    s, acts = run(s, (1.5, Ping()), (3.0, Tick()))
+    assert kinds(acts) == []
+    assert next_deadline(s) == 3.5
+    s, acts = run(s, (3.5, Tick()), (3.6, Exited(None, 15)))
+    c = closes(acts)[0]
+    assert kinds(acts) == ["Term", "KillTree", "Close"]
+    assert c.status == "stalled" and c.reason.startswith("watchdog:")
+
+
+def test_phase_is_kept_and_cut():
+    s, acts = step(new(), Phase("x" * 500), 1.0)
+    assert s.phase == "x" * 200 and acts == [SetPhase("x" * 200)]
+
+
+def test_nothing_after_close():
+    s, _ = run(new(), (1.0, Exited(0, None)))
+    assert step(s, Tick(), 100.0) == (s, [])
+    assert step(s, Stop(), 100.0) == (s, [])
+
+
+def test_a_stall_the_agent_beat_by_exiting_is_its_own_ending():
+    # termed at the budget, it exits from that SIGTERM just as the stall threshold falls due
+    s, acts = run(new(), (10.0, Tick()), (20.0, Tick()), (20.0, Exited(None, 15)))
+    assert closes(acts)[0].status == "timeout"
