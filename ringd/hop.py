@@ -128,13 +128,7 @@ class Hop:
         close: Optional[Close] = None
         leader = host.leader
         while close is None:
-            if leader is not None and leader.must_stop():
-                # checked before any beat: a driver waking from a freeze kills its
-                # agent at once, before asking a database that may not answer; the
-                # next leader reaps the row as interrupted
-                self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
-                env.kill_tree(child, host.state_key, self.run_id)
-                env.reap(child)
+            if leader is not None and self._lost_lead(child):
                 return None
             deadline = runstate.next_deadline(rs)
             if record_at is not None:
@@ -142,6 +136,8 @@ class Hop:
             if leader is not None:
                 deadline = min(deadline, env.monotonic() + leader.seconds_left())
             sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
+            if leader is not None and self._lost_lead(child):
+                return None
             now = env.monotonic()
             events = []
             if child.pidfd is None or child.pidfd in ready:
@@ -168,6 +164,17 @@ class Hop:
                 self._record_pid(child)
         env.reap(child)
         return close
+
+    def _lost_lead(self, child) -> bool:
+        """A many-host driver past its half-TTL switch kills its agent at once - right
+        after waking, before any beat asks a database that may not answer - and
+        records nothing (the next leader reaps the row as interrupted)."""
+        if not self.host.leader.must_stop():
+            return False
+        self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
+        self.env.kill_tree(child, self.host.state_key, self.run_id)
+        self.env.reap(child)
+        return True
 
     def _do(self, a, child) -> None:
         env, host = self.env, self.host
