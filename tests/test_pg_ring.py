@@ -36,6 +36,9 @@ def proc_state(pid):
         return None
 
 
+OVERLAP_GRACE = 0.2   # s
+
+
 class Sampler(threading.Thread):
     """Agents of the ring are the shells running its agent scripts (their
     command line names the shared agents dir); each one's parent is its driver."""
@@ -67,12 +70,19 @@ class Sampler(threading.Thread):
         return [(pid, ppid) for pid, ppid in found if ppid not in pids]  # a shell's own fork is not an agent
 
     def run(self):
+        # An overlap counts once it outlasts OVERLAP_GRACE: a driver resumed from
+        # SIGSTOP is "live" to /proc before the scheduler has run it even once to
+        # kill its agent (the test bounds that reaction at 1 s separately).
+        seen = {}
         while not self.stop_flag.is_set():
             alive = self.agents()
             drivers = {ppid for _, ppid in alive}
             if len(alive) > 1 and len(drivers) > 1 and all(proc_state(p) not in (None, "T", "t", "Z")
                                                             for p in drivers):
-                self.violations.append(alive)
+                key = frozenset(alive)
+                first = seen.setdefault(key, time.monotonic())
+                if time.monotonic() - first >= OVERLAP_GRACE:
+                    self.violations.append(alive)
             self.samples += 1
             time.sleep(0.005)
 
