@@ -169,7 +169,8 @@ def test_failover_after_the_leader_box_dies(hosts):
     assert "standby on" in text and f"pid={da.pid}" in text
     wait_until(lambda: 'ring_driver_role{role="standby"} 1' in _read(b.state / "metrics.prom"),
                timeout=5, message="B's metrics say standby")
-    row = wait_until(lambda: running_row(dsn), timeout=10, message="a run in flight")
+    # a run in flight whose pid is recorded (a run records it 0.1 s after its start)
+    row = wait_until(lambda: agent_pid(dsn) and running_row(dsn), timeout=10, message="a run in flight")
     # The box of A dies: its driver and its agent at once.
     os.kill(da.pid, signal.SIGKILL)
     os.killpg(row["pid"], signal.SIGKILL)

@@ -53,7 +53,10 @@ def test_escaped_grandchildren_never_outlive_their_run(ring):
     ring.write_config(ring={"run_budget": 0.1, "stall_threshold": 0.2, "quarantine_after": 0})
     ring.roster(f"wedge {ring.agents_dir}/wedge.sh")
     drv = ring.start_driver(stderr=open(ring.base / "driver.err", "wb"))
-    wait_until(lambda: len(ring.runs()) >= 20, 60, message="20 stalled runs")
+    # counted by the grandchildren themselves: under load a run can stall before its
+    # shell got to fork one
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) >= 20, 60,
+               message="20 stalled runs with their escaped grandchild")
     drv.send_signal(signal.SIGTERM)
     drv.wait(timeout=30)
 
