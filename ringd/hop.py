@@ -105,7 +105,8 @@ class Hop:
         self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
         leader = host.leader
         if leader is not None:
-            leader.guard(child.pid, env.start_time(child))   # killed at the switch even if we block
+            # killed at the switch even while we block in a database call
+            leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id)
         try:
             close = self._supervise(child)
         finally:
