@@ -75,6 +75,8 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
             pass
         if reaped_by_caller:
             proc.returncode = 0
+        from .proctree import register_helper
+        register_helper(proc.pid)   # the driver's own helper: never killed as part of a run
         log(f"alert {kind}{f' ({agent})' if agent else ''}: started {command[0]} (pid {proc.pid})")
         return proc.pid
     except Exception as e:  # noqa: BLE001 - an alert must never stop the ring

@@ -1,11 +1,15 @@
 """Processes: spawn an agent in its own session, signal it safely, and make sure
 nothing it started outlives its run.
 
-A run's processes are recognised by its process group and by a key in their
-environment unique to this ring *and* run (``RING_STATE`` + ``RING_RUN_ID``), so
-two rings on one host never touch each other's processes. Single processes are
-signalled through a pidfd after checking their identity (pid + start ticks,
-see procid), so a recycled pid is never hit. Used by the hop, the reaper, skip, force-fail and the watcher alike.
+The driver (a child subreaper) recognises a run's processes as every live
+descendant of its own except its helpers: one run is in flight at a time.
+Where a per-run cgroup exists (ringd.cgroup) that is stronger still. A reaper,
+whose run's driver is dead, recognises them by the process group and a key in
+their environment unique to this ring *and* run (``RING_STATE`` +
+``RING_RUN_ID``), so two rings on one host never touch each other's processes.
+Single processes are signalled through a pidfd after checking their identity
+(pid + start ticks, see procid), so a recycled pid is never hit. Used by the
+hop, the reaper, skip, force-fail and the watcher alike.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 import psutil
 
@@ -65,15 +69,25 @@ class Child:
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-          umask: int = -1, signals_held: bool = False) -> Child:
+          umask: int = -1, signals_held: bool = False, cgroup_procs_fd: Optional[int] = None) -> Child:
     """Start ``argv`` in its own session (so it leads a new process group).
     ``signals_held``: it starts with SIGTERM/SIGINT/SIGHUP/SIGUSR1 blocked (a
     daemon of ours, which unblocks them once it can handle them: earlysig).
+    ``cgroup_procs_fd``: a run cgroup's ``cgroup.procs`` (cgroup.RunCgroup.procs_fd):
+    the child joins it between fork and exec, before it can fork anything.
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    with earlysig.held() if signals_held else contextlib.nullcontext():
-        popen = subprocess.Popen(
-            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
+    preexec = None
+    if cgroup_procs_fd is not None:
+        def preexec() -> None:   # in the child, before exec: one write, nothing else
+            os.write(cgroup_procs_fd, b"0")
+    try:
+        with earlysig.held() if signals_held else contextlib.nullcontext():
+            popen = subprocess.Popen(
+                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask,
+                preexec_fn=preexec)
+    except subprocess.SubprocessError as e:   # the preexec write failed: nothing was exec'd
+        raise OSError(errno.EPERM, f"cannot join the run's cgroup ({e})") from None
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
@@ -165,28 +179,53 @@ def _belongs_to_run(p: psutil.Process, state_key: str, run_id: int, pgid: Option
     return env.get("RING_STATE") == state_key and env.get("RING_RUN_ID") == str(run_id)
 
 
-def run_processes(state_key: str, run_id: int, pgid: Optional[int],
-                  candidates: Optional[Iterable[psutil.Process]] = None) -> List[psutil.Process]:
-    """Live processes of a run: members of its process group, and processes
-    whose environment carries this ring's and run's key. ``candidates`` narrows
-    the search (the driver's own descendants); None scans the whole host."""
-    if candidates is None:
-        candidates = psutil.process_iter()
+# Our own helpers (alert commands): live descendants of the driver that are not
+# the current run's. pid -> start ticks, so a recycled pid is not a helper.
+_helpers: Dict[int, int] = {}
+
+
+def register_helper(pid: int) -> None:
+    """Mark a process we started for ourselves (not for a run): kill_run spares
+    it and its descendants."""
+    ticks = procid.start_ticks(pid)
+    if ticks is not None:
+        _helpers[pid] = ticks
+    for old in [h for h, t in _helpers.items() if not procid.same_process(h, t)]:
+        del _helpers[old]
+
+
+def _live_helpers() -> Set[int]:
+    return {h for h, t in _helpers.items() if procid.same_process(h, t)}
+
+
+def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[psutil.Process]:
+    """Live processes of a run anywhere on the host: members of its process
+    group, and processes whose environment carries this ring's and run's key."""
     me = os.getpid()
-    return [p for p in candidates
+    return [p for p in psutil.process_iter()
             if p.pid != me and procid.start_ticks(p.pid) is not None
             and _belongs_to_run(p, state_key, run_id, pgid)]
 
 
-def my_descendants() -> List[psutil.Process]:
-    """Our descendants. On Linux walk /proc/<pid>/task/*/children down from us
-    (a few small reads) instead of scanning every process on the host."""
-    pids = _descendant_pids_linux()
+def my_descendants(spare: Iterable[int] = ()) -> List[psutil.Process]:
+    """Our descendants, except the subtrees rooted at ``spare``. On Linux walk
+    /proc/<pid>/task/*/children down from us (a few small reads) instead of
+    scanning every process on the host."""
+    spare = set(spare)
+    pids = _descendant_pids_linux(spare)
     if pids is None:
         try:
-            return psutil.Process().children(recursive=True)
+            found = psutil.Process().children(recursive=True)
         except psutil.Error:
             return []
+        spared = set(spare)
+        for p in found:   # children(recursive) lists parents before their children
+            try:
+                if p.ppid() in spared:
+                    spared.add(p.pid)
+            except psutil.Error:
+                pass
+        return [p for p in found if p.pid not in spared]
     out = []
     for pid in pids:
         try:
@@ -215,7 +254,7 @@ def _children_of(pid: int) -> Optional[List[int]]:
     return kids
 
 
-def _descendant_pids_linux() -> Optional[List[int]]:
+def _descendant_pids_linux(spare: Set[int]) -> Optional[List[int]]:
     if not os.path.exists("/proc/self/task"):
         return None
     found: List[int] = []
@@ -224,6 +263,7 @@ def _descendant_pids_linux() -> Optional[List[int]]:
         kids = _children_of(todo.pop())
         if kids is None:
             return None  # no CONFIG_PROC_CHILDREN: fall back to a full scan
+        kids = [k for k in kids if k not in spare]
         found.extend(kids)
         todo.extend(kids)
     return found
@@ -261,9 +301,12 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
              keep_unreaped: Iterable[int] = (), timeout: float = 3.0) -> int:
     """SIGKILL every process of a run and wait (bounded) until none is left.
 
-    ``scope="descendants"``: our own descendants only (the driver is a subreaper,
-    so escaped processes of its runs are among them). ``scope="host"``: every
-    process on the host (the reaper, when the run's driver is dead).
+    ``scope="descendants"`` (the driver, at the end of its run): every live
+    descendant of ours except our helpers (register_helper). One run is in
+    flight at a time and the driver is a subreaper, so every other descendant
+    is that run's, whatever its session, group or environment (``setsid env -i``
+    included). ``scope="host"``: processes anywhere on the host that carry the
+    run's key or group (the reaper, when the run's driver is dead).
     Returns how many processes were signalled."""
     keep = set(keep_unreaped)
     killed = 0
@@ -271,8 +314,11 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
     while True:
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)
-        cands = my_descendants() if scope == "descendants" else None
-        victims = [p for p in run_processes(state_key, run_id, pgid, cands) if p.pid not in keep]
+        if scope == "descendants":
+            victims = [p for p in my_descendants(spare=_live_helpers())
+                       if p.pid not in keep and procid.start_ticks(p.pid) is not None]
+        else:
+            victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
         for p in victims:
             start = procid.start_ticks(p.pid)
             if start is not None and signal_process(p.pid, start, signal.SIGKILL):

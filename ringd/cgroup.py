@@ -1,0 +1,265 @@
+"""Per-run cgroup v2 containment: each run's processes live in a cgroup of
+their own, however they fork, setsid or clear their environment; the run ends
+with ``cgroup.kill`` (every process in it, atomically, no pid races) and its
+CPU time is read from ``cpu.stat``.
+
+Where: a child of the driver's own cgroup on the cgroup2 mount. That works as
+root on a writable cgroup2 mount (``/sys/fs/cgroup`` or the hybrid
+``/sys/fs/cgroup/unified``) and in a subtree systemd delegated to the driver
+(``Delegate=yes``): creating a child cgroup and moving a process into it needs
+no controllers, and ``cpu.stat`` exists in every cgroup. :func:`detect` proves
+the whole mechanism once (create, move a forked process in, remove); where it
+fails the driver falls back to the subreaper rule (proctree) and says why once.
+
+The agent joins its cgroup before it can fork: the spawned child writes itself
+into ``cgroup.procs`` between fork and exec (proctree.spawn). A record
+``<state>/run.cgroup`` names the current run's cgroup, so a reaper that finds a
+dead driver's run kills that run's cgroup too (:func:`kill_recorded`).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+RECORD = "run.cgroup"
+KILL_WAIT = 5.0        # s: bound on waiting for a killed cgroup to empty
+_SELF_CGROUP = "/proc/self/cgroup"
+_MOUNTINFO = "/proc/self/mountinfo"
+
+
+class RunCgroup:
+    """One run's cgroup."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def procs_fd(self) -> int:
+        """A descriptor of ``cgroup.procs``, opened before the fork: the child
+        only writes "0" (itself) to it before exec (see proctree.spawn)."""
+        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+
+    def pids(self) -> List[int]:
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def populated(self) -> bool:
+        try:
+            for line in (self.path / "cgroup.events").read_text().splitlines():
+                if line.startswith("populated "):
+                    return line.split()[1] != "0"
+        except OSError:
+            return False
+        return bool(self.pids())
+
+    def kill(self, timeout: float = KILL_WAIT, reap: Callable[[], object] = lambda: None) -> bool:
+        """SIGKILL every process in the cgroup and wait (bounded) until it is
+        empty; ``reap`` collects exited children of ours meanwhile. True if empty."""
+        if not self.path.exists():
+            return True
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            self._freeze_and_kill()   # a kernel before 5.14: no cgroup.kill
+        deadline = time.monotonic() + timeout
+        while self.populated():
+            reap()
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _freeze_and_kill(self) -> None:
+        """Frozen, nothing in the cgroup can fork while we kill each process."""
+        freeze = self.path / "cgroup.freeze"
+        try:
+            freeze.write_text("1")
+        except OSError:
+            pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)   # a pid listed in a frozen cgroup cannot be recycled
+            except OSError:
+                pass
+        try:
+            freeze.write_text("0")
+        except OSError:
+            pass
+
+    def cpu_seconds(self) -> Optional[float]:
+        """CPU time (user + system) of everything that ran in the cgroup."""
+        try:
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def remove(self, timeout: float = KILL_WAIT) -> bool:
+        """rmdir the cgroup (it must be empty; retried while the kernel releases
+        the last exited task). True if it is gone."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.rmdir(self.path)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+
+
+class Containment:
+    """How a driver contains its runs: ``kind`` is ``"cgroup"`` or ``"subreaper"``
+    (``driver.containment`` in ``ringd status --json``)."""
+
+    def __init__(self, state_dir: Path, parent: Optional[Path], reason: Optional[str] = None):
+        self.state_dir = state_dir
+        self.parent = parent
+        self.reason = reason       # why not cgroup, for the one log line
+        self.prefix = ring_prefix(state_dir)
+
+    @property
+    def kind(self) -> str:
+        return "cgroup" if self.parent is not None else "subreaper"
+
+    def create(self, run_id: int) -> Optional[RunCgroup]:
+        """A fresh cgroup for ``run_id`` (None in subreaper mode, or if it cannot
+        be made now - the run is then contained by the subreaper rule alone).
+        The record for a later reaper is written first."""
+        if self.parent is None:
+            return None
+        cg = RunCgroup(self.parent / f"{self.prefix}-run-{run_id}")
+        try:
+            _write_record(self.state_dir, run_id, cg.path)
+            os.mkdir(cg.path)
+        except FileExistsError:
+            pass   # a dead driver's cgroup of the same run id: reused, it is ours
+        except OSError:
+            return None
+        return cg
+
+    def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None) -> Optional[float]:
+        """End of a run: kill everything in its cgroup, read its CPU time,
+        remove it and the record. Returns cpu_seconds (None if unknown)."""
+        cg.kill(reap=reap)
+        cpu = cg.cpu_seconds()
+        if cg.remove():
+            _drop_record(self.state_dir)
+        return cpu
+
+
+def ring_prefix(state_dir: Path) -> str:
+    """Names this ring's cgroups: two rings on one host never share one."""
+    return "ring-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+
+
+def detect(state_dir: Path) -> Containment:
+    """Find a cgroup2 hierarchy where we may create run cgroups and prove it
+    works (create, move a forked child in, remove). Never raises."""
+    try:
+        parent = _own_cgroup_dir()
+        if parent is None:
+            return Containment(state_dir, None, "no cgroup2 hierarchy (cgroup v1 only, or not Linux)")
+        if not os.access(parent, os.W_OK):
+            return Containment(state_dir, None, f"{parent} is not writable (not root, no Delegate=yes)")
+        probe = RunCgroup(parent / f"{ring_prefix(state_dir)}-probe-{os.getpid()}")
+        try:
+            os.mkdir(probe.path)
+        except FileExistsError:
+            pass
+        try:
+            if not (probe.path / "cgroup.kill").exists() and not (probe.path / "cgroup.freeze").exists():
+                return Containment(state_dir, None, "the kernel has neither cgroup.kill nor cgroup.freeze")
+            _probe_join(probe)
+        finally:
+            probe.kill()
+            probe.remove()
+        return Containment(state_dir, parent)
+    except OSError as e:
+        return Containment(state_dir, None, f"cannot use cgroup v2: {e.strerror or e}")
+
+
+def _probe_join(probe: RunCgroup) -> None:
+    fd = probe.procs_fd()
+    try:
+        pid = os.fork()
+        if pid == 0:   # the child: join the cgroup the way an agent will, then leave
+            try:
+                os.write(fd, b"0")
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError(errno.EACCES, "cannot move a process into a new cgroup")
+
+
+def _own_cgroup_dir() -> Optional[Path]:
+    """Our cgroup's directory on the cgroup2 mount ("0::/path" in /proc/self/cgroup)."""
+    try:
+        with open(_SELF_CGROUP) as f:
+            rel = next((ln.rstrip("\n")[3:] for ln in f if ln.startswith("0::")), None)
+        with open(_MOUNTINFO) as f:
+            mounts = [ln.split() for ln in f]
+    except OSError:
+        return None
+    if rel is None:
+        return None
+    for fields in mounts:
+        # "36 25 0:31 <root> <mountpoint> <opts> [optional...] - cgroup2 cgroup2 rw"
+        sep = fields.index("-") if "-" in fields else -1
+        if sep > 0 and len(fields) > sep + 1 and fields[sep + 1] == "cgroup2":
+            root, mountpoint = fields[3], fields[4]
+            inner = os.path.relpath(rel, root) if rel.startswith(root) else None
+            if inner is None:
+                continue
+            path = Path(mountpoint) / ("" if inner == "." else inner)
+            if path.is_dir():
+                return path
+    return None
+
+
+# --- the record a reaper reads ---------------------------------------------------
+
+def _write_record(state_dir: Path, run_id: int, path: Path) -> None:
+    from .heartbeat import write_json_atomic
+    write_json_atomic(state_dir / RECORD, {"run_id": run_id, "path": str(path)})
+
+
+def _drop_record(state_dir: Path) -> None:
+    try:
+        os.unlink(state_dir / RECORD)
+    except OSError:
+        pass
+
+
+def kill_recorded(state_dir: Path, run_id: int) -> int:
+    """The reaper's part: if the record names ``run_id``'s cgroup (the run of a
+    dead driver), kill everything in it and remove it. Returns how many
+    processes were in it."""
+    try:
+        data = json.loads((state_dir / RECORD).read_text())
+        path = Path(data["path"])
+        if data.get("run_id") != run_id or not path.name.startswith(ring_prefix(state_dir) + "-run-"):
+            return 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    cg = RunCgroup(path)
+    n = len(cg.pids())
+    cg.kill()
+    if cg.remove():
+        _drop_record(state_dir)
+    return n

@@ -1,0 +1,152 @@
+"""Process containment (issue 9 #5): nothing a run started outlives it, whatever
+its session, process group or environment.
+
+- Subreaper rule (every driver): at the end of a run, every live descendant of
+  the driver except its own helpers is killed - `setsid env -i sleep 300 &`
+  included, which carries no key at all.
+- Per-run cgroup v2 (ringd.cgroup, root here): the agent joins its cgroup
+  before it can fork, the run ends with cgroup.kill, cpu.stat gives its CPU
+  time, the cgroup is removed; a reaper kills a dead driver's run cgroup.
+Real processes throughout.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import wait_until
+from ringd import cgroup, procid, proctree
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
+
+
+def _gone(pid: int) -> bool:
+    return procid.start_ticks(pid) is None
+
+
+def _kill_if_alive(pid: int, ticks) -> None:
+    if ticks is not None and procid.same_process(pid, ticks):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("ending", ["exit 0", "past its budget"])
+def test_a_grandchild_that_leaves_the_session_and_clears_its_environment_dies_with_the_run(ring, ending):
+    pid_file = ring.base / "escaped.pid"
+    # (the short sleep: the escapee has exec'd `env -i sleep` - shed its key - before the run ends)
+    tail = "sleep 0.3; exit 0" if ending == "exit 0" else "exec sleep 60"
+    ring.agent("a", f"""
+        setsid env -i sleep 300 &
+        echo $! > {pid_file}
+        {tail}
+        """)
+    ring.write_config(ring={"run_budget": 0.5, "stall_threshold": 1.5})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="escapee started")
+    escaped = int(pid_file.read_text())
+    ticks = procid.start_ticks(escaped)
+    try:
+
+        def keyless():   # it has exec'd `sleep` with an empty environment (or is gone already)
+            try:
+                return psutil.Process(escaped).environ() == {} or not procid.same_process(escaped, ticks)
+            except psutil.Error:
+                return True
+        wait_until(keyless, 10, message="no key to find it by")
+        wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], 20, message="first run closed")
+        assert _gone(escaped) or not procid.same_process(escaped, ticks), \
+            "the escaped grandchild outlived its run"
+    finally:
+        _kill_if_alive(escaped, ticks)
+        drv.send_signal(signal.SIGTERM)
+        drv.communicate(timeout=30)
+
+
+# --- cgroup v2 ------------------------------------------------------------------------
+
+@pytest.fixture
+def containment(tmp_path):
+    c = cgroup.detect(tmp_path)
+    if c.kind != "cgroup":
+        pytest.skip(f"no usable cgroup v2 here: {c.reason}")
+    yield c
+    for leftover in c.parent.glob(f"{c.prefix}-*"):   # a failed test must not leave cgroups behind
+        cg = cgroup.RunCgroup(leftover)
+        cg.kill()
+        cg.remove()
+
+
+def _spawn_in(cg: cgroup.RunCgroup, script: str, tmp_path: Path) -> proctree.Child:
+    fd = cg.procs_fd()
+    log = os.open(tmp_path / "out.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return proctree.spawn(["sh", "-c", script], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
+                              stdout_fd=log, cgroup_procs_fd=fd)
+    finally:
+        os.close(fd)
+        os.close(log)
+
+
+def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(containment, tmp_path):
+    cg = containment.create(41)
+    assert cg is not None and cg.path.is_dir()
+    assert (tmp_path / cgroup.RECORD).exists(), "the record a reaper reads"
+    pids = tmp_path / "pids"
+    child = _spawn_in(cg, f"""
+        setsid env -i sleep 300 & echo $! >> {pids}
+        ( sleep 300 & echo $! >> {pids} ) &
+        {sys.executable} -c "import time; t = time.process_time(); any(iter(lambda: time.process_time() - t > 0.3, True))"
+        echo done >> {pids}
+        exec sleep 300
+        """, tmp_path)
+    wait_until(lambda: pids.exists() and "done" in pids.read_text(), 20, message="agent forked and burned CPU")
+    escaped = [int(x) for x in pids.read_text().split() if x.isascii() and x.isdigit()]
+    assert len(escaped) == 2
+    assert set(escaped) | {child.pid} <= set(cg.pids()), "everything it forked is in its cgroup"
+    cpu = containment.finish(cg, reap=lambda: proctree.reap_zombie_children())
+    child.popen.wait(timeout=10)
+    child.close()
+    for pid in escaped + [child.pid]:
+        wait_until(lambda: _gone(pid), 10, message=f"pid {pid} killed")
+    assert cpu is not None and cpu >= 0.3, cpu   # the busy loop burned 0.3 s of CPU, whatever the load
+    assert not cg.path.exists(), "the run's cgroup is removed"
+    assert not (tmp_path / cgroup.RECORD).exists()
+
+
+def test_the_agent_is_in_its_cgroup_before_it_can_fork(containment, tmp_path):
+    cg = containment.create(42)
+    child = _spawn_in(cg, "cat /proc/self/cgroup > cg.txt; exec sleep 300", tmp_path)
+    wait_until(lambda: (tmp_path / "cg.txt").exists() and (tmp_path / "cg.txt").read_text(), 10,
+               message="agent wrote its cgroup")
+    line = [x for x in (tmp_path / "cg.txt").read_text().splitlines() if x.startswith("0::")][0]
+    assert line.endswith(f"/{containment.prefix}-run-42"), line   # its first command already ran inside
+    containment.finish(cg, reap=lambda: proctree.reap_zombie_children())
+    child.popen.wait(timeout=10)
+    child.close()
+
+
+def test_a_reaper_kills_the_run_cgroup_of_a_dead_driver(containment, tmp_path):
+    cg = containment.create(43)
+    pids = tmp_path / "pids"
+    child = _spawn_in(cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
+    wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
+    escaped = int(pids.read_text())
+    # another process (a reaper: `ringd status`, the next driver) knows only the state dir and run id
+    assert cgroup.kill_recorded(tmp_path, 99) == 0, "another run's record is not this run's"
+    assert cgroup.kill_recorded(tmp_path, 43) == 2
+    child.popen.wait(timeout=10)
+    child.close()
+    wait_until(lambda: _gone(escaped), 10, message="escapee killed")
+    assert not cg.path.exists() and not (tmp_path / cgroup.RECORD).exists()
+
+
+def test_two_rings_never_share_a_cgroup(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cgroup.ring_prefix(a) != cgroup.ring_prefix(b)
+    assert cgroup.ring_prefix(a) == cgroup.ring_prefix(Path(str(a)))
