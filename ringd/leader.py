@@ -80,15 +80,14 @@ class Leader:
             self._kill_run(pid, ticks, state_key, run_id)
 
     def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int) -> None:
-        """SIGKILL the run's group and every descendant of ours carrying its key
-        (setsid escapes included). Signals only: the loop reaps them later."""
+        """SIGKILL the run's group and every descendant of ours but our helpers
+        (setsid env -i escapes included). Signals only: the loop reaps them later."""
         from . import proctree  # psutil: only once it is needed
         killed = set()
         for _ in range(5):
             # walk first, then signal, and walk again: a child of a dying process
             # is re-parented to us meanwhile and one walk can miss it
-            victims = [p for p in proctree.run_processes(state_key, run_id, pid, proctree.my_descendants())
-                       if p.pid not in killed]
+            victims = [p for p in proctree.run_descendants() if p.pid not in killed]
             if procid.same_process(pid, ticks):
                 proctree.signal_group(pid, signal.SIGKILL)
             for p in victims:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 import psutil
 
@@ -76,10 +76,7 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     ``cgroup_procs_fd``: a run cgroup's ``cgroup.procs`` (cgroup.RunCgroup.procs_fd):
     the child joins it between fork and exec, before it can fork anything.
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    preexec = None
-    if cgroup_procs_fd is not None:
-        def preexec() -> None:   # in the child, before exec: one write, nothing else
-            os.write(cgroup_procs_fd, b"0")
+    preexec = _joiner(cgroup_procs_fd) if cgroup_procs_fd is not None else None
     try:
         with earlysig.held() if signals_held else contextlib.nullcontext():
             popen = subprocess.Popen(
@@ -95,6 +92,12 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
         except OSError:
             pidfd = None
     return Child(pid=popen.pid, start_time=procid.start_ticks(popen.pid), pidfd=pidfd, popen=popen)
+
+
+def _joiner(procs_fd: int) -> Callable[[], None]:
+    def join() -> None:   # in the child, before exec: one write ("0" = me), nothing else
+        os.write(procs_fd, b"0")
+    return join
 
 
 def wait_exit(pidfd: Optional[int], timeout: float) -> bool:
@@ -196,6 +199,13 @@ def register_helper(pid: int) -> None:
 
 def _live_helpers() -> Set[int]:
     return {h for h, t in _helpers.items() if procid.same_process(h, t)}
+
+
+def run_descendants() -> List[psutil.Process]:
+    """The current run's processes as the driver sees them: every live
+    descendant of ours except our helpers and theirs (one run in flight at a
+    time; the driver is a subreaper, so escapees re-parent to us)."""
+    return [p for p in my_descendants(spare=_live_helpers()) if procid.start_ticks(p.pid) is not None]
 
 
 def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[psutil.Process]:
@@ -315,8 +325,7 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)
         if scope == "descendants":
-            victims = [p for p in my_descendants(spare=_live_helpers())
-                       if p.pid not in keep and procid.start_ticks(p.pid) is not None]
+            victims = [p for p in run_descendants() if p.pid not in keep]
         else:
             victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
         for p in victims:
