@@ -105,6 +105,7 @@ def _row_factory(cursor):
 
 class _Cursor:
     def __init__(self, rows: List[_Row], lastrowid: Optional[int], rowcount: int):
+        # sqlite3's cursor attributes (rowcount: batch deletes know when they are done)
         self._rows, self.lastrowid, self.rowcount = rows, lastrowid, rowcount
 
     def fetchone(self) -> Optional[_Row]:
@@ -306,6 +307,3 @@ class PgJournal(Journal):
             con.execute("UPDATE lease SET holder = NULL, expires_at = clock_timestamp() "
                         "WHERE id = 1 AND holder = ? AND epoch = ?", (self.fence.holder, self.fence.epoch))
         self.fence = None
-
-    def server_time(self) -> float:
-        return self.con.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]

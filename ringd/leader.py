@@ -11,8 +11,8 @@ the leader.
 The switch is checked by the driver's loop, and also by a watchdog thread:
 a driver blocked in a database call that does not return (a stopped server
 process, a black-holed network) must still kill its agent in time. The thread
-only sends SIGKILL to the agent's process group (it never reaps: the loop
-owns every exit status); the loop finishes the tree when it runs again.
+only sends SIGKILL to the run's processes (it never reaps: the loop owns every
+exit status) and stops this driver leading and recording.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Leader:
         self.took_over = False
         self._failing: Optional[str] = None
         self._cond = threading.Condition()
-        self._agent: Optional[tuple] = None   # (pid, start ticks) of the run in flight
+        self._agent: Optional[tuple] = None   # (pid, start ticks, state key, run id) of the run in flight
         self.killed_pid: Optional[int] = None  # the agent the watchdog killed (its run is not recorded)
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
 
@@ -192,7 +192,3 @@ class Leader:
             except JournalError as e:
                 self.log(f"lease: cannot release ({e}); it lapses in {self.ttl:g}s")
         self.leading = False
-
-    def status(self) -> dict:
-        return {"host": self.host, "role": self.role, "lease_holder": self.lease_holder,
-                "lease_expires_at": self.lease_expires_at}
