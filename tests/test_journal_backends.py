@@ -179,3 +179,27 @@ def test_a_failed_transaction_leaves_nothing_behind(backend):
     assert j.meta("half") is None
     j.set_meta("after", "ok")  # the connection is usable again
     assert j.meta("after") == "ok"
+
+
+def test_both_schemas_have_the_same_tables_and_columns(tmp_path, pg_cluster):
+    """A column added to one backend only would break the other at its first
+    use: the schemas must describe the same journal (the lease is PostgreSQL's own)."""
+    import psycopg
+    from ringd.journal_pg import PgJournal
+    sq = Journal.open(tmp_path)
+    try:
+        tables = [r[0] for r in sq.con.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        sqlite_cols = {t: [r[1] for r in sq.con.execute(f"PRAGMA table_info({t})")] for t in tables}
+    finally:
+        sq.close()
+    dsn = pg_cluster.fresh_dsn()
+    PgJournal.connect(dsn).close()
+    with psycopg.connect(dsn) as con:
+        rows = con.execute("SELECT table_name, column_name FROM information_schema.columns "
+                           "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position").fetchall()
+    pg_cols = {}
+    for t, c in rows:
+        pg_cols.setdefault(t, []).append(c)
+    assert pg_cols.pop("lease")
+    assert pg_cols == sqlite_cols
