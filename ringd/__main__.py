@@ -1,4 +1,6 @@
+"""``python -m ringd`` - the same as the ``ringd`` console script (same name in
+messages and for shell completion: ``_RINGD_COMPLETE``)."""
 from .cli import main
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="ringd")

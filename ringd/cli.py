@@ -23,7 +23,7 @@ from typing import List, Optional
 import click
 
 from . import __version__
-from .config import ConfigError, load_config, resolve_config_path, resolve_state_dir
+from .config import ConfigError, lenient_modes, load_config, resolve_config_path, resolve_state_dir
 from .errors import EX_CONFIG as EXIT_CONFIG
 from .errors import EX_INTERRUPTED as EXIT_INTERRUPTED
 from .errors import RingError
@@ -52,7 +52,10 @@ def _quiet_broken_pipe() -> None:
 
 class RingGroup(click.Group):
     """click, but a usage error is one line on stderr (no usage block), Ctrl-C
-    exits 130 without a traceback, and a closed pipe ends quietly."""
+    exits 130 without a traceback, and a closed pipe ends quietly. ``ringwatch``
+    uses it too (``prog`` names the command in its error lines)."""
+
+    prog = "ringd"
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -67,7 +70,7 @@ class RingGroup(click.Group):
             where = ""
             if isinstance(e, click.UsageError) and e.ctx is not None:
                 where = f" (see '{e.ctx.command_path} --help')"
-            click.echo(f"ringd: {one_line(e.format_message(), 300)}{where}", err=True)
+            click.echo(f"{self.prog}: {one_line(e.format_message(), 300)}{where}", err=True)
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
             sys.exit(EXIT_INTERRUPTED)
@@ -84,19 +87,63 @@ class RingGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+STATE_HELP = "State directory (default: $RING_STATE, else ./STATE)."
+CONFIG_HELP = "Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in)."
+
+
+def given_locations(ctx: Optional[click.Context]) -> "tuple[Optional[str], Optional[str]]":
+    """--state/--config as given after the subcommand, else before it (``ringd --state D status``)."""
+    state = config = None
+    while ctx is not None:
+        state = state or ctx.params.get("state")
+        config = config or ctx.params.get("config")
+        ctx = ctx.parent
+    return state, config
+
+
 def locations(fn):
     """Add --state/--config and pass resolved ``state_dir`` and ``config_path``."""
-    @click.option("--state", "state", metavar="DIR", default=None,
-                  help="State directory (default: $RING_STATE, else ./STATE).")
-    @click.option("--config", "config", metavar="FILE", default=None,
-                  help="Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in).")
+    @click.option("--state", "state", metavar="DIR", default=None, help=STATE_HELP)
+    @click.option("--config", "config", metavar="FILE", default=None, help=CONFIG_HELP)
     @functools.wraps(fn)
     def wrapper(state: Optional[str], config: Optional[str], **kw):
+        state, config = given_locations(click.get_current_context())
         try:
             state_dir, config_path = resolve_state_dir(state), resolve_config_path(config)
         except ConfigError as e:   # a path no system call could take
             raise fail(f"invalid: {e}", EXIT_CONFIG)
         return fn(state_dir=state_dir, config_path=config_path, **kw)
+    return wrapper
+
+
+def complete_agent(ctx: click.Context, param: click.Parameter, incomplete: str) -> List[str]:
+    """Shell completion of a NAME argument: the roster's agent names. Never fails
+    (completion must not print errors into the operator's prompt)."""
+    try:
+        from .roster import read_roster
+        state, config = given_locations(ctx)
+        with lenient_modes(lambda _message: None):
+            cfg = load_config(resolve_config_path(config))
+            agents = read_roster(cfg.roster_path(resolve_state_dir(state)))
+        return [a.name for a in agents if a.name.startswith(incomplete)]
+    except Exception:  # noqa: BLE001 - no completion rather than a broken prompt
+        return []
+
+
+def reading(fn):
+    """An operator command: a config or roster others may write is a one-line
+    warning, not a refusal (only ``ringd run`` and ``ringwatch`` refuse). Such a
+    config's alert command is never run by the command (see config.load_config)."""
+    @functools.wraps(fn)
+    def wrapper(**kw):
+        seen: List[str] = []
+
+        def warn(message: str) -> None:
+            if message not in seen:
+                seen.append(message)
+                _warn([message])
+        with lenient_modes(warn):
+            return fn(**kw)
     return wrapper
 
 
@@ -141,8 +188,12 @@ def _warn(warnings: List[str]) -> None:
 
 @click.group(cls=RingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="ringd")
-def main() -> None:
-    """ring's driver and operator commands."""
+@click.option("--state", "state", metavar="DIR", default=None, help=STATE_HELP)
+@click.option("--config", "config", metavar="FILE", default=None, help=CONFIG_HELP)
+def main(state: Optional[str], config: Optional[str]) -> None:
+    """ring's driver and operator commands.
+
+    --state and --config may come before the command or after it."""
 
 
 @main.command()
@@ -156,19 +207,32 @@ def run(state_dir: Path, config_path: Optional[Path], once: bool) -> None:
 
 @main.command()
 @locations
-def check(state_dir: Path, config_path: Optional[Path]) -> None:
-    """Validate the config and the roster without starting anything."""
-    from .roster import read_roster
-    try:
-        config = load_config(config_path)
-        roster_path = config.roster_path(state_dir)
-        agents = read_roster(roster_path)
-    except ConfigError as e:
-        raise fail(f"invalid: {e}", EXIT_CONFIG)
-    for w in config.warnings:
-        click.echo(f"ringd: warning: {w}", err=True)
+@click.option("--strict", is_flag=True, help="Exit 1 when there is any warning (e.g. a program not found).")
+def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
+    """Validate the config and the roster without starting anything.
+
+    Exit 0 valid (warnings on stderr), 78 invalid, 1 with --strict and a warning."""
+    from .roster import program_problem, read_roster
+    warned: List[str] = []
+    with lenient_modes(warned.append):
+        try:
+            config = load_config(config_path)
+            roster_path = config.roster_path(state_dir)
+            agents = read_roster(roster_path)
+        except ConfigError as e:
+            _warn(warned)
+            raise fail(f"invalid: {e}", EXIT_CONFIG)
+    warned += config.warnings
+    for a in agents:
+        problem = program_problem(a.argv, roster_path.parent)
+        if problem:
+            warned.append(f"agent {a.name}: {problem}")
+    _warn(warned)
     click.echo(f"ok: config {config_path or '(built-in defaults)'}, roster {roster_path} "
-               f"with {len(agents)} agent(s): {', '.join(a.name for a in agents)}")
+               f"with {len(agents)} agent(s): {', '.join(a.name for a in agents)}"
+               + (f"; {len(warned)} warning(s)" if warned else ""))
+    if strict and warned:
+        raise click.exceptions.Exit(1)
 
 
 # --- operator commands -------------------------------------------------------------
@@ -177,6 +241,7 @@ def check(state_dir: Path, config_path: Optional[Path]) -> None:
 @locations
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
+@reading
 @operator_command
 def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool) -> None:
     """Driver health, watcher, current run, roster and one row per agent.
@@ -224,8 +289,9 @@ def _watch(gather, as_json: bool) -> None:
 
 @main.command()
 @locations
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--no-wait", is_flag=True, help="Do not wait to see the current run end.")
+@reading
 @operator_command
 def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_wait: bool) -> None:
     """Skip NAME: end its current run now, or skip its next turn.
@@ -250,10 +316,11 @@ def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_w
 
 @main.command()
 @locations
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
               help="How many runs to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (SPEC shape).")
+@reading
 @operator_command
 def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: int, as_json: bool) -> None:
     """Recent runs, newest first (of NAME only, if given)."""
@@ -271,10 +338,11 @@ def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], l
 
 @main.command()
 @locations
-@click.argument("name")
+@click.argument("name", shell_complete=complete_agent)
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="This run's log (default: NAME's last run).")
 @click.option("-f", "--follow", is_flag=True, help="Follow the log until the run ends.")
+@reading
 @operator_command
 def logs(state_dir: Path, config_path: Optional[Path], name: str, run_id: Optional[int], follow: bool) -> None:
     """Print a run's log. Exit 2 for an unknown agent or run."""
@@ -293,6 +361,7 @@ def logs(state_dir: Path, config_path: Optional[Path], name: str, run_id: Option
 @click.option("--reason", metavar="TEXT", default=None, help="Why (recorded in the run's reason).")
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="Only if this is the run still running (guards against hitting the next run).")
+@reading
 @operator_command
 def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[str], run_id: Optional[int]) -> None:
     """Close the stuck running run as interrupted and kill its process tree.
@@ -307,7 +376,8 @@ def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[st
 
 @main.command()
 @locations
-@click.argument("name")
+@click.argument("name", shell_complete=complete_agent)
+@reading
 @operator_command
 def resume(state_dir: Path, config_path: Optional[Path], name: str) -> None:
     """Lift NAME's quarantine now. Exit 2 for an agent not on the roster."""

@@ -7,13 +7,14 @@ identical to the shipped ``config/ring.yaml`` (a test checks that).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 from .errors import ConfigError, excerpt
 from .roster import NAME_RE
-from .safefile import NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path, read_regular_file  # noqa: F401
+from .safefile import (NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path,  # noqa: F401
+                       lenient_modes, read_regular_file)
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
 # Every duration must fit the OS timers and datetime once added to "now"; waits
@@ -178,8 +179,15 @@ def _safe_yaml(text: str, path: Path) -> Any:
 # --- validation ------------------------------------------------------------
 
 def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> float:
+    if isinstance(value, str):
+        from .timespan import parse_timespan
+        try:
+            value = parse_timespan(value)
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}, got {excerpt(value)}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key}: must be a number of seconds, got {excerpt(value)}")
+        raise ConfigError(f"{key}: must be a number of seconds or a time span like \"15min\", "
+                          f"got {excerpt(value)}")
     if value != value or value in (float("inf"), float("-inf")):
         raise ConfigError(f"{key}: must be a finite number, got {excerpt(value)}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -398,6 +406,7 @@ def load_config(path: Optional[Path]) -> Config:
     """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
     if path is None:
         return Config()
+    trusted = check_not_writable_by_others(path, "config file")
     blob = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
@@ -409,6 +418,9 @@ def load_config(path: Optional[Path]) -> Config:
         raise ConfigError(f"{path}: config file contains NUL bytes")
     data = _safe_yaml(text, path)
     try:
-        return parse_config(data, path)
+        config = parse_config(data, path)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    if not trusted:  # a reading command never runs a command others may have written
+        config = replace(config, alerts=replace(config.alerts, command=None))
+    return config

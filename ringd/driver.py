@@ -222,8 +222,9 @@ class Driver:
             sigs, _ = env.wait(timeout)
             if self.absorb(sigs).any:
                 return
+            had_error = self.roster.error is not None
             if until_roster_edit and self.roster.refresh():
-                self.roster_changed()
+                self.roster_changed(had_error)
                 return
 
     # --- reloading ------------------------------------------------------------------------
@@ -236,12 +237,15 @@ class Driver:
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
+        had_error = self.roster.error is not None
         if self.roster.refresh(force=force):
-            self.roster_changed()
+            self.roster_changed(had_error)
 
-    def roster_changed(self) -> None:
+    def roster_changed(self, had_error: bool = False) -> None:
         if self.roster.error:
             self.log(f"roster error, keeping the last good roster: {self.roster.error}")
+        elif had_error:
+            self.log(f"roster fixed: {self.roster.path} loaded again, {len(self.roster.agents)} agent(s)")
         else:
             self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
         try:
@@ -342,6 +346,8 @@ class Driver:
             last = self.journal.last_run()
             self.cursor = (last.agent, last.position) if last else (None, None)
             self.journal.set_meta("roster_error", self.roster.error)
+            lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
+            self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
         except JournalError as e:
             self.log(str(e))
             return EX_CONFIG
@@ -427,6 +433,10 @@ class Driver:
         slow down if every run of the lap failed at once (SPEC: never spins)."""
         self.at_lap_start = True
         self.lap += 1
+        try:
+            self.journal.set_meta("lap", str(self.lap))
+        except JournalError as e:   # state dir full or read-only: the ring goes on
+            self.log(f"cannot record lap {self.lap} in the journal: {e}")
         self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
         if self.once:
             return

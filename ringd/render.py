@@ -2,8 +2,9 @@
 table on a terminal (``status --json`` never loads it; plain output neither).
 
 A table is built once as lines of ``(text, style)`` segments laid out in fixed
-columns that fit the terminal (80 columns when there is none): long cells are
-cut with an ellipsis, never wrapped. Plain output - no escape codes at all - is
+columns that fit the terminal: long cells are cut with an ellipsis, never
+wrapped. Output that is not a terminal (a pipe, a file) is never cut: a script
+or ``grep`` gets every reason whole. Plain output - no escape codes at all - is
 those lines' text, written directly, when stdout is not a terminal or
 ``NO_COLOR`` is set. On a terminal rich colours the same lines (rich's own
 Table lays out a 200-agent roster ~10x slower than this).
@@ -97,8 +98,13 @@ def exit_text(code: Any, sig: Any) -> str:
 
 # --- layout ----------------------------------------------------------------------------
 
+UNLIMITED = 1 << 30
+
+
 def output_width(stream: Optional[TextIO] = None) -> int:
-    """The terminal's width; $COLUMNS or 80 when there is no terminal."""
+    """The terminal's width; unlimited when ``stream`` is not a terminal."""
+    if not _isatty(stream or sys.stdout):
+        return UNLIMITED
     return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 
@@ -248,7 +254,8 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             segs.append((f" of {fmt_duration(c['run_budget'])}, {left}", ""))
         out += labelled("current", segs, width)
     else:
-        out += labelled("current", [("-  (between runs)" if health == "ok" else "-", "dim")], width)
+        out += labelled("current", [("-  (between runs)" if health == "ok" else "-", "dim")]
+                        + next_segs(doc.get("next"), health), width)
 
     r = doc["roster"]
     segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
@@ -287,6 +294,28 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
                  right=(True, False, False, True, True, True, False),
                  max_widths=(None, 20, None, None, None, None, None), width=width, plain=plain)
     return out
+
+
+def next_segs(upcoming: Optional[Mapping[str, Any]], health: str) -> List[Seg]:
+    """``; next: NAME in N s`` (or ``now``, or ``when the driver starts``)."""
+    if not upcoming:
+        return []
+    if health not in ("ok", "stale"):
+        when = "when a driver starts"
+    elif upcoming.get("in") is not None and upcoming["in"] >= 0.05:
+        when = f"in {fmt_seconds(upcoming['in'])}"
+    else:
+        when = "now"
+    return [(f"; next: {upcoming['agent']} {when}", "")]
+
+
+def fmt_seconds(seconds: float) -> str:
+    """``12 s`` under two minutes (the operator counts along), else like fmt_duration."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return fmt_duration(seconds)
 
 
 def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80) -> List[Line]:

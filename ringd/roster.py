@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,21 @@ def resolve_program(argv: Sequence[str], roster_dir: Path) -> List[str]:
     if "/" in prog and not os.path.isabs(prog):
         prog = os.path.normpath(os.path.join(str(roster_dir), prog))
     return [prog, *argv[1:]]
+
+
+def program_problem(argv: Sequence[str], roster_dir: Path) -> Optional[str]:
+    """Why the agent's program could not be started, or None (``ringd check``).
+    Looks it up as the driver would: relative paths against the roster's folder,
+    bare names on this process's PATH (a service's PATH may differ)."""
+    prog = resolve_program(argv, roster_dir)[0]
+    if "/" not in prog:
+        found = shutil.which(prog)
+        return None if found else f"program {excerpt(prog)} not found on PATH"
+    if not os.path.exists(prog):
+        return f"program {prog} not found"
+    if os.path.isdir(prog) or not os.access(prog, os.X_OK):
+        return f"program {prog} is not executable"
+    return None
 
 
 def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int]) -> int:

@@ -13,7 +13,8 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import List, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from .errors import ConfigError, excerpt
 
@@ -124,18 +125,42 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def check_not_writable_by_others(path: Path, what: str) -> None:
-    """Refuse files that group or others may write (sshd StrictModes)."""
+# Set by reading commands (``lenient_modes``): a group/other-writable file is
+# then reported to this callback instead of refused. Only ``ringd run`` and
+# ``ringwatch`` (which run its commands) refuse.
+_mode_warning: Optional[Callable[[str], None]] = None
+
+
+@contextmanager
+def lenient_modes(warn: Callable[[str], None]) -> Iterator[None]:
+    """Within this block, an unsafe file mode is ``warn(message)``, not an error."""
+    global _mode_warning
+    previous, _mode_warning = _mode_warning, warn
+    try:
+        yield
+    finally:
+        _mode_warning = previous
+
+
+def check_not_writable_by_others(path: Path, what: str) -> bool:
+    """Refuse files that group or others may write (sshd StrictModes). Returns
+    False when the file is unsafe but a reading command chose to go on."""
     try:
         st = os.stat(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
-    _refuse_writable_by_others(path, what, st)
+    return _refuse_writable_by_others(path, what, st)
 
 
-def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> None:
+def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> bool:
+    """Refuse; within ``lenient_modes`` warn instead and return False."""
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         mode = stat.S_IMODE(st.st_mode)
+        if _mode_warning is not None:
+            _mode_warning(f"{path}: {what} is writable by group or others (mode {mode:04o}); "
+                          f"ringd run and ringwatch refuse it. Fix: chmod go-w {path}")
+            return False
         raise ConfigError(
             f"{path}: {what} is writable by group or others (mode {mode:04o}); "
             f"anyone who can write it can run commands as this user. Fix: chmod go-w {path}")
+    return True

@@ -194,12 +194,18 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
                  running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
                  roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
+                 roster_lines: Optional[Sequence[Tuple[str, str]]] = None,
+                 last_run: Optional[RunRow] = None, journal_lap: Optional[int] = None,
+                 states: Optional[Mapping[str, Any]] = None,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
     ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
     of its last finished run. ``roster``: the current roster's names, or None if
-    it does not parse (then the agents the journal knows, by last position)."""
+    it does not parse (then the agents the journal knows, by last position).
+    ``roster_lines`` (name, line) and ``last_run`` (the journal's newest row) give
+    the next turn; ``journal_lap`` is the lap the driver recorded in the journal
+    (live, where the heartbeat's may be a beat old)."""
     hb = dict(heartbeat) if heartbeat else None
     health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval)
     age = heartbeat_age(hb, now)
@@ -208,7 +214,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "health": health,
         "heartbeat_age": _round(age) if hb else None,
         "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
-        "lap": hb.get("lap") if hb else None,
+        "lap": journal_lap if journal_lap is not None else (hb.get("lap") if hb else None),
         # additions to the SPEC shape
         "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
         "last_pid": hb.get("pid") if hb else None,
@@ -274,6 +280,15 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "last_signal": last.get("last_signal"),
         })
 
+    turn = next_turn(roster_lines, states or {}, running or last_run, now, config) if roster_lines else None
+    upcoming = None
+    if turn is not None:
+        name, at = turn
+        upcoming = {"agent": name,
+                    "at": None if running is not None else iso(at),
+                    "in": None if running is not None else round(max(0.0, at - now), 3),
+                    "after_current_run": running is not None}
+
     return {
         "state_dir": str(state_dir),
         "driver": driver,
@@ -281,7 +296,41 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "current": current,
         "roster": {"path": str(roster_path), "agents": len(names), "error": roster_error},
         "agents": agents,
+        # addition: who takes the next turn, and when (estimated from the journal)
+        "next": upcoming,
     }
+
+
+def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
+              last: Optional[RunRow], now: float, config: Config) -> Optional[Tuple[str, float]]:
+    """Pure: (the agent that takes the next turn, when it starts), as the driver
+    would choose it (``policy.decide`` per agent, ``states``: name -> AgentState):
+    after ``last`` by name, passing over agents that back off or are quarantined.
+    When every agent passes, the first one due. A turn after a full lap waits
+    ``lap_pause`` after the last run ended."""
+    from .policy import Action, decide
+    from .records import AgentState
+    from .roster import next_index
+    names = [n for n, _ in roster]
+    if not names:
+        return None
+    start = next_index(names, last.agent if last else None, last.position if last else None)
+    last_index = names.index(last.agent) if last is not None and last.agent in names else None
+    earliest: Optional[Tuple[str, float]] = None
+    for k in range(len(names)):
+        i = (start + k) % len(names)
+        name, line = roster[i]
+        d = decide(states.get(name) or AgentState(name=name), now, line)
+        if d.action is not Action.PASS:
+            at = now
+            wraps = last_index is not None and i <= last_index
+            if wraps and config.ring.lap_pause > 0 and last is not None and last.ended_at is not None:
+                at = max(now, last.ended_at + config.ring.lap_pause)
+            return name, at
+        due = d.until if d.until is not None and d.until > now else now
+        if earliest is None or due < earliest[1]:
+            earliest = (name, due)
+    return earliest
 
 
 def status_exit_code(doc: Mapping[str, Any]) -> int:
@@ -293,10 +342,14 @@ def status_exit_code(doc: Mapping[str, Any]) -> int:
     return EXIT_STOPPED
 
 
-def read_journal_view(reader: Journal) -> Tuple[Optional[RunRow], Dict[str, Dict[str, Any]], Optional[str]]:
-    """(running row, per-agent rows, driver-recorded roster error) in one snapshot:
-    each agent's state plus ``last_*`` keys of its last finished run."""
-    running, states, last, roster_error = reader.status_view()
+def read_journal_view(reader: Journal) -> Dict[str, Any]:
+    """In one snapshot: the running row, per-agent rows (each agent's state plus
+    ``last_*`` keys of its last finished run), the agents' states, the newest
+    row and the driver's notes (roster error, lap). Cost is independent of the
+    journal's size (primary-key and index lookups only)."""
+    with reader.snapshot() as tx:
+        running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
+        newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
         row = asdict(st)
@@ -306,7 +359,9 @@ def read_journal_view(reader: Journal) -> Tuple[Optional[RunRow], Dict[str, Dict
                        last_duration=r.duration, last_exit_code=r.exit_code, last_signal=r.signal,
                        last_position=r.position)
         agents[name] = row
-    return running, agents, roster_error
+    return {"running": running, "last_run": newest, "agent_rows": agents, "states": states,
+            "roster_error": roster_error,
+            "lap": int(lap) if lap is not None and lap.isascii() and lap.isdigit() else None}
 
 
 def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
@@ -314,7 +369,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     """Read everything (reaping first) and build the status document."""
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
-    running, agent_rows, driver_roster_error, lease = None, {}, None, None
+    view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None}
+    lease = None
     try:
         reader = open_reader(state_dir, config)
         if reader is not None:
@@ -322,10 +378,11 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
-                running, agent_rows, driver_roster_error = read_journal_view(reader)
+                view = read_journal_view(reader)
                 if config.ring.journal:
-                    view = reader.read_lease()
-                    lease = {"holder": view.holder, "expires_at": iso(view.expires_at), "epoch": view.epoch}
+                    lease_view = reader.read_lease()
+                    lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
+                             "epoch": lease_view.epoch}
             finally:
                 reader.close()
     except JournalError as e:
@@ -342,9 +399,10 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         state_dir=state_dir, config=config, now=now,
         heartbeat=hb, driver_alive=_heartbeat_alive(hb),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
-        running=running, agent_rows=agent_rows,
+        running=view["running"], agent_rows=view["agent_rows"],
         roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
-        roster_error=roster_error,
+        roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
+        journal_lap=view["lap"], states=view["states"],
     )
     add_leadership(doc, hb, lease)
     return doc

@@ -16,6 +16,8 @@ from typing import Optional
 
 import click
 
+from ringd import __version__
+from ringd.cli import RingGroup
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
 from ringd.errors import EX_SOFTWARE as EXIT_INTERNAL
 
@@ -34,7 +36,13 @@ _config_opt = click.option("--config", "config_opt", metavar="FILE",
                            help="Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in).")
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+class WatchGroup(RingGroup):
+    """ringd's one-line usage errors, named ``ringwatch``."""
+    prog = "ringwatch"
+
+
+@click.group(cls=WatchGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version=__version__, prog_name="ringwatch")
 @_state_opt
 @_config_opt
 @click.pass_context

@@ -139,7 +139,7 @@ def test_status_never_ran_and_missing_state_dir(ring):
     assert not missing.exists()
 
 
-def test_status_ok_then_stale_then_stopped_plain_80_columns(ring):
+def test_status_ok_then_stale_then_stopped_plain_never_cut(ring):
     ring.agent("slow", "echo started; exec sleep 30")
     ring.agent("b", "exit 0")
     ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
@@ -163,7 +163,8 @@ def test_status_ok_then_stale_then_stopped_plain_80_columns(ring):
     table = ring.cli("status", env=env)
     assert table.returncode == 0, table.stderr
     assert "\x1b" not in table.stdout
-    assert all(len(line) <= 80 for line in table.stdout.splitlines()), table.stdout
+    # piped: never cut to 80 columns, even with COLUMNS=80 (the long state path is whole)
+    assert f"{ring.roster_path}  (2 agents)" in table.stdout and "\u2026" not in table.stdout
     assert "slow" in table.stdout and "running" in table.stdout and "% of" in table.stdout
 
     # A hung driver: heartbeat older than 2 x heartbeat_interval (0.2 s) -> stale, exit 1.
@@ -385,7 +386,7 @@ def test_history_and_logs(ring):
 
     table = ring.cli("history", env=dict(ring.env, NO_COLOR="1"))
     assert table.returncode == 0 and "\x1b" not in table.stdout and "failed" in table.stdout
-    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+    assert "..." not in table.stdout   # piped: reasons are never cut
 
     res = ring.cli("logs", "bad")
     assert res.returncode == 0 and res.stdout == "oops\n"
