@@ -407,3 +407,108 @@ def notify(text: Optional[str], ping: bool) -> None:
         send("\n".join(lines))
     except NotifyError as e:
         raise fail(str(e), 1)
+
+
+# --- setting up ------------------------------------------------------------------------
+
+@main.command()
+@click.argument("directory", required=False, default=".", metavar="[DIR]")
+@operator_command
+def init(directory: str) -> None:
+    """Lay out a new ring in DIR (default .): config/ring.yaml and STATE/ring.txt.
+
+    Never overwrites: exit 1 naming what exists."""
+    from .init import init as do_init
+    layout = do_init(Path(directory))
+    for p in layout.created:
+        click.echo(f"created {p}")
+    here = Path(directory).resolve()
+    click.echo(f"next: cd {shell_quote(str(here))} && ringd check && ringwatch   "
+               f"(or: ringd service install, see README)")
+
+
+def shell_quote(text: str) -> str:
+    import shlex
+    return shlex.quote(text)
+
+
+@main.group(cls=RingGroup)
+def service() -> None:
+    """Unit files (systemd) or a property list (launchd) for this installation."""
+
+
+def service_options(fn):
+    """--mode, --user, --state, --config, --bin-dir (resolved by ``service_target``)."""
+    for option in reversed((
+        click.option("--mode", type=click.Choice(["watcher", "systemd", "launchd"]), default="watcher",
+                     show_default=True, help="watcher: systemd keeps ringwatch alive (mode 1); systemd: "
+                     "systemd owns ringd (mode 2); launchd: macOS."),
+        click.option("--user", metavar="USER", default=None,
+                     help="Run as this existing account (default: a systemd dynamic user 'ring'; "
+                          "launchd: the installing user)."),
+        click.option("--state", "state", metavar="DIR", default=None,
+                     help="State dir of the service (default /var/lib/ring; launchd /usr/local/var/ring)."),
+        click.option("--config", "config", metavar="FILE", default=None,
+                     help="Config of the service (default /etc/ring/ring.yaml; "
+                          "launchd /usr/local/etc/ring/ring.yaml)."),
+        click.option("--bin-dir", metavar="DIR", default=None,
+                     help="Where ringd and ringwatch are (default: this installation's)."),
+    )):
+        fn = option(fn)
+    return fn
+
+
+def service_target(mode: str, user: Optional[str], state: Optional[str], config: Optional[str],
+                   bin_dir: Optional[str]):
+    from .service import target
+
+    def absolute(p: Optional[str]) -> Optional[Path]:
+        return Path(os.path.abspath(os.path.expanduser(p))) if p else None
+    return target(mode, bin_dir=absolute(bin_dir), state=absolute(state), config=absolute(config), user=user)
+
+
+@service.command("print")
+@service_options
+@operator_command
+def service_print(mode: str, user: Optional[str], state: Optional[str], config: Optional[str],
+                  bin_dir: Optional[str]) -> None:
+    """Print the files for this installation (several: each after a '# ==> PATH <==' line)."""
+    from .service import destinations
+    t = service_target(mode, user, state, config, bin_dir)
+    dest = destinations(t)
+    many = len(t.files) > 1
+    for k, (name, text) in enumerate(t.files.items()):
+        if many:
+            click.echo(("\n" if k else "") + f"# ==> {dest[name]} <==")
+        click.echo(text, nl=False)
+
+
+@service.command("install")
+@click.option("--root", metavar="DIR", default=None,
+              help="Write under DIR instead of / (like systemctl --root).")
+@click.option("--enable", is_flag=True, help="Also run the command that enables and starts it.")
+@service_options
+@operator_command
+def service_install(mode: str, user: Optional[str], state: Optional[str], config: Optional[str],
+                    bin_dir: Optional[str], root: Optional[str], enable: bool) -> None:
+    """Write the files where the init system reads them; create the state dir,
+    config and roster when missing. Never overwrites (exit 1 naming the file)."""
+    import shlex
+    from .service import install, run_enable
+    t = service_target(mode, user, state, config, bin_dir)
+    r = install(t, Path(os.path.abspath(root)) if root else None)
+    for p in r.layout.created:
+        click.echo(f"created {p}")
+    for p in r.written:
+        click.echo(f"wrote {p}")
+    for p in r.unchanged:
+        click.echo(f"unchanged {p}")
+    _warn(r.warnings)
+    command = " && ".join(" ".join(shlex.quote(w) for w in step) for step in r.enable)
+    if not enable:
+        click.echo(f"enable it with: {command}")
+        return
+    click.echo(f"running: {command}")
+    rc = run_enable(r.enable)
+    if rc:
+        raise fail(f"'{command}' failed (exit {rc})", 1)

@@ -84,10 +84,10 @@ def test_unit_supervision_settings(units, name):
 
 def test_unit_commands(units):
     common = "--state /var/lib/ring --config /etc/ring/ring.yaml"
-    assert one(units["ringd.service"], "Service", "ExecStart") == f"/usr/local/bin/ringd run {common}"
+    assert one(units["ringd.service"], "Service", "ExecStart") == f"/opt/ring/bin/ringd run {common}"
     for name in ("ringwatch.service", "ringwatch-systemd.service"):
         u = units[name]
-        assert one(u, "Service", "ExecStart") == f"/usr/local/bin/ringwatch {common}"
+        assert one(u, "Service", "ExecStart") == f"/opt/ring/bin/ringwatch {common}"
         # a watcher that gave up (70) must stay down until `ringwatch reset`
         assert "70" in one(u, "Service", "RestartPreventExitStatus").split()
         # it may take STOP_GRACE + a SIGKILL wait to stop the driver
@@ -107,7 +107,7 @@ def test_mode_two_wiring(units):
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_verify(tmp_path):
     """Verify copies whose ExecStart points at stand-in executables (the real
-    /usr/local/bin/ringd may not be installed here); every other line is as shipped.
+    /opt/ring/bin/ringd may not be installed here); every other line is as shipped.
     Unknown keys and bad values are only warnings to verify, so any output that
     names one of our units fails the test."""
     bindir = tmp_path / "bin"
@@ -119,9 +119,9 @@ def test_systemd_analyze_verify(tmp_path):
     copies = []
     for name in UNITS:
         text = (SYSTEMD / name).read_text()
-        assert "/usr/local/bin/" in text
+        assert "/opt/ring/bin/" in text
         copy = tmp_path / name
-        copy.write_text(text.replace("/usr/local/bin/", f"{bindir}/"))
+        copy.write_text(text.replace("/opt/ring/bin/", f"{bindir}/"))
         copies.append(str(copy))
     res = subprocess.run(["systemd-analyze", "verify", "--man=no", *copies],
                          capture_output=True, text=True, timeout=60)

@@ -1,0 +1,239 @@
+"""``ringd init`` and ``ringd service print|install``: files rendered for this
+installation, written under --root without touching the box, never overwriting;
+the shipped files are what ``print`` renders; systemd-analyze verifies them and
+rates them 6.0 or better; a real driver runs on what install laid out; and the
+README's route (a fresh venv, pip install, init, service print) names the venv's
+own binaries.
+"""
+from __future__ import annotations
+
+import os
+import plistlib
+import pwd
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, ring_cmd
+from ringd.service import LABEL, POLKIT_RULE, target
+
+SHIPPED_BIN = Path("/opt/ring/bin")   # the README's venv
+MAX_EXPOSURE = 6.0
+HAVE_ANALYZE = shutil.which("systemd-analyze") is not None
+
+
+def cli(*args, env=None, cwd=None):
+    env = dict(env or os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(ring_cmd(*args), capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+
+
+def stub_bin(tmp_path: Path) -> Path:
+    """Stand-in ringd/ringwatch (verify checks that ExecStart's program exists)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for prog in ("ringd", "ringwatch"):
+        stub = bindir / prog
+        stub.write_text(f"#!/bin/sh\nexec {sys.executable} -m {prog} \"$@\"\n")
+        stub.chmod(0o755)
+    return bindir
+
+
+def exposure(unit: Path) -> float:
+    res = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)],
+                         capture_output=True, text=True, timeout=60)
+    m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", res.stdout + res.stderr)
+    assert m, res.stdout + res.stderr
+    return float(m.group(1))
+
+
+# --- shipped files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["watcher", "systemd", "launchd"])
+def test_shipped_files_are_what_print_renders(mode):
+    t = target(mode, bin_dir=SHIPPED_BIN)
+    for name, text in t.files.items():
+        folder = REPO / ("launchd" if mode == "launchd" else "systemd")
+        assert (folder / name).read_text() == text, f"{folder / name} differs from `ringd service print`"
+    res = cli("service", "print", "--mode", mode, "--bin-dir", str(SHIPPED_BIN))
+    assert res.returncode == 0, res.stderr
+    if len(t.files) == 1:
+        assert res.stdout == next(iter(t.files.values()))
+    else:
+        for name, text in t.files.items():
+            assert f"# ==> " in res.stdout and f"/{name} <==\n{text}" in res.stdout
+    assert "docs/" not in "".join(t.files.values())
+
+
+# --- install under --root -------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["watcher", "systemd"])
+def test_install_systemd_modes_under_root(tmp_path, mode):
+    root = tmp_path / "root"
+    bindir = stub_bin(tmp_path)
+    res = cli("service", "install", "--mode", mode, "--root", str(root), "--bin-dir", str(bindir))
+    assert res.returncode == 0, res.stderr
+    units = {"watcher": ["ringwatch.service"], "systemd": ["ringd.service", "ringwatch-systemd.service"]}[mode]
+    unitdir = root / "etc/systemd/system"
+    state, config = root / "var/lib/ring", root / "etc/ring/ring.yaml"
+    for name in units:
+        path = unitdir / name
+        assert f"wrote {path}" in res.stdout
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        text = path.read_text()
+        assert f"{bindir}/ring" in text and "--state /var/lib/ring --config /etc/ring/ring.yaml" in text
+        for line in ("ProtectSystem=strict", "StateDirectory=ring", "PrivateTmp=yes", "NoNewPrivileges=yes",
+                     "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectKernelLogs=yes",
+                     "RestrictSUIDSGID=yes", "LockPersonality=yes", "Delegate=yes", "DynamicUser=yes"):
+            assert f"\n{line}\n" in text, (name, line)
+        assert "#   ReadWritePaths=/the/dir/they/write" in text
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644
+    assert stat.S_IMODE((state / "ring.txt").stat().st_mode) == 0o600
+    if mode == "systemd":
+        assert "restart_command: [systemctl, restart, ringd]" in config.read_text()
+        assert (root / "etc/polkit-1/rules.d" / POLKIT_RULE).is_file()
+    assert f"enable it with: systemctl --root={root} enable {' '.join(units)}" in res.stdout
+
+    # what install laid out is a valid ring, and a real driver runs it
+    assert cli("--state", str(state), "--config", str(config), "check", "--strict").returncode == 0
+    done = cli("run", "--once", "--state", str(state), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    runs = cli("history", "--json", "--state", str(state), "--config", str(config))
+    assert '"status": "ok"' in runs.stdout, runs.stdout
+
+    # again: nothing changes, nothing is overwritten
+    again = cli("service", "install", "--mode", mode, "--root", str(root), "--bin-dir", str(bindir))
+    assert again.returncode == 0 and "wrote" not in again.stdout and "unchanged" in again.stdout
+    edited = unitdir / units[0]
+    edited.write_text(edited.read_text() + "# local edit\n")
+    clash = cli("service", "install", "--mode", mode, "--root", str(root), "--bin-dir", str(bindir))
+    assert clash.returncode == 1 and str(edited) in clash.stderr and "never overwrites" in clash.stderr
+    assert len(clash.stderr.splitlines()) == 1 and edited.read_text().endswith("# local edit\n")
+
+    if HAVE_ANALYZE:
+        edited.write_text(edited.read_text().replace("# local edit\n", ""))
+        paths = [str(unitdir / n) for n in units]
+        res = subprocess.run(["systemd-analyze", "verify", "--man=no", *paths],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and not any(n in res.stdout + res.stderr for n in units), res.stdout + res.stderr
+        for n in units:
+            assert exposure(unitdir / n) <= MAX_EXPOSURE, n
+    if shutil.which("systemctl"):
+        enabled = cli("service", "install", "--mode", mode, "--root", str(root), "--bin-dir", str(bindir),
+                      "--enable")
+        assert enabled.returncode == 0, enabled.stderr
+        for n in units:
+            assert (unitdir / "multi-user.target.wants" / n).is_symlink()
+
+
+@pytest.mark.skipif(not HAVE_ANALYZE, reason="systemd-analyze not installed")
+def test_hardening_rating_before_and_after(tmp_path):
+    """The units before hardening rated 9.0 UNSAFE; each rendered unit now rates <= 6.0,
+    with a named user and a state dir outside /var/lib as well."""
+    bare = tmp_path / "bare.service"
+    bare.write_text("[Service]\nType=notify\nExecStart=/bin/true\n")
+    assert exposure(bare) >= 9.0
+    me = pwd.getpwuid(os.getuid()).pw_name
+    for kw in ({}, {"user": me, "state": tmp_path / "state"}):
+        for mode in ("watcher", "systemd"):
+            t = target(mode, bin_dir=stub_bin(tmp_path), **kw)
+            for name, text in t.files.items():
+                if name.endswith(".service"):
+                    path = tmp_path / name
+                    path.write_text(text)
+                    assert exposure(path) <= MAX_EXPOSURE, (kw, name)
+                    if "state" in kw:
+                        assert f"ReadWritePaths={tmp_path / 'state'}" in text
+                        assert f"User={me}" in text and "DynamicUser" not in text
+
+
+def test_install_launchd_under_root(tmp_path):
+    root = tmp_path / "root"
+    me = pwd.getpwuid(os.getuid()).pw_name
+    res = cli("service", "install", "--mode", "launchd", "--root", str(root), "--user", me)
+    assert res.returncode == 0, res.stderr
+    plist_path = root / "Library/LaunchDaemons" / f"{LABEL}.plist"
+    with open(plist_path, "rb") as f:
+        p = plistlib.load(f)
+    assert p["Label"] == LABEL and p["UserName"] == me
+    assert p["ProgramArguments"][0] == str(Path(sys.executable).parent / "ringwatch") or \
+        p["ProgramArguments"][0].endswith("/ringwatch")
+    assert (root / "usr/local/var/ring/ring.txt").is_file() and (root / "usr/local/etc/ring/ring.yaml").is_file()
+    assert f"launchctl bootstrap system {plist_path}" in res.stdout
+
+
+def test_bad_service_choices_are_one_line(tmp_path):
+    for args in (("--user", "no-such-user-here"), ("--state", "/srv/ring"), ("--mode", "upstart"),
+                 ("--state", "/var/lib/my ring")):
+        res = cli("service", "print", *args)
+        assert res.returncode == 2, (args, res.stdout)
+        assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+# --- init ------------------------------------------------------------------------------------
+
+def test_init_lays_out_a_ring_that_runs_and_never_overwrites(tmp_path):
+    d = tmp_path / "ring"
+    res = cli("init", str(d))
+    assert res.returncode == 0, res.stderr
+    config, state, roster = d / "config/ring.yaml", d / "STATE", d / "STATE/ring.txt"
+    assert config.read_text() == (REPO / "config/ring.yaml").read_text()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE(roster.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644
+    # the defaults, from the init'ed directory, with no options at all
+    assert cli("check", "--strict", cwd=d).returncode == 0
+    run = cli("run", "--once", cwd=d)
+    assert run.returncode == 0, run.stderr
+    assert "hello from hello" in cli("logs", "hello", cwd=d).stdout
+
+    again = cli("init", str(d))
+    assert again.returncode == 1 and str(config) in again.stderr and str(roster) in again.stderr
+    assert len(again.stderr.splitlines()) == 1
+    # init in the current directory by default
+    here = tmp_path / "here"
+    here.mkdir()
+    assert cli("init", cwd=here).returncode == 0 and (here / "STATE/ring.txt").is_file()
+
+
+def test_package_data_is_the_shipped_config():
+    assert (REPO / "ringd/data/ring.yaml").read_text() == (REPO / "config/ring.yaml").read_text()
+
+
+# --- the README's install route ------------------------------------------------------------------
+
+def test_readme_route_fresh_venv(tmp_path):
+    venv = tmp_path / "opt-ring"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", "STATE", "*.egg-info", "build",
+                                                              "__pycache__", ".pytest_cache"))
+    # Offline when the build backend is at hand (setuptools + wheel), else pip's usual isolated build.
+    try:
+        import wheel  # noqa: F401
+        isolation = ["--no-build-isolation"]
+    except ImportError:
+        isolation = []
+    pip = subprocess.run([str(venv / "bin/pip"), "install", "--quiet", "--no-deps", *isolation,
+                          "--disable-pip-version-check", str(src)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bin_ = venv / "bin"
+    ver = subprocess.run([str(bin_ / "ringd"), "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ver.returncode == 0 and "0.1.0" in ver.stdout
+    ring_dir = tmp_path / "myring"
+    res = subprocess.run([str(bin_ / "ringd"), "init", str(ring_dir)], capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (ring_dir / "config/ring.yaml").read_text() == (REPO / "config/ring.yaml").read_text()
+    for mode, prog in (("watcher", "ringwatch"), ("systemd", "ringd"), ("launchd", "ringwatch")):
+        out = subprocess.run([str(bin_ / "ringd"), "service", "print", "--mode", mode], capture_output=True,
+                             text=True, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert f"{bin_}/{prog}" in out.stdout, out.stdout
+        assert "/opt/ring/bin" not in out.stdout
