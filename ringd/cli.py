@@ -214,7 +214,7 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
     Exit 0 valid (warnings on stderr), 78 invalid, 1 with --strict and a warning."""
     from .roster import program_problem, read_roster
     warned: List[str] = []
-    with lenient_modes(warned.append):
+    with lenient_modes(lambda w: warned.append(w) if w not in warned else None):
         try:
             config = load_config(config_path)
             roster_path = config.roster_path(state_dir)
