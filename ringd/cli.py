@@ -338,22 +338,40 @@ def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], l
 
 @main.command()
 @locations
-@click.argument("name", shell_complete=complete_agent)
+@click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="This run's log (default: NAME's last run).")
-@click.option("-f", "--follow", is_flag=True, help="Follow the log until the run ends.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Follow: NAME's current run and its later runs (no NAME: the whole ring, lines prefixed "
+                   "NAME[RUN_ID]; with --run: that run until it ends), until Ctrl-C.")
+@click.option("--lines", "-n", "lines", type=click.IntRange(0, 10_000_000), default=None, metavar="N",
+              help="Only the last N lines (with -f: first the last N lines, then what follows).")
 @reading
 @operator_command
-def logs(state_dir: Path, config_path: Optional[Path], name: str, run_id: Optional[int], follow: bool) -> None:
-    """Print a run's log. Exit 2 for an unknown agent or run."""
-    from .logs import find_run, follow_log, show_log
+def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_id: Optional[int],
+         follow: bool, lines: Optional[int]) -> None:
+    """Print a run's log, or follow an agent or the whole ring.
+
+    Exit 2 for an unknown agent or run."""
+    from .logs import find_run, follow as follow_runs, follow_log, show_log, show_tail
+    if name is None and (run_id is not None or not follow):
+        raise fail("give an agent NAME, or -f to follow the whole ring (see 'ringd logs --help')", 2)
     config = load_config(config_path)
-    row = find_run(state_dir, config, name, run_id)
     out = sys.stdout.buffer
-    if follow:
-        follow_log(state_dir, config, row, out)
-    else:
-        show_log(state_dir, config, row, out)
+    try:
+        if follow and run_id is None:
+            follow_runs(state_dir, config, name, out, lines=lines)
+            return
+        row = find_run(state_dir, config, name, run_id)
+        if follow:
+            follow_log(state_dir, config, row, out)
+        elif lines is not None:
+            show_tail(state_dir, config, row, out, lines)
+        else:
+            show_log(state_dir, config, row, out)
+    except KeyboardInterrupt:   # following ends when interrupted: that is success
+        out.flush()
+        raise click.exceptions.Exit(0)
 
 
 @main.command("force-fail")
@@ -374,21 +392,66 @@ def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[st
     click.echo(f"run {r.run_id} of {r.agent} closed as interrupted{killed}")
 
 
+def _woke(pid: Optional[int]) -> str:
+    return f" (driver pid {pid} woken)" if pid else ""
+
+
 @main.command()
+@locations
+@click.argument("name", required=False, shell_complete=complete_agent)
+@reading
+@operator_command
+def pause(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> None:
+    """Pause the ring: after the current run, start nothing until `ringd resume`.
+
+    With NAME: pass NAME over (no row) until `ringd resume NAME`. The current
+    run is untouched. Pauses live in the journal (they survive restarts).
+    Exit 2 for an unknown agent."""
+    from .control import pause as do_pause
+    r = do_pause(state_dir, load_config(config_path), name)
+    what = "the ring" if name is None else name
+    if not r.changed:
+        click.echo(f"{what}: already paused")
+    elif name is None:
+        click.echo(f"ring paused: nothing new starts until `ringd resume`; a run in flight goes on{_woke(r.driver_pid)}")
+    else:
+        click.echo(f"{name}: paused; passed over until `ringd resume {name}`{_woke(r.driver_pid)}")
+
+
+@main.command()
+@locations
+@click.argument("name", required=False, shell_complete=complete_agent)
+@reading
+@operator_command
+def resume(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> None:
+    """Lift the ring's pause; with NAME, lift NAME's pause, quarantine and back-off.
+
+    Exit 2 for an agent not on the roster."""
+    from .control import resume as do_resume
+    r = do_resume(state_dir, load_config(config_path), name)
+    if name is None:
+        click.echo(f"ring resumed{_woke(r.driver_pid)}" if r.changed else "the ring was not paused; nothing to do")
+    elif r.changed:
+        lifted = ", ".join("quarantine lifted" if x == "quarantine" else f"{x} lifted" for x in r.lifted)
+        click.echo(f"{name}: {lifted}; it runs at its next turn{_woke(r.driver_pid)}")
+    else:
+        click.echo(f"{name}: not paused, quarantined or backing off; nothing to do")
+
+
+@main.command("next")
 @locations
 @click.argument("name", shell_complete=complete_agent)
 @reading
 @operator_command
-def resume(state_dir: Path, config_path: Optional[Path], name: str) -> None:
-    """Lift NAME's quarantine now. Exit 2 for an agent not on the roster."""
-    from .control import resume as do_resume
-    config = load_config(config_path)
-    r = do_resume(state_dir, config, name)
-    if r.was_quarantined:
-        woke = f" (driver pid {r.driver_pid} woken)" if r.driver_pid else ""
-        click.echo(f"{r.agent}: quarantine lifted; it runs at its next turn{woke}")
-    else:
-        click.echo(f"{r.agent}: not quarantined; nothing to do")
+def next_(state_dir: Path, config_path: Optional[Path], name: str) -> None:
+    """NAME takes the very next turn (after the current run), once, whatever its
+    back-off, quarantine or pause; then the ring goes on from where it was.
+
+    Exit 2 for an unknown agent."""
+    from .control import next_turn
+    r = next_turn(state_dir, load_config(config_path), name)
+    instead = f" (instead of {r.replaced})" if r.replaced else ""
+    click.echo(f"{name}: takes the next turn{instead}{_woke(r.driver_pid)}")
 
 
 @main.command()

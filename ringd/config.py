@@ -44,6 +44,7 @@ class RingSettings:
     backoff_initial: float = 60
     backoff_max: float = 3600
     keep_logs: int = 50
+    keep_runs: int = 100000      # runs kept in the journal; 0 keeps all
     quarantine_after: int = 3
     quarantine_cooloff: float = 86400
     fast_fail: float = 1.0      # s; a lap whose every run failed within this is a spinning lap
@@ -239,7 +240,7 @@ _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backo
 
 def _ring(raw: Mapping[str, Any]) -> RingSettings:
     known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
-             "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs",
+             "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs", "keep_runs",
              "quarantine_after", "quarantine_cooloff", "fast_fail", "roster", "watchdog", "journal", "lease_ttl"}
     _unknown("ring", raw, known)
     values: dict = {}
@@ -255,6 +256,8 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
                 raise ConfigError(f"{key}: must be an exit code between 1 and 255, got {excerpt(v)}")
         elif k == "keep_logs":
             values[k] = _integer(key, v, minimum=1)
+        elif k == "keep_runs":
+            values[k] = _integer(key, v, minimum=0)
         elif k == "quarantine_after":
             values[k] = _integer(key, v, minimum=0)
         elif k == "watchdog":

@@ -179,20 +179,11 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
     return result
 
 
-# --- resume ------------------------------------------------------------------------
+# --- pause, resume, next ------------------------------------------------------------------
 
-@dataclass
-class ResumeResult:
-    agent: str
-    was_quarantined: bool
-    driver_pid: Optional[int] = None
-
-
-def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
-    """Lift ``name``'s quarantine (quarantined_until, quarantine_line, bad_streak
-    cleared; event source ``operator``) and wake the driver. Unknown -> exit 2."""
-    require_state_dir(state_dir)
-    _, roster, error = roster_view(config, state_dir)
+def _known_or_exit(state_dir: Path, config: Config, name: str) -> None:
+    """``name`` must be on the roster (or, with a broken roster, known to the journal): else exit 2."""
+    _, roster, _ = roster_view(config, state_dir)
     if roster is None:
         # A broken roster: the names the journal knows stand in for it.
         try:
@@ -208,18 +199,78 @@ def resume(state_dir: Path, config: Config, name: str) -> ResumeResult:
         known = [n for n, _ in roster]
     if name not in known:
         raise unknown_agent(name, known)
-    if not config.ring.journal and not journal_path(state_dir).exists():
-        return ResumeResult(agent=name, was_quarantined=False)
-    writer = _writer(state_dir, config)
+
+
+@dataclass
+class ControlResult:
+    agent: Optional[str]          # None: the whole ring
+    changed: bool                 # False: it already was so
+    driver_pid: Optional[int] = None
+    lifted: List[str] = field(default_factory=list)   # resume NAME: what it lifted
+    replaced: Optional[str] = None                    # next: the request it replaced
+
+
+def pause(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult:
+    """Pause the ring (after the current run, start nothing) or pass NAME over.
+    Stored in the journal: survives driver and watcher restarts."""
+    require_state_dir(state_dir)
+    if name is not None:
+        _known_or_exit(state_dir, config, name)
+    writer = _writer(state_dir, config, create=True)
     try:
-        was = writer.agent_state(name).quarantined_until is not None
-        with writer.transaction() as tx:
-            held = transitions.lift(tx, name, time.time(), "ringd resume")
+        changed = writer.set_paused(name, True)
     except JournalError as e:
         raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
     finally:
         writer.close()
-    result = ResumeResult(agent=name, was_quarantined=was)
-    if held:
+    return ControlResult(agent=name, changed=changed, driver_pid=wake_driver(state_dir) if changed else None)
+
+
+def resume(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult:
+    """Without NAME: lift the ring's pause. With NAME: lift its pause, its
+    quarantine (and streak of bad endings) and its back-off; event source
+    ``operator``. Unknown NAME -> exit 2."""
+    require_state_dir(state_dir)
+    if name is not None:
+        _known_or_exit(state_dir, config, name)
+    if not config.ring.journal and not journal_path(state_dir).exists():
+        return ControlResult(agent=name, changed=False)
+    writer = _writer(state_dir, config)
+    lifted: List[str] = []
+    try:
+        if writer.set_paused(name, False):
+            lifted.append("pause")
+        if name is not None:
+            now = time.time()
+            state = writer.agent_state(name)
+            if state.quarantined_until is not None:
+                lifted.append("quarantine")
+            if state.backoff_until is not None and state.backoff_until > now:
+                lifted.append("back-off")
+            with writer.transaction() as tx:
+                if transitions.lift(tx, name, now, "ringd resume") and not lifted:
+                    lifted.append("streak")
+    except JournalError as e:
+        raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
+    finally:
+        writer.close()
+    result = ControlResult(agent=name, changed=bool(lifted), lifted=lifted)
+    if lifted:
         result.driver_pid = wake_driver(state_dir)
     return result
+
+
+def next_turn(state_dir: Path, config: Config, name: str) -> ControlResult:
+    """NAME takes the very next turn (after the current run), once, whatever its
+    back-off, quarantine or pause; then the ring goes on from where it was."""
+    require_state_dir(state_dir)
+    _known_or_exit(state_dir, config, name)
+    writer = _writer(state_dir, config, create=True)
+    try:
+        replaced = writer.request_next(name)
+    except JournalError as e:
+        raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
+    finally:
+        writer.close()
+    return ControlResult(agent=name, changed=True, replaced=replaced if replaced != name else None,
+                         driver_pid=wake_driver(state_dir))

@@ -141,6 +141,8 @@ class Driver:
         self._metrics_at = float("-inf")
         self._metrics_dirty = False
         self._metrics_failing = False
+        self._prune_failing = False
+        self.paused_said = False
 
     # --- hearing and beating ------------------------------------------------------------
     def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests:
@@ -299,6 +301,19 @@ class Driver:
         if result.closed is not None:
             self.alert_closed(result.closed)
         self.spin = spin_after_run(self.spin, result.status, result.duration, self.config.ring.fast_fail)
+        self.prune_journal()
+
+    def prune_journal(self) -> None:
+        """Journal retention (``ring.keep_runs``): one small batch after each run."""
+        if not self.config.ring.keep_runs:
+            return
+        try:
+            self.journal.prune(self.config.ring.keep_runs)
+            self._prune_failing = False
+        except JournalError as e:   # never allowed to hurt the ring; say so once
+            if not self._prune_failing:
+                self.log(f"cannot prune the journal (ring.keep_runs): {e}")
+            self._prune_failing = True
 
     # --- leadership (a many-host ring) --------------------------------------------------
     def stand_by(self) -> bool:
@@ -387,11 +402,20 @@ class Driver:
         agents = self.roster.agents
         roster = [(a.name, a.text) for a in agents]
         start = next_index([a.name for a in agents], *self.cursor)
+        ring_paused, paused = self.journal.pauses()   # the operator's controls (journal meta)
+        if ring_paused:
+            return self.wait_paused(limit)
+        if self.paused_said:
+            self.paused_said = False
+            self.log("ring resumed by the operator")
+        requested = self.journal.take_next()
         now = env.wall()
         started = None
         with self.journal.transaction() as tx:   # the choice and the start commit together
-            plan = plan_turn(TurnInputs(roster, start, tx.agents(), now, limit=limit))
-            wraps = plan.index is not None and self.prev_index is not None and plan.index <= self.prev_index
+            plan = plan_turn(TurnInputs(roster, start, tx.agents(), now, limit=limit,
+                                        paused=frozenset(paused), requested=requested))
+            wraps = (plan.index is not None and not plan.forced and self.prev_index is not None
+                     and plan.index <= self.prev_index)
             if wraps and not self.at_lap_start:
                 plan = None   # a new lap: count it (and pause) before anything starts
             elif plan.index is not None:
@@ -415,9 +439,12 @@ class Driver:
             self.idle(plan.until, now)
             return 0
         self.idle_logged = False
-        self.at_lap_start = False
-        self.cursor = (agent.name, plan.index)
-        self.prev_index = plan.index
+        if plan.forced:   # ``ringd next``: out of order; the ring then goes on from its place
+            self.log(f"{agent.name}: takes this turn (ringd next)")
+        else:
+            self.at_lap_start = False
+            self.cursor = (agent.name, plan.index)
+            self.prev_index = plan.index
         if d.action is Action.RUN and d.reason:   # line changed, probation
             self.log(f"{agent.name}: {d.reason}")
         if started is None:
@@ -426,7 +453,20 @@ class Driver:
         env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
         result = Hop(self, agent, plan.index, started, now).run()
         self.after_run(result)
-        return len(plan.passed) + 1
+        return 0 if plan.forced else len(plan.passed) + 1
+
+    def wait_paused(self, limit: Optional[int]) -> int:
+        """``ringd pause``: start nothing; beat, and wake on the operator's SIGUSR1
+        (``ringd resume``), else look again after a heartbeat interval (a leader
+        also checks its lease at the loop's top). A paused ``--once`` runs nothing."""
+        if not self.paused_said:
+            self.paused_said = True
+            self.log("ring paused by the operator: starting nothing until `ringd resume`")
+            self.env.notify("STATUS=paused (ringd resume)")
+        if self.once:
+            return limit or 1
+        self.pause(self.config.ring.heartbeat_interval)
+        return 0
 
     def lap_boundary(self) -> None:
         """A new lap starts when the ring wraps: count it, pause if configured, and
@@ -456,7 +496,7 @@ class Driver:
         first one is, hearing signals, beating and watching the roster meanwhile."""
         delay = None if until is None else max(0.0, until - now)
         if not self.idle_logged:
-            self.log("nothing to run: every agent is backing off or quarantined"
+            self.log("nothing to run: every agent is backing off, quarantined or paused"
                      + (f"; next in {delay:.1f}s" if delay is not None else ""))
             self.idle_logged = True
         self.pause(delay, until_roster_edit=True)

@@ -13,14 +13,13 @@ import errno
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Deque, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
 
-from . import proctree, safefile
+from . import logline, proctree, safefile
 from .heartbeat import Heartbeat, Notifier
 from .procid import start_ticks
 from .wakeup import Wakeups
@@ -205,6 +204,5 @@ def log_open_reason(e: OSError) -> str:
 
 
 def stderr_logger(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    sys.stderr.write(f"{stamp} ringd[{os.getpid()}]: {message}\n")
-    sys.stderr.flush()
+    """The driver's log line (``ringd.logline``: UTC Z, priorities under journald)."""
+    logline.emit("ringd", message)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .records import TERMINAL, AgentState, RunRow
 from .schema_sqlite import SCHEMA, SCHEMA_VERSION
@@ -26,6 +27,9 @@ from .schema_sqlite import SCHEMA, SCHEMA_VERSION
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
 JOURNAL_FILE = "journal.db"
+PAUSE_KEY = "paused"       # meta: "paused" pauses the ring, "paused:NAME" one agent
+NEXT_KEY = "next"          # meta: the agent an operator asked to take the next turn
+PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 
 class JournalError(Exception):
     """The journal cannot do what was asked. Message is one line.
@@ -65,10 +69,30 @@ def _check_sqlite_header(path: Path) -> None:
                            f"it was left in place: move it aside to start a new journal")
 
 
+VERIFY_ALL_BYTES = 8 * 2 ** 20   # quick_check of this much takes ~0.1 s; beyond, start-up stays O(1)
+# Above that size, the pages the driver reads first (and keeps reading) are read now.
+_VERIFY_HOT = ("SELECT * FROM sqlite_master", "SELECT * FROM meta", "SELECT * FROM agents",
+               "SELECT * FROM run_counts", "SELECT * FROM runs WHERE status = 'running'",
+               "SELECT * FROM runs ORDER BY id DESC LIMIT 2000",
+               "SELECT * FROM events ORDER BY id DESC LIMIT 4000")
+
+
 def _verify(con: sqlite3.Connection, path: Path) -> None:
     """A valid header is not enough: a damaged page would only fail later, in the
-    middle of the loop. quick_check reads every page (O(size), once at start-up)."""
-    problems = [r[0] for r in con.execute("PRAGMA quick_check(3)").fetchall()]
+    middle of the loop. quick_check reads every page of a journal up to
+    VERIFY_ALL_BYTES; a larger one (ring.keep_runs: 0, or a backlog not yet
+    pruned) has its hot pages read, so start-up stays fast whatever the size
+    (benchmarks/bench_retention.py). Damage in old history then surfaces when
+    retention reaches it, as a logged journal error, never a wrong run."""
+    if path.stat().st_size <= VERIFY_ALL_BYTES:
+        problems = [r[0] for r in con.execute("PRAGMA quick_check(3)").fetchall()]
+    else:
+        problems = ["ok"]
+        try:
+            for query in _VERIFY_HOT:
+                con.execute(query).fetchall()
+        except sqlite3.DatabaseError as e:
+            problems = [str(e)]
     if problems != ["ok"]:
         con.close()
         first = " ".join(str(problems[0]).split())[:120] if problems else "no result"
@@ -396,3 +420,72 @@ class Journal:
     def set_meta(self, key: str, value: Optional[str]) -> None:
         with self.transaction() as tx:
             tx.set_meta(key, value)
+
+    # --- operator controls: pause, resume, next -------------------------------------
+    # Kept in ``meta`` (both backends, no schema change); every change is an event.
+    @staticmethod
+    def _pause_key(name: Optional[str]) -> str:
+        return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
+
+    def set_paused(self, name: Optional[str], paused: bool, now: Optional[float] = None) -> bool:
+        """Pause (or lift the pause of) the ring (``name`` None) or one agent.
+        Returns True when that changed anything."""
+        key = self._pause_key(name)
+        now = time.time() if now is None else now
+        with self.transaction() as tx:
+            if (tx.meta(key) is not None) == paused:
+                return False
+            tx.set_meta(key, repr(now) if paused else None)
+            tx.event(None, "paused" if paused else "unpaused", "operator",
+                     "ring" if name is None else f"agent={name}", now)
+        return True
+
+    def pauses(self) -> Tuple[bool, List[str]]:
+        """(the ring is paused, the agents paused one by one)."""
+        def q(tx: Tx) -> Tuple[bool, List[str]]:
+            keys = [r["key"] for r in tx._x("SELECT key FROM meta WHERE key = ? OR key LIKE ?",
+                                              (PAUSE_KEY, PAUSE_KEY + ":%")).fetchall()]
+            return PAUSE_KEY in keys, sorted(k.split(":", 1)[1] for k in keys if ":" in k)
+        return self._read(q)
+
+    def request_next(self, name: str) -> Optional[str]:
+        """Operator: ``name`` takes the very next turn, once. Returns the request it replaced."""
+        with self.transaction() as tx:
+            before = tx.meta(NEXT_KEY)
+            tx.set_meta(NEXT_KEY, name)
+            tx.event(None, "next-requested", "operator", f"agent={name}", time.time())
+        return before
+
+    def take_next(self) -> Optional[str]:
+        """Driver: the agent an operator asked to run next, consuming the request."""
+        with self.transaction() as tx:
+            name = tx.meta(NEXT_KEY)
+            if name is not None:
+                tx.set_meta(NEXT_KEY, None)
+        return name
+
+    # --- retention ----------------------------------------------------------------------
+    def prune(self, keep: int, batch: int = PRUNE_BATCH) -> int:
+        """Delete up to ``batch`` of the oldest runs beyond the newest ``keep``
+        (and their events) in one short transaction; returns how many runs went.
+        Called after each hop, so a large backlog goes in small steps as the ring
+        turns. The counters (``agents.runs``, ``run_counts``) are kept by triggers
+        on insert and update, so deleting history never changes them."""
+        if keep <= 0:
+            return 0
+        with self.transaction() as tx:
+            top = tx._x("SELECT max(id) AS m FROM runs").fetchone()["m"]
+            if top is None:
+                return 0
+            first_kept = top - keep + 1   # ids only grow: the newest ``keep`` ids (or fewer rows)
+            tx._x("DELETE FROM events WHERE run_id IN (SELECT id FROM runs WHERE id < ? ORDER BY id LIMIT ?)",
+                  (first_kept, batch))
+            gone = tx._x("DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE id < ? "
+                         "AND status <> 'running' ORDER BY id LIMIT ?)", (first_kept, batch)).rowcount
+            if gone:
+                # operator events (no run) older than the oldest run kept go with them
+                oldest = tx._x("SELECT started_at FROM runs ORDER BY id LIMIT 1").fetchone()
+                if oldest is not None:
+                    tx._x("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE run_id IS NULL "
+                          "AND at < ? ORDER BY id LIMIT ?)", (oldest["started_at"], batch))
+        return gone

@@ -1,7 +1,11 @@
-"""``ringd logs``: print a run's log, or follow the current run's log until it ends.
+"""``ringd logs``: print a run's log (``--lines N``: its last N lines), follow one
+run until it ends (``--run ID -f``), follow an agent's current and later runs
+(``NAME -f``), or the whole ring (``-f``: each line prefixed ``NAME[RUN_ID] ``).
 
 Logs live at ``<state>/logs/<agent>/<run_id>.log``; they are opened without
 following symlinks and copied as bytes (an agent's output need not be UTF-8).
+Following is the CLI polling the journal and the files every 0.1 s (the driver
+never polls for it).
 """
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ import errno
 import os
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Dict, List, Optional
 
 from .config import Config
-from .journal import Journal, JournalError, RunRow
+from .journal import Journal, JournalError, RunRow, journal_path
 from .status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
 
 CHUNK = 64 * 1024
@@ -133,3 +137,153 @@ def follow_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO,
         if fd is not None:
             os.close(fd)
         reader.close()
+
+
+def tail_bytes(data: bytes, lines: int) -> bytes:
+    """The last ``lines`` lines of ``data`` (a last line without newline counts)."""
+    if lines <= 0:
+        return b""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    cut = end
+    for _ in range(lines):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return data
+    return data[cut + 1:]
+
+
+def show_tail(state_dir: Path, config: Config, row: RunRow, out: BinaryIO, lines: int) -> None:
+    fd = _open_log(log_file(state_dir, row))
+    if fd is None:
+        raise _no_log(row, config)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    out.write(tail_bytes(b"".join(chunks), lines))
+    out.flush()
+
+
+class _Tracked:
+    """One run being followed: its log's descriptor and a partial last line."""
+
+    def __init__(self, row: RunRow, prefix: bytes):
+        self.row = row
+        self.prefix = prefix
+        self.fd: Optional[int] = None
+        self.partial = b""
+
+    def pump(self, state_dir: Path, out: BinaryIO, skip_to_lines: Optional[int] = None) -> bool:
+        """Copy what was appended (whole lines, prefixed). True if anything was written."""
+        if self.fd is None:
+            self.fd = _open_log(log_file(state_dir, self.row))
+            if self.fd is None:
+                return False
+        data = b""
+        while True:
+            chunk = os.read(self.fd, CHUNK)
+            if not chunk:
+                break
+            data += chunk
+        if skip_to_lines is not None:
+            data = tail_bytes(data, skip_to_lines)
+        if not data:
+            return False
+        data = self.partial + data
+        if not self.prefix:
+            out.write(data)
+            self.partial = b""
+            return True
+        complete, _, self.partial = data.rpartition(b"\n")
+        if complete or data.endswith(b"\n"):
+            out.write(b"".join(self.prefix + line + b"\n" for line in complete.split(b"\n")))
+            return True
+        return False
+
+    def finish(self, state_dir: Path, out: BinaryIO) -> None:
+        """The run ended: its last words, a last line without newline included."""
+        self.pump(state_dir, out)
+        if self.partial:
+            out.write(self.prefix + self.partial + b"\n")
+            self.partial = b""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO, *,
+           lines: Optional[int] = None, interval: float = FOLLOW_INTERVAL,
+           sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None) -> None:
+    """Follow ``agent``'s runs (None: every run of the ring, lines prefixed
+    ``NAME[RUN_ID] ``) until interrupted (or ``until()`` says so): first the
+    running (else the last) run - all of it, or its last ``lines`` lines - then
+    every later run as it is written. A run whose driver died is reaped (which
+    ends it), as ``status`` would."""
+    require_state_dir(state_dir)
+    prefixed = agent is None
+    if agent is not None:
+        reader = open_reader(state_dir)
+        try:
+            known = known_names(config, state_dir, reader, include_journal=True)
+        finally:
+            if reader is not None:
+                reader.close()
+        if agent not in known:
+            raise unknown_agent(agent, known)
+    reader = None
+    tracked: Dict[int, _Tracked] = {}
+    seen = 0            # runs up to this id are tracked or done
+    started = False
+    last_reap_check = 0.0
+    where = "" if agent is None else " AND agent = ?"
+    args: List = [] if agent is None else [agent]
+    try:
+        while until is None or not until():
+            if reader is None:
+                if not journal_path(state_dir).exists():   # no run yet: wait for the first driver
+                    sleep(interval)
+                    continue
+                reader = Journal.open_readonly(state_dir)
+            if not started:
+                started = True
+                row = reader.con.execute(f"SELECT * FROM runs WHERE status = 'running'{where}", args).fetchone() \
+                    or reader.con.execute(f"SELECT * FROM runs WHERE 1 = 1{where} ORDER BY id DESC LIMIT 1",
+                                          args).fetchone()
+                if row is not None:
+                    first = RunRow.from_row(row)
+                    seen = first.id
+                    t = _Tracked(first, f"{first.agent}[{first.id}] ".encode() if prefixed else b"")
+                    t.pump(state_dir, out, skip_to_lines=lines)
+                    if first.status == "running":
+                        tracked[first.id] = t
+                    else:
+                        t.finish(state_dir, out)
+            for r in reader.con.execute(f"SELECT * FROM runs WHERE id > ?{where} ORDER BY id",
+                                        [seen, *args]).fetchall():
+                row = RunRow.from_row(r)
+                seen = row.id
+                tracked[row.id] = _Tracked(row, f"{row.agent}[{row.id}] ".encode() if prefixed else b"")
+            for run_id in sorted(tracked):
+                t = tracked[run_id]
+                t.pump(state_dir, out)
+                current = reader.run(run_id)
+                if current is None or current.status != "running":
+                    t.finish(state_dir, out)
+                    del tracked[run_id]
+            out.flush()
+            now = time.monotonic()
+            if now - last_reap_check >= 1.0:
+                last_reap_check = now
+                reap_if_orphaned(state_dir, config, reader)
+            sleep(interval)
+    finally:
+        for t in tracked.values():
+            if t.fd is not None:
+                os.close(t.fd)
+        if reader is not None:
+            reader.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .config import RingSettings
 from .records import AgentState
@@ -139,6 +139,8 @@ class TurnInputs:
     states: Mapping[str, AgentState]
     now: float
     limit: Optional[int] = None              # consider at most this many agents (``--once``)
+    paused: FrozenSet[str] = frozenset()     # agents an operator paused (``ringd pause NAME``): passed over
+    requested: Optional[str] = None          # ``ringd next NAME``: this agent's turn now, whatever its state
 
 
 @dataclass(frozen=True)
@@ -149,17 +151,25 @@ class Plan:
     decision: Optional[TurnDecision]
     passed: List[int] = field(default_factory=list)   # indexes passed over on the way
     until: Optional[float] = None
+    forced: bool = False    # ``ringd next``: a turn out of order (the ring's place is kept)
 
 
 def plan_turn(inp: TurnInputs) -> Plan:
     """Go round the ring from ``start``: the first agent that runs or is skipped
-    takes the turn; agents that pass are stepped over."""
+    takes the turn; agents that pass (or an operator paused) are stepped over.
+    An operator's ``ringd next NAME`` comes first, out of order."""
     n = len(inp.roster)
+    names = [name for name, _ in inp.roster]
+    if inp.requested in names:
+        return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "ringd next"), forced=True)
     passed: List[int] = []
     dues: List[float] = []
     for k in range(n if inp.limit is None else min(n, inp.limit)):
         i = (inp.start + k) % n
         name, line = inp.roster[i]
+        if name in inp.paused:   # until ``ringd resume NAME``: no due time of its own
+            passed.append(i)
+            continue
         d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
         if d.action is not Action.PASS:
             return Plan(i, d, passed)

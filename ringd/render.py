@@ -228,6 +228,8 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             bits.append(f"leader {lease['holder']}")
     if bits:
         segs.append(("  " + ", ".join(bits), ""))
+    if d.get("paused"):
+        segs.append(("  PAUSED (ringd resume)", "bold yellow"))
     out += labelled("driver", segs, width)
 
     w = doc["watcher"]
@@ -254,8 +256,8 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             segs.append((f" of {fmt_duration(c['run_budget'])}, {left}", ""))
         out += labelled("current", segs, width)
     else:
-        out += labelled("current", [("-  (between runs)" if health == "ok" else "-", "dim")]
-                        + next_segs(doc.get("next"), health), width)
+        idle = "-  (paused)" if d.get("paused") else "-  (between runs)" if health == "ok" else "-"
+        out += labelled("current", [(idle, "dim")] + next_segs(doc.get("next"), health), width)
 
     r = doc["roster"]
     segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
@@ -272,9 +274,12 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
         when = a.get("last_ended_at") or a.get("last_started_at")
         notes: List[str] = []
         style = ""
+        if a.get("paused"):
+            notes.append("paused")
+            style = "yellow"
         if a.get("quarantined_until"):
             notes.append(f"QUARANTINED {fmt_left(a['quarantined_until'], now)}")
-            style = "bold magenta"
+            style = style or "bold magenta"
         if a.get("skip_requested"):
             notes.append("skip requested")
             style = style or "yellow"

@@ -27,7 +27,7 @@ from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
-from .journal import Journal, JournalError, RunRow, journal_path
+from .journal import NEXT_KEY, Journal, JournalError, RunRow, journal_path
 
 WATCHER_FILE = "ringwatch.json"
 
@@ -197,6 +197,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  roster_lines: Optional[Sequence[Tuple[str, str]]] = None,
                  last_run: Optional[RunRow] = None, journal_lap: Optional[int] = None,
                  states: Optional[Mapping[str, Any]] = None,
+                 ring_paused: bool = False, paused_agents: Sequence[str] = (),
+                 next_requested: Optional[str] = None,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
@@ -205,7 +207,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     it does not parse (then the agents the journal knows, by last position).
     ``roster_lines`` (name, line) and ``last_run`` (the journal's newest row) give
     the next turn; ``journal_lap`` is the lap the driver recorded in the journal
-    (live, where the heartbeat's may be a beat old)."""
+    (live, where the heartbeat's may be a beat old). ``ring_paused``,
+    ``paused_agents`` and ``next_requested``: the operator's controls."""
     hb = dict(heartbeat) if heartbeat else None
     health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval)
     age = heartbeat_age(hb, now)
@@ -215,6 +218,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "heartbeat_age": _round(age) if hb else None,
         "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
         "lap": journal_lap if journal_lap is not None else (hb.get("lap") if hb else None),
+        "paused": bool(ring_paused),
         # additions to the SPEC shape
         "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
         "last_pid": hb.get("pid") if hb else None,
@@ -275,12 +279,16 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "backoff_until": _future(a.get("backoff_until"), now),
             "skip_requested": bool(a.get("skip_requested")),
             "quarantined_until": _future(a.get("quarantined_until"), now),
+            "paused": name in paused_agents,
             # additions
             "last_ended_at": iso(last.get("last_ended_at")),
             "last_signal": last.get("last_signal"),
         })
 
-    turn = next_turn(roster_lines, states or {}, running or last_run, now, config) if roster_lines else None
+    turn = None
+    if roster_lines and not ring_paused:
+        turn = next_turn(roster_lines, states or {}, running or last_run, now, config,
+                         paused=paused_agents, requested=next_requested)
     upcoming = None
     if turn is not None:
         name, at = turn
@@ -302,24 +310,30 @@ def build_status(*, state_dir: Path, config: Config, now: float,
 
 
 def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
-              last: Optional[RunRow], now: float, config: Config) -> Optional[Tuple[str, float]]:
+              last: Optional[RunRow], now: float, config: Config, paused: Sequence[str] = (),
+              requested: Optional[str] = None) -> Optional[Tuple[str, float]]:
     """Pure: (the agent that takes the next turn, when it starts), as the driver
     would choose it (``policy.decide`` per agent, ``states``: name -> AgentState):
-    after ``last`` by name, passing over agents that back off or are quarantined.
-    When every agent passes, the first one due. A turn after a full lap waits
-    ``lap_pause`` after the last run ended."""
+    an operator's ``ringd next`` first; else after ``last`` by name, passing over
+    paused agents and those that back off or are quarantined. When every agent
+    passes, the first one due. A turn after a full lap waits ``lap_pause`` after
+    the last run ended."""
     from .policy import Action, decide
     from .records import AgentState
     from .roster import next_index
     names = [n for n, _ in roster]
     if not names:
         return None
+    if requested in names:
+        return requested, now
     start = next_index(names, last.agent if last else None, last.position if last else None)
     last_index = names.index(last.agent) if last is not None and last.agent in names else None
     earliest: Optional[Tuple[str, float]] = None
     for k in range(len(names)):
         i = (start + k) % len(names)
         name, line = roster[i]
+        if name in paused:
+            continue
         d = decide(states.get(name) or AgentState(name=name), now, line)
         if d.action is not Action.PASS:
             at = now
@@ -350,6 +364,8 @@ def read_journal_view(reader: Journal) -> Dict[str, Any]:
     with reader.snapshot() as tx:
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
+        next_requested = tx.meta(NEXT_KEY)
+    ring_paused, paused_agents = reader.pauses()
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
         row = asdict(st)
@@ -360,7 +376,8 @@ def read_journal_view(reader: Journal) -> Dict[str, Any]:
                        last_position=r.position)
         agents[name] = row
     return {"running": running, "last_run": newest, "agent_rows": agents, "states": states,
-            "roster_error": roster_error,
+            "roster_error": roster_error, "ring_paused": ring_paused, "paused_agents": paused_agents,
+            "next_requested": next_requested,
             "lap": int(lap) if lap is not None and lap.isascii() and lap.isdigit() else None}
 
 
@@ -369,7 +386,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     """Read everything (reaping first) and build the status document."""
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
-    view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None}
+    view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
+                            "ring_paused": False, "paused_agents": [], "next_requested": None}
     lease = None
     try:
         reader = open_reader(state_dir, config)
@@ -402,7 +420,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         running=view["running"], agent_rows=view["agent_rows"],
         roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
-        journal_lap=view["lap"], states=view["states"],
+        journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
+        paused_agents=view["paused_agents"], next_requested=view["next_requested"],
     )
     add_leadership(doc, hb, lease)
     return doc

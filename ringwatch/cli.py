@@ -16,7 +16,7 @@ from typing import Optional
 
 import click
 
-from ringd import __version__
+from ringd import __version__, logline
 from ringd.cli import RingGroup
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
 from ringd.errors import EX_SOFTWARE as EXIT_INTERNAL
@@ -26,7 +26,8 @@ from .state import Refusal
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"ringwatch: {message}", err=True)
+    # the daemon's own line format: under systemd this is the journal's <3> line
+    logline.emit("ringwatch", message, logline.ERR)
     sys.exit(code)
 
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Set
 
-from ringd import alerts, proctree
+from ringd import alerts, logline, proctree
 from ringd.config import Config, ConfigError, load_config
 from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
@@ -42,15 +42,9 @@ COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is kill
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
-# Under systemd (stderr is the journal) journald stamps each line itself.
-_STAMP = not os.environ.get("JOURNAL_STREAM")
-
-
 def log(message: str) -> None:
-    """One line per event on stderr: ``ringwatch: [UTC time ]message``."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) if _STAMP else ""
-    sys.stderr.write(f"ringwatch: {stamp}{message}\n")
-    sys.stderr.flush()
+    """One line per event on stderr, in ringd's format (``ringd.logline``)."""
+    logline.emit("ringwatch", message)
 
 
 class Stop(Exception):

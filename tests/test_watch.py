@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -117,7 +118,8 @@ def test_starts_driver_replaces_a_killed_one_and_stops_cleanly(ring):
     err = stop_watcher(ring, watcher)
     assert not alive(hb["pid"])
     assert "driver (pid %d) was killed by signal 9" % first in err
-    assert all(line.startswith("ringwatch: ") for line in err.splitlines()), err
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ringwatch\[\d+\]: ", line)
+               for line in err.splitlines()), err
     assert ring.heartbeat()["stopped"] is True                # the driver stopped cleanly
     assert watch_state(ring)["stopped"] is True
 

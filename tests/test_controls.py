@@ -1,0 +1,159 @@
+"""Operator controls against a real driver: pause / pause NAME / resume [NAME],
+next NAME, all kept in the journal (they survive a driver restart); status
+shows them; unknown names exit 2."""
+from __future__ import annotations
+
+import json
+import time
+
+from conftest import wait_until
+
+
+def status(ring):
+    res = ring.cli("status", "--json")
+    assert res.stdout, res.stderr
+    return json.loads(res.stdout)
+
+
+def agents_run(ring, since=0):
+    return [r["agent"] for r in ring.runs() if r["id"] > since and r["status"] != "skipped"]
+
+
+def test_pause_and_resume_the_ring(ring):
+    ring.agent("slow", "sleep 1.5")
+    ring.agent("b", "exit 0")
+    ring.roster(f"slow {ring.agents_dir}/slow.sh", f"b {ring.agents_dir}/b.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: any(r["status"] == "running" and r["agent"] == "slow" for r in ring.runs()),
+               message="slow running")
+    res = ring.cli("pause")
+    assert res.returncode == 0 and "ring paused" in res.stdout, res.stderr
+    assert ring.cli("pause").stdout.startswith("the ring: already paused")
+    # the current run is untouched and ends by itself; nothing new starts
+    wait_until(lambda: ring.runs()[-1]["status"] == "ok", timeout=10, message="slow finished by itself")
+    n = len(ring.runs())
+    doc = status(ring)
+    assert doc["driver"]["paused"] is True and doc["driver"]["health"] == "ok" and doc["next"] is None
+    plain = ring.cli("status", env=dict(ring.env, NO_COLOR="1")).stdout
+    assert "PAUSED" in plain
+    time.sleep(1.0)   # a paused ring: nothing starts (checked over a second of beats)
+    assert len(ring.runs()) == n and status(ring)["driver"]["health"] == "ok"
+
+    # the pause survives a restart of the driver
+    driver.terminate()
+    assert driver.wait(timeout=10) == 0
+    driver = ring.start_driver()
+    wait_until(lambda: status(ring)["driver"]["pid"] == driver.pid, message="new driver")
+    time.sleep(0.5)
+    assert len(ring.runs()) == n and status(ring)["driver"]["paused"] is True
+    assert "ring paused by the operator" in driver.err_path.read_text()
+
+    res = ring.cli("resume")
+    assert res.returncode == 0 and "ring resumed" in res.stdout and "woken" in res.stdout
+    wait_until(lambda: len(ring.runs()) > n, timeout=3, message="ring runs again within a beat of resume")
+    assert status(ring)["driver"]["paused"] is False
+    assert ring.cli("resume").stdout.startswith("the ring was not paused")
+    kinds = [r["kind"] for r in ring.rows("SELECT kind FROM events WHERE source = 'operator'")]
+    assert "paused" in kinds and "unpaused" in kinds
+
+
+def test_pause_one_agent_and_resume_lifts_everything(ring):
+    for name in ("a", "b", "c"):
+        ring.agent(name, "exit 0")
+    ring.roster(*(f"{n} {ring.agents_dir}/{n}.sh" for n in ("a", "b", "c")))
+    assert ring.cli("pause", "ghost").returncode == 2
+    assert ring.cli("next", "ghost").returncode == 2
+    assert ring.cli("resume", "ghost").returncode == 2
+    res = ring.cli("pause", "b")   # before any driver ran: kept in a new journal
+    assert res.returncode == 0 and "b: paused" in res.stdout, res.stderr
+    ring.start_driver()
+    wait_until(lambda: len(agents_run(ring)) >= 6, timeout=20, message="two laps")
+    assert "b" not in agents_run(ring)
+    assert not any(r["agent"] == "b" for r in ring.runs())   # passed over: no row at all
+    doc = status(ring)
+    assert [a["paused"] for a in doc["agents"]] == [False, True, False]
+    assert "paused" in ring.cli("status", env=dict(ring.env, NO_COLOR="1")).stdout
+
+    # resume b also lifts a back-off and a quarantine
+    from ringd.journal import Journal
+    j = Journal.open(ring.state)
+    try:
+        j.set_agent("b", backoff_until=time.time() + 3600, consecutive_deferrals=3,
+                    quarantined_until=time.time() + 3600, bad_streak=3)
+    finally:
+        j.close()
+    res = ring.cli("resume", "b")
+    assert res.returncode == 0, res.stderr
+    assert "pause lifted" in res.stdout and "quarantine lifted" in res.stdout and "back-off lifted" in res.stdout
+    st = ring.rows("SELECT * FROM agents WHERE name = 'b'")[0]
+    assert st["backoff_until"] is None and st["quarantined_until"] is None and st["bad_streak"] == 0
+    wait_until(lambda: "b" in agents_run(ring), timeout=10, message="b runs again")
+
+
+def test_next_takes_the_very_next_turn_once(ring):
+    ring.agent("slow", "sleep 3")
+    for name in ("b", "c", "d"):
+        ring.agent(name, "exit 0")
+    ring.roster(f"slow {ring.agents_dir}/slow.sh", *(f"{n} {ring.agents_dir}/{n}.sh" for n in ("b", "c", "d")))
+    # d is backing off for an hour: next runs it anyway
+    from ringd.journal import Journal
+    j = Journal.open(ring.state)
+    try:
+        j.set_agent("d", backoff_until=time.time() + 3600, consecutive_deferrals=5)
+    finally:
+        j.close()
+    ring.start_driver()
+    wait_until(lambda: any(r["status"] == "running" and r["agent"] == "slow" for r in ring.runs()),
+               message="slow running")
+    mark = ring.runs()[-1]["id"] - 1
+    res = ring.cli("next", "d")
+    assert res.returncode == 0 and "d: takes the next turn" in res.stdout, res.stderr
+    doc = status(ring)
+    assert doc["next"]["agent"] == "d" and doc["next"]["after_current_run"] is True
+    wait_until(lambda: len(agents_run(ring, mark)) >= 5, timeout=20, message="runs after next")
+    order = agents_run(ring, mark)[:5]
+    # slow (current) -> d (next, once, despite its back-off) -> then on from where
+    # it was: b, c, and d in its own place (its ok run ended the back-off)
+    assert order == ["slow", "d", "b", "c", "d"], order
+    assert ring.rows("SELECT value FROM meta WHERE key = 'next'") == []
+
+
+def test_next_survives_a_restart(ring):
+    ring.agent("a", "exit 0")
+    ring.agent("b", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    assert ring.start_driver("--once").wait(timeout=20) == 0     # last run: b
+    assert ring.cli("next", "b").returncode == 0                   # requested with no driver running
+    assert status(ring)["next"]["agent"] == "b"
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    assert agents_run(ring)[2:] == ["b", "a", "b"]
+
+
+# --- the next turn, as status estimates it (pure) ------------------------------------------
+
+def test_next_turn_pure():
+    from ringd.config import Config, parse_config
+    from ringd.journal import RunRow
+    from ringd.status import next_turn
+    now = 1_800_000_000.0
+    roster = [("a", "a x"), ("b", "b x"), ("c", "c x")]
+
+    def last(agent, pos, ended=now - 1):
+        return RunRow(id=5, agent=agent, position=pos, status="ok", started_at=ended - 1, ended_at=ended,
+                      duration=1.0, exit_code=0, signal=None, reason=None, pid=None, pid_start=None,
+                      run_budget=None, stall_threshold=None, log_path=None, driver_pid=None, driver_start=None)
+    c = Config()
+    assert next_turn(roster, {}, None, now, c) == ("a", now)
+    assert next_turn(roster, {}, last("a", 0), now, c) == ("b", now)
+    assert next_turn(roster, {}, last("a", 0), now, c, paused=["b"]) == ("c", now)
+    assert next_turn(roster, {}, last("a", 0), now, c, requested="a") == ("a", now)
+    assert next_turn(roster, {}, last("a", 0), now, c, requested="gone") == ("b", now)
+    backing = {"b": {"backoff_until": now + 50}, "c": {"quarantined_until": now + 20}}
+    assert next_turn(roster, backing, last("a", 0), now, c) == ("a", now)
+    everyone = dict(backing, a={"backoff_until": now + 30})
+    assert next_turn(roster, everyone, last("a", 0), now, c) == ("c", now + 20)
+    assert next_turn(roster, {}, last("a", 0), now, c, paused=["a", "b", "c"]) is None
+    # after the last agent, the lap pause counts from the end of the last run
+    paused_lap = parse_config({"ring": {"lap_pause": 10}})
+    assert next_turn(roster, {}, last("c", 2, ended=now - 4), now, paused_lap) == ("a", now + 6)
+    assert next_turn(roster, {}, last("a", 0, ended=now - 4), now, paused_lap) == ("b", now)

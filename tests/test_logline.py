@@ -1,0 +1,77 @@
+"""Log lines for the machine they land in: one format for ringd and ringwatch
+(UTC ``Z`` stamp, program[pid]); sd-daemon priority prefixes exactly when stderr
+is the journal (JOURNAL_STREAM names its device and inode). Real daemons."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import wait_until
+from ringd.logline import ERR, INFO, WARNING, format_line, priority, stream_is_journal
+
+LINE = re.compile(r"^(<[346]>)?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (ringd|ringwatch)\[\d+\]: \S")
+
+
+def test_format_and_priorities(tmp_path):
+    assert format_line("ringd", "driver started", at=0, pid=7) == "1970-01-01T00:00:00Z ringd[7]: driver started\n"
+    assert format_line("ringwatch", "GIVING UP: x", at=0, pid=7, journald=True).startswith("<3>1970")
+    assert priority("configuration error: ring.x") == ERR
+    assert priority("cannot write the heartbeat") == ERR
+    assert priority("driver unhealthy (stale): heartbeat old") == WARNING
+    assert priority("warning: watch.start_limit_interval") == WARNING
+    assert priority("roster loaded: 3 agent(s)") == INFO
+    assert format_line("ringd", "x", at=0, pid=1, level=WARNING, journald=True).startswith("<4>")
+    f = tmp_path / "f"
+    with open(f, "w") as stream:
+        st = os.fstat(stream.fileno())
+        assert stream_is_journal(stream, f"{st.st_dev}:{st.st_ino}")
+        assert not stream_is_journal(stream, f"{st.st_dev}:{st.st_ino + 1}")
+        assert not stream_is_journal(stream, None) and not stream_is_journal(stream, "garbage")
+
+
+def test_driver_and_watcher_lines_with_and_without_journal(ring):
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    # stderr is a file: plain lines, even with a JOURNAL_STREAM that names something else
+    env = dict(ring.env, JOURNAL_STREAM="1:1")
+    done = ring.start_driver("--once", env=env)
+    assert done.wait(timeout=20) == 0
+    lines = done.err_path.read_text().splitlines()
+    assert lines and all(LINE.match(x) and not x.startswith("<") for x in lines), lines
+
+    # stderr is "the journal": JOURNAL_STREAM names the very file
+    for argv, prog in ((["run", "--once"], "ringd"), (None, "ringwatch")):
+        err = ring.base / f"journal-{prog}"
+        with open(err, "wb") as f:
+            st = os.fstat(f.fileno())
+            env = dict(ring.env, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+            if argv:
+                p = ring.start_driver("--once", env=env, stderr=f)
+                assert p.wait(timeout=20) == 0
+            else:
+                ring.config_path.chmod(0o660)   # a refusal is an error line
+                p = ring.start_watcher(env=env, stderr=f)
+                assert p.wait(timeout=20) == 78
+                ring.config_path.chmod(0o600)
+        text = err.read_text()
+        lines = text.splitlines()
+        assert lines and all(LINE.match(x) and x.startswith("<") for x in lines), text
+        assert any(x.startswith("<6>") for x in lines) or prog == "ringwatch"
+        if prog == "ringwatch":
+            assert any(x.startswith("<3>") and "writable by group or others" in x for x in lines), text
+
+    # a watcher under the journal: its own lines prefixed, its driver's ringd.log not
+    err = ring.base / "journal-watch"
+    with open(err, "wb") as f:
+        st = os.fstat(f.fileno())
+        env = dict(ring.env, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+        w = ring.start_watcher(env=env, stderr=f)
+        wait_until(lambda: "started driver" in err.read_text(), message="watcher started its driver")
+        log = ring.state / "logs" / "ringd.log"
+        wait_until(lambda: log.exists() and "driver started" in log.read_text(), message="driver log")
+        w.terminate()
+        w.wait(timeout=20)
+    assert all(x.startswith("<") for x in err.read_text().splitlines())
+    assert all(LINE.match(x) and not x.startswith("<") for x in log.read_text().splitlines() if x.strip())
