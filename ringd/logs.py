@@ -227,7 +227,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
     require_state_dir(state_dir)
     prefixed = agent is None
     if agent is not None:
-        reader = open_reader(state_dir)
+        reader = open_reader(state_dir, config)
         try:
             known = known_names(config, state_dir, reader, include_journal=True)
         finally:
@@ -255,7 +255,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                     or reader.con.execute(f"SELECT * FROM runs WHERE 1 = 1{where} ORDER BY id DESC LIMIT 1",
                                           args).fetchone()
                 if row is not None:
-                    first = RunRow.from_row(row)
+                    first = RunRow.from_mapping(row)
                     seen = first.id
                     t = _Tracked(first, f"{first.agent}[{first.id}] ".encode() if prefixed else b"")
                     t.pump(state_dir, out, skip_to_lines=lines)
@@ -265,7 +265,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                         t.finish(state_dir, out)
             for r in reader.con.execute(f"SELECT * FROM runs WHERE id > ?{where} ORDER BY id",
                                         [seen, *args]).fetchall():
-                row = RunRow.from_row(r)
+                row = RunRow.from_mapping(r)
                 seen = row.id
                 tracked[row.id] = _Tracked(row, f"{row.agent}[{row.id}] ".encode() if prefixed else b"")
             for run_id in sorted(tracked):

@@ -9,6 +9,18 @@ import time
 from conftest import wait_until
 
 
+def set_agent(state_dir, name, **fields):
+    """Put an agent in a state the driver would record (back-off, quarantine)."""
+    from dataclasses import replace
+    from ringd.journal import Journal
+    j = Journal.open(state_dir)
+    try:
+        with j.transaction() as tx:
+            tx.put_agent(replace(tx.agent(name), **fields))
+    finally:
+        j.close()
+
+
 def status(ring):
     res = ring.cli("status", "--json")
     assert res.stdout, res.stderr
@@ -75,13 +87,8 @@ def test_pause_one_agent_and_resume_lifts_everything(ring):
     assert "paused" in ring.cli("status", env=dict(ring.env, NO_COLOR="1")).stdout
 
     # resume b also lifts a back-off and a quarantine
-    from ringd.journal import Journal
-    j = Journal.open(ring.state)
-    try:
-        j.set_agent("b", backoff_until=time.time() + 3600, consecutive_deferrals=3,
-                    quarantined_until=time.time() + 3600, bad_streak=3)
-    finally:
-        j.close()
+    set_agent(ring.state, "b", backoff_until=time.time() + 3600, consecutive_deferrals=3,
+              quarantined_until=time.time() + 3600, bad_streak=3)
     res = ring.cli("resume", "b")
     assert res.returncode == 0, res.stderr
     assert "pause lifted" in res.stdout and "quarantine lifted" in res.stdout and "back-off lifted" in res.stdout
@@ -96,12 +103,7 @@ def test_next_takes_the_very_next_turn_once(ring):
         ring.agent(name, "exit 0")
     ring.roster(f"slow {ring.agents_dir}/slow.sh", *(f"{n} {ring.agents_dir}/{n}.sh" for n in ("b", "c", "d")))
     # d is backing off for an hour: next runs it anyway
-    from ringd.journal import Journal
-    j = Journal.open(ring.state)
-    try:
-        j.set_agent("d", backoff_until=time.time() + 3600, consecutive_deferrals=5)
-    finally:
-        j.close()
+    set_agent(ring.state, "d", backoff_until=time.time() + 3600, consecutive_deferrals=5)
     ring.start_driver()
     wait_until(lambda: any(r["status"] == "running" and r["agent"] == "slow" for r in ring.runs()),
                message="slow running")
@@ -148,9 +150,10 @@ def test_next_turn_pure():
     assert next_turn(roster, {}, last("a", 0), now, c, paused=["b"]) == ("c", now)
     assert next_turn(roster, {}, last("a", 0), now, c, requested="a") == ("a", now)
     assert next_turn(roster, {}, last("a", 0), now, c, requested="gone") == ("b", now)
-    backing = {"b": {"backoff_until": now + 50}, "c": {"quarantined_until": now + 20}}
+    from ringd.records import AgentState
+    backing = {"b": AgentState("b", backoff_until=now + 50), "c": AgentState("c", quarantined_until=now + 20)}
     assert next_turn(roster, backing, last("a", 0), now, c) == ("a", now)
-    everyone = dict(backing, a={"backoff_until": now + 30})
+    everyone = dict(backing, a=AgentState("a", backoff_until=now + 30))
     assert next_turn(roster, everyone, last("a", 0), now, c) == ("c", now + 20)
     assert next_turn(roster, {}, last("a", 0), now, c, paused=["a", "b", "c"]) is None
     # after the last agent, the lap pause counts from the end of the last run

@@ -14,19 +14,22 @@ from ringd.journal import Journal
 
 def _runs(j: Journal, n: int, agents=("a", "b")) -> None:
     for i in range(n):
-        rid = j.start_run(agents[i % len(agents)], i % len(agents), run_budget=10, stall_threshold=20,
-                          driver_pid=1, driver_start=1.0, now=1000.0 + i)
-        j.close_run(rid, "ok" if i % 3 else "failed", source="driver", exit_code=0 if i % 3 else 1,
-                    now=1000.5 + i)
+        with j.transaction() as tx:
+            rid = tx.start_run(agents[i % len(agents)], i % len(agents), run_budget=10, stall_threshold=20,
+                               driver_pid=1, driver_start=1.0, now=1000.0 + i)
+        with j.transaction() as tx:
+            tx.close_run(rid, "ok" if i % 3 else "failed", source="driver", exit_code=0 if i % 3 else 1,
+                         now=1000.5 + i)
 
 
 def test_prune_in_batches_keeps_counters(tmp_path):
     j = Journal.open(tmp_path)
     try:
         _runs(j, 40)
-        j.event(None, "skip-requested", "operator", "agent=a")   # an operator event, newer than all runs
+        with j.transaction() as tx:   # an operator event, newer than all runs
+            tx.event(None, "skip-requested", "operator", "agent=a", 2000.0)
         counts = j.run_counts()
-        runs = {a: s["runs"] for a, s in j.agent_states().items()}
+        runs = {a: s.runs for a, s in j.agent_states().items()}
         assert j.prune(0) == 0 and j.prune(100) == 0
         assert j.prune(10, batch=7) == 7
         total = 7
@@ -41,7 +44,7 @@ def test_prune_in_batches_keeps_counters(tmp_path):
         assert j.con.execute("SELECT count(*) FROM events WHERE run_id <= 30").fetchone()[0] == 0
         assert j.con.execute("SELECT count(*) FROM events WHERE run_id > 30").fetchone()[0] == 20
         assert j.con.execute("SELECT count(*) FROM events WHERE run_id IS NULL").fetchone()[0] == 1
-        assert j.run_counts() == counts and {a: s["runs"] for a, s in j.agent_states().items()} == runs
+        assert j.run_counts() == counts and {a: s.runs for a, s in j.agent_states().items()} == runs
         assert sum(runs.values()) == 40
     finally:
         j.close()
