@@ -203,3 +203,28 @@ def test_both_schemas_have_the_same_tables_and_columns(tmp_path, pg_cluster):
         pg_cols.setdefault(t, []).append(c)
     assert pg_cols.pop("lease")
     assert pg_cols == sqlite_cols
+
+
+def test_operator_controls_and_retention(backend):
+    """pause/next (kept in meta) and prune behave alike on both backends."""
+    j = backend.journal
+    assert j.pauses() == (False, [])
+    assert j.set_paused(None, True) and not j.set_paused(None, True)
+    assert j.set_paused("b", True)
+    assert j.pauses() == (True, ["b"])
+    assert j.set_paused(None, False) and j.pauses() == (False, ["b"])
+    assert j.request_next("a") is None and j.request_next("b") == "a"
+    assert j.take_next() == "b" and j.take_next() is None
+    for i in range(12):
+        rid = start(j, "a" if i % 2 else "b", i % 2)
+        j.close_run(rid, "ok", source="driver", exit_code=0)
+    runs = {a: s["runs"] for a, s in j.agent_states().items()}
+    gone = 0
+    while True:
+        n = j.prune(5, batch=3)
+        if not n:
+            break
+        gone += n
+    assert gone == 7
+    assert [r[0] for r in backend.raw_exec("SELECT count(*) FROM runs")] == [5]
+    assert {a: s["runs"] for a, s in j.agent_states().items()} == runs
