@@ -31,6 +31,23 @@ MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
 RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 
 
+class TimeSpan(click.ParamType):
+    """A duration on the command line, as in the config: seconds or a systemd time span."""
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        from .timespan import parse_timespan
+        try:
+            seconds = parse_timespan(value)
+        except ValueError as e:
+            self.fail(f"{e}: {value[:40]!r}", param, ctx)
+        if seconds <= 0:
+            self.fail(f"must be more than zero: {value[:40]!r}", param, ctx)
+        return seconds
+
+
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
     text = " ".join(str(message).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -317,17 +334,20 @@ def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_w
 @main.command()
 @locations
 @click.argument("name", required=False, shell_complete=complete_agent)
-@click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
-              help="How many runs to show.")
+@click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=None,
+              help="How many runs to show (default 20; with --since: all of them).")
+@click.option("--since", type=TimeSpan(), default=None, metavar="DURATION",
+              help="Only runs that started within DURATION (90, 90s, 15min, 1h 30min, 2d).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (SPEC shape).")
 @reading
 @operator_command
-def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: int, as_json: bool) -> None:
+def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: Optional[int],
+            since: Optional[float], as_json: bool) -> None:
     """Recent runs, newest first (of NAME only, if given)."""
     from .status import gather_history
     config = load_config(config_path)
     warnings: List[str] = []
-    runs = gather_history(state_dir, config, name, limit, warnings=warnings)
+    runs = gather_history(state_dir, config, name, limit, warnings=warnings, since=since)
     _warn(warnings)
     if as_json:
         click.echo(json.dumps(runs, indent=2))

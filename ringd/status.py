@@ -455,9 +455,39 @@ def run_dict(row: RunRow) -> Dict[str, Any]:
     }
 
 
-def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: int,
-                   warnings: Optional[List[str]] = None) -> List[Dict[str, Any]]:
-    """Recent runs, newest first (reaping first). Unknown agent -> OperatorError(2)."""
+HISTORY_BATCH = 500
+
+
+def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: Optional[int]) -> List[RunRow]:
+    """Runs that started at or after ``cutoff``, newest first. A row's start time
+    is when it was written, so ids grow with it: read back in batches and stop at
+    the first older run (never a scan of a big journal)."""
+    out: List[RunRow] = []
+    below = None
+    where = "" if agent is None else " AND agent = ?"
+    while limit is None or len(out) < limit:
+        args: List[Any] = [below if below is not None else 1 << 62] + ([] if agent is None else [agent])
+        rows = reader.con.execute(f"SELECT * FROM runs WHERE id < ?{where} ORDER BY id DESC LIMIT {HISTORY_BATCH}",
+                                  args).fetchall()
+        for r in rows:
+            row = RunRow.from_row(r)
+            if row.started_at < cutoff:
+                return out
+            out.append(row)
+            if limit is not None and len(out) >= limit:
+                return out
+        if len(rows) < HISTORY_BATCH:
+            return out
+        below = rows[-1]["id"]
+    return out
+
+
+def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: Optional[int],
+                   warnings: Optional[List[str]] = None, since: Optional[float] = None,
+                   now: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Recent runs, newest first (reaping first): the last ``limit``, or (``since``
+    seconds) those that started within that long, at most ``limit`` when given.
+    Unknown agent -> OperatorError(2)."""
     require_state_dir(state_dir)
     warnings = warnings if warnings is not None else []
     try:
@@ -474,7 +504,11 @@ def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit:
             _, warning = reap_if_orphaned(state_dir, config, reader)
             if warning:
                 warnings.append(warning)
-            rows = reader.history(agent, limit)
+            if since is not None:
+                cutoff = (time.time() if now is None else now) - since
+                rows = history_since(reader, agent, cutoff, limit)
+            else:
+                rows = reader.history(agent, limit if limit is not None else 20)
         finally:
             reader.close()
     except JournalError as e:

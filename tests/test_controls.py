@@ -160,3 +160,25 @@ def test_next_turn_pure():
     paused_lap = parse_config({"ring": {"lap_pause": 10}})
     assert next_turn(roster, {}, last("c", 2, ended=now - 4), now, paused_lap) == ("a", now + 6)
     assert next_turn(roster, {}, last("a", 0, ended=now - 4), now, paused_lap) == ("b", now)
+
+
+def test_history_since(ring):
+    ring.agent("a", "exit 0")
+    ring.agent("b", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    # make the first lap two hours old (the journal's start times, as a long-running ring would have)
+    import sqlite3
+    con = sqlite3.connect(ring.journal_path)
+    con.execute("UPDATE runs SET started_at = started_at - 7200, ended_at = ended_at - 7200")
+    con.commit()
+    con.close()
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    recent = json.loads(ring.cli("history", "--since", "1h", "--json").stdout)
+    assert [r["agent"] for r in recent] == ["b", "a"] and recent[0]["id"] > recent[1]["id"]
+    assert len(json.loads(ring.cli("history", "--since", "3h", "--json").stdout)) == 4
+    assert len(json.loads(ring.cli("history", "--since", "3h", "-n", "3", "--json").stdout)) == 3
+    assert [r["agent"] for r in json.loads(ring.cli("history", "a", "--since", "90min", "--json").stdout)] == ["a"]
+    for bad in ("soon", "0", "-5min"):
+        res = ring.cli("history", "--since", bad)
+        assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, bad
