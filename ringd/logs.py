@@ -21,6 +21,7 @@ from .status import OperatorError, known_names, open_reader, reap_if_orphaned, r
 
 CHUNK = 64 * 1024
 FOLLOW_INTERVAL = 0.1   # s between looks at a followed log (the CLI polls; the driver never does)
+JOURNAL_CREATE_GRACE = 5.0   # s a journal may look unusable while its first driver creates it
 
 
 def log_file(state_dir: Path, row: RunRow) -> Path:
@@ -240,15 +241,24 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
     seen = 0            # runs up to this id are tracked or done
     started = False
     last_reap_check = 0.0
+    unusable_since: Optional[float] = None
     where = "" if agent is None else " AND agent = ?"
     args: List = [] if agent is None else [agent]
     try:
         while until is None or not until():
             if reader is None:
-                if not journal_path(state_dir).exists():   # no run yet: wait for the first driver
+                # no run yet: wait for the first driver (and for it to finish creating the journal)
+                try:
+                    reader = Journal.open_readonly(state_dir) if journal_path(state_dir).exists() else None
+                except JournalError:
+                    if unusable_since is None:
+                        unusable_since = time.monotonic()
+                    if time.monotonic() - unusable_since > JOURNAL_CREATE_GRACE:
+                        raise   # not a journal being created: a broken one, say so
+                    reader = None
+                if reader is None:
                     sleep(interval)
                     continue
-                reader = Journal.open_readonly(state_dir)
             if not started:
                 started = True
                 row = reader.con.execute(f"SELECT * FROM runs WHERE status = 'running'{where}", args).fetchone() \
