@@ -111,7 +111,7 @@ def main() -> int:
         # pruning the big journal down to 1,000 runs, batch by batch
         j = Journal.open(base / "big")
         counts = j.run_counts()
-        before = {a: s["runs"] for a, s in j.agent_states().items()}
+        before = {a: s.runs for a, s in j.agent_states().items()}
         times = []
         while True:
             t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def main() -> int:
                 break
         left = j.con.execute("SELECT count(*) FROM runs").fetchone()[0]
         events = j.con.execute("SELECT count(*) FROM events").fetchone()[0]
-        same = j.run_counts() == counts and {a: s["runs"] for a, s in j.agent_states().items()} == before
+        same = j.run_counts() == counts and {a: s.runs for a, s in j.agent_states().items()} == before
         j.close()
         times.sort()
         print(f"prune to keep_runs=1000: {len(times)} batches of <= {PRUNE_BATCH} runs; per batch median "

@@ -439,9 +439,7 @@ class Driver:
             self.idle(plan.until, now)
             return 0
         self.idle_logged = False
-        if plan.forced:   # ``ringd next``: out of order; the ring then goes on from its place
-            self.log(f"{agent.name}: takes this turn (ringd next)")
-        else:
+        if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
             self.at_lap_start = False
             self.cursor = (agent.name, plan.index)
             self.prev_index = plan.index

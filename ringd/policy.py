@@ -161,7 +161,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
     n = len(inp.roster)
     names = [name for name, _ in inp.roster]
     if inp.requested in names:
-        return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "ringd next"), forced=True)
+        return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "takes this turn (ringd next)"), forced=True)
     passed: List[int] = []
     dues: List[float] = []
     for k in range(n if inp.limit is None else min(n, inp.limit)):

@@ -470,7 +470,7 @@ def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: O
         rows = reader.con.execute(f"SELECT * FROM runs WHERE id < ?{where} ORDER BY id DESC LIMIT {HISTORY_BATCH}",
                                   args).fetchall()
         for r in rows:
-            row = RunRow.from_row(r)
+            row = RunRow.from_mapping(r)
             if row.started_at < cutoff:
                 return out
             out.append(row)

@@ -98,6 +98,7 @@ def test_pause_one_agent_and_resume_lifts_everything(ring):
 
 
 def test_next_takes_the_very_next_turn_once(ring):
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
     ring.agent("slow", "sleep 3")
     for name in ("b", "c", "d"):
         ring.agent(name, "exit 0")
@@ -182,3 +183,21 @@ def test_history_since(ring):
     for bad in ("soon", "0", "-5min"):
         res = ring.cli("history", "--since", bad)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, bad
+
+
+def test_plan_turn_with_operator_controls():
+    """policy.plan_turn (pure): paused agents are passed over with no due time of
+    their own; a ``ringd next`` request is a forced turn, whatever the agent's state."""
+    from ringd.policy import Action, TurnInputs, plan_turn
+    from ringd.records import AgentState
+    now = 1_800_000_000.0
+    roster = [("a", "a x"), ("b", "b x"), ("c", "c x")]
+    plan = plan_turn(TurnInputs(roster, 1, {}, now, paused=frozenset({"b"})))
+    assert plan.index == 2 and plan.passed == [1] and not plan.forced
+    plan = plan_turn(TurnInputs(roster, 0, {}, now, paused=frozenset({"a", "b", "c"})))
+    assert plan.index is None and plan.until is None and plan.passed == [0, 1, 2]
+    held = {"c": AgentState("c", quarantined_until=now + 99), "b": AgentState("b", backoff_until=now + 9)}
+    plan = plan_turn(TurnInputs(roster, 0, held, now, paused=frozenset({"a", "c"}), requested="c"))
+    assert plan.index == 2 and plan.forced and plan.decision.action is Action.RUN
+    plan = plan_turn(TurnInputs(roster, 0, held, now, paused=frozenset({"a"}), requested="gone"))
+    assert plan.index is None and plan.until == now + 9 and not plan.forced

@@ -217,8 +217,9 @@ def test_operator_controls_and_retention(backend):
     assert j.take_next() == "b" and j.take_next() is None
     for i in range(12):
         rid = start(j, "a" if i % 2 else "b", i % 2)
-        j.close_run(rid, "ok", source="driver", exit_code=0)
-    runs = {a: s["runs"] for a, s in j.agent_states().items()}
+        with j.transaction() as tx:
+            tx.close_run(rid, "ok", source="driver", exit_code=0, now=time.time())
+    runs = {a: s.runs for a, s in j.agent_states().items()}
     gone = 0
     while True:
         n = j.prune(5, batch=3)
@@ -227,4 +228,4 @@ def test_operator_controls_and_retention(backend):
         gone += n
     assert gone == 7
     assert [r[0] for r in backend.raw_exec("SELECT count(*) FROM runs")] == [5]
-    assert {a: s["runs"] for a, s in j.agent_states().items()} == runs
+    assert {a: s.runs for a, s in j.agent_states().items()} == runs
