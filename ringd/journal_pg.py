@@ -136,8 +136,11 @@ class _Con:
                                       tcp_user_timeout=self.wait_ms,
                                       application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
                                       **CONNECT_ARGS)
+            # idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP,
+            # paused VM) holds the lease row's lock; the server ends its session,
+            # rolling the write back, so a hand-over is never held up past the TTL
             settings = [f"SET statement_timeout = {self.wait_ms}", f"SET lock_timeout = {self.wait_ms}",
-                        "SET idle_in_transaction_session_timeout = '10s'"]
+                        f"SET idle_in_transaction_session_timeout = {self.wait_ms}"]
             if self.readonly:
                 settings.append("SET default_transaction_read_only = on")
             for s in settings:

@@ -72,6 +72,27 @@ def test_the_hand_over_waits_for_a_fenced_write_in_flight(pgj):
     assert b.meta("inflight") == "A"     # committed before the hand-over, never after
 
 
+def test_a_leader_frozen_inside_a_write_neither_holds_up_the_hand_over_nor_commits(pg_dsn):
+    from ringd.journal_pg import PgJournal, PgJournalError
+    a, b = PgJournal.connect(pg_dsn, ttl=1.0), PgJournal.connect(pg_dsn, ttl=1.0)
+    try:
+        a.acquire("A", 1.0)
+        write = a.write()
+        con = write.__enter__()          # the lease row is share-locked ...
+        con.execute("INSERT INTO meta(key, value) VALUES ('frozen', 'A')")
+        time.sleep(1.1)                  # ... and A freezes past its lease
+        t0 = time.monotonic()
+        d = b.acquire("B", 5)
+        assert (d.action, d.epoch) == (TAKE, 2)
+        assert time.monotonic() - t0 < 1.0
+        with pytest.raises(PgJournalError):
+            write.__exit__(None, None, None)  # A thaws: its commit fails
+        assert b.meta("frozen") is None  # rolled back with A's session, never committed
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_clean_release_hands_over_at_once(pgj):
     a, b = pgj(), pgj()
     a.acquire("A", 30)
