@@ -24,6 +24,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A suite started in the background by a non-interactive shell (`pytest &`, CI
+# wrappers) inherits SIGINT ignored, and an ignored signal stays ignored across
+# exec: every ringd a test starts would ignore its Ctrl-C and the tests that send
+# one would hang. A handled signal is reset to the default at exec instead.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # A throwaway PostgreSQL cluster for the many-host tests (fixtures pg_cluster, pg_dsn).
 pytest_plugins = ["pgcluster"]
 
