@@ -310,7 +310,9 @@ def test_skip_current_run_lands_within_a_second(ring):
 
 
 def test_skip_other_agent_unknown_and_nothing_running(ring):
-    ring.agent("a", "exec sleep 0.6")
+    # a runs long enough that `ringd skip b` lands while it runs, even on a loaded box
+    ring.agent("a", "exec sleep 2.5")
+    ring.write_config(ring={"run_budget": 10, "stall_threshold": 15})
     ring.agent("b", "echo b ran")
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
 
@@ -357,6 +359,7 @@ def test_history_and_logs(ring):
     """)
     ring.agent("bad", "echo oops >&2; exit 3")
     ring.roster(f"talk {ring.agents_dir}/talk.sh", f"bad {ring.agents_dir}/bad.sh")
+    ring.write_config(ring={"keep_logs": 1000})   # the ring goes on: a slow box must not prune run 1's log
     ring.start_driver()
     row = wait_until(lambda: running_of(ring, "talk"), message="talk running")
 
