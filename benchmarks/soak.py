@@ -9,7 +9,12 @@ Faults, injected in shuffled rounds (each kind once per round, so every kind
 gets a bounded, near-equal share): SIGKILL and SIGSTOP of the driver, SIGKILL
 of the running agent, ``ringd skip`` (current run) and ``ringd skip NAME``,
 roster edits (valid edit, broken then fixed, agent removed then re-added, agent
-added then removed), SIGKILL of ringwatch followed by a fresh ringwatch. Two
+added then removed), SIGKILL of ringwatch followed by a fresh ringwatch, the
+lock file deleted (then a second driver started: it must refuse), a SIGHUP
+storm at the driver and the watcher, and a roster of unstartable programs for
+a few seconds (the driver must keep beating and not spin). One agent leaves a
+grandchild that leaves its session and clears its environment (`setsid env -i`)
+every run: it must die with its run. Two
 reader threads run ``ringd status --json`` and ``ringd history --json`` all
 along. After each fault the loop waits (bounded) for the ring to recover; a
 fault counts as survived when it did.
@@ -87,13 +92,17 @@ AGENTS: Dict[str, Tuple[str, bool]] = {
     "chatty":   ("head -c 300000 /dev/zero | od -v | head -n 4000", True),  # prints a lot
     "quick":    ("sleep 0.1", True),
     "forker":   ("for i in 1 2 3; do (sleep 0.05 &); done; sleep 0.05", True),
+    # an escapee with no key at all: its own session, an empty environment; its
+    # command line names the work dir (ESCAPEE) so the samplers can see it
+    "escaper":  ("setsid env -i {python} -c 'import time; time.sleep(30)' {escapee} &\nsleep 0.05", True),
     "extra":    ("echo extra", True),                                      # only while added
 }
-BASE = ["ok", "fail", "slow", "wedge", "tempfail", "chatty", "quick", "forker"]
+BASE = ["ok", "fail", "slow", "wedge", "tempfail", "chatty", "quick", "forker", "escaper"]
+UNSTARTABLE_FOR = 3.0    # s a roster of unstartable programs stays in place
 
 KINDS = ["driver SIGKILL", "driver SIGSTOP", "agent SIGKILL", "skip current", "skip named",
          "roster valid edit", "roster broken+fixed", "roster remove+re-add", "roster add+remove",
-         "ringwatch SIGKILL+fresh"]
+         "ringwatch SIGKILL+fresh", "lock file deleted", "SIGHUP storm", "unstartable roster"]
 READERS = "readers status/history"
 
 
@@ -176,6 +185,8 @@ class Soak:
         self.fd_samples: Dict[Tuple[int, float], List[Tuple[int, int]]] = {}
         self.drivers_seen: Set[Tuple[int, float]] = set()
         self.all_pids: Set[Tuple[int, Optional[int]]] = set()
+        self.escapees_max = 0                        # escaped grandchildren alive at once
+        self.escapees_seen: Set[Tuple[int, Optional[int]]] = set()
 
     # --- set-up ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -185,6 +196,7 @@ class Soak:
         os.chmod(self.config, 0o600)
         for name, (body, _) in AGENTS.items():
             p = self.agents_dir / f"{name}.sh"
+            body = body.replace("{python}", sys.executable).replace("{escapee}", str(self.work / "escapee"))
             p.write_text(f"#!/bin/sh\necho $RING_RUN_ID >> {self.marks}\n{body}\n")
             p.chmod(0o755)
         self.write_roster(self.roster_names)
@@ -316,8 +328,12 @@ class Soak:
                     self.all_pids.add((p.pid, start_ticks(p.pid)))
                 except (psutil.Error, OSError):
                     continue
+            escapees = [p for p in psutil.process_iter(["pid", "cmdline"])
+                        if str(self.work / "escapee") in (p.info["cmdline"] or []) and _alive(p)]
             with self.lock:
                 self.samples += 1
+                self.escapees_max = max(self.escapees_max, len(escapees))
+                self.escapees_seen.update((e.pid, start_ticks(e.pid)) for e in escapees)
                 if len(runs) > 1:
                     self.overlaps.append(f"{time.strftime('%H:%M:%S')} runs alive at once: {runs}")
             drv = self.driver()
@@ -380,6 +396,9 @@ class Soak:
             "roster remove+re-add": self.f_roster_remove_re_add,
             "roster add+remove": self.f_roster_add_remove,
             "ringwatch SIGKILL+fresh": self.f_ringwatch_sigkill_fresh,
+            "lock file deleted": self.f_lock_deleted,
+            "SIGHUP storm": self.f_sighup_storm,
+            "unstartable roster": self.f_unstartable_roster,
         }[kind]()
 
     def _replaced(self, old: Tuple[int, float]) -> bool:
@@ -551,6 +570,105 @@ class Soak:
             return data.get("pid") == new.pid and new.poll() is None
         return bool(self.wait(adopted)) and self.new_runs(before) and new.poll() is None
 
+    def f_lock_deleted(self) -> Optional[bool]:
+        """rm ringd.lock (tmpfiles cleaners, git clean -X do): the driver takes it
+        again within a heartbeat; a second driver started then refuses (exit 75)
+        and touches nothing."""
+        drv = self.driver()
+        lock = self.state / "ringd.lock"
+        try:
+            ino = os.stat(lock).st_ino
+        except OSError:
+            return None
+        if not drv:
+            return None
+        os.unlink(lock)
+        before = self.last_id()
+
+        def retaken():
+            try:
+                return os.stat(lock).st_ino != ino and self.driver() == drv
+            except OSError:
+                return False
+        if not self.wait(retaken, 10):
+            self.notes.append("lock file deleted: the driver did not take it again")
+            return False
+        second = subprocess.run([sys.executable, "-m", "ringd", "run", *self.common()], env=self.env,
+                                capture_output=True, text=True, timeout=60)
+        if second.returncode != 75:
+            self.notes.append(f"lock file deleted: a second driver exited {second.returncode}: "
+                              f"{second.stderr.strip()[-200:]}")
+            return False
+        reaped = self.rows("SELECT run_id FROM events WHERE source = 'reaper' AND run_id > ?", before - 1)
+        if reaped:
+            self.notes.append(f"lock file deleted: runs of the live driver reaped: {reaped}")
+            return False
+        return self.driver() == drv and self.new_runs(before)
+
+    def f_sighup_storm(self) -> Optional[bool]:
+        """50 SIGHUPs in ~0.2 s at the driver and at the watcher: both reload and
+        live on; nothing is restarted."""
+        drv = self.driver()
+        w = self.watcher
+        if not drv or w is None or w.poll() is not None:
+            return None
+        before = self.last_id()
+        for _ in range(50):
+            for pid in (drv[0], w.pid):
+                try:
+                    os.kill(pid, signal.SIGHUP)
+                except OSError:
+                    pass
+            time.sleep(0.004)
+        ok = self.new_runs(before, 2)
+        if self.driver() != drv or w.poll() is not None:
+            self.notes.append(f"SIGHUP storm: driver {drv[0]} -> {self.driver()}, watcher exit {w.poll()}")
+            return False
+        return ok
+
+    def f_unstartable_roster(self) -> Optional[bool]:
+        """Every agent unstartable for UNSTARTABLE_FOR s: the driver keeps beating
+        (the watcher leaves it alone), backs off instead of spinning, then runs the
+        fixed roster."""
+        drv = self.driver()
+        if not drv:
+            return None
+        names = list(self.roster_names)
+        lines = ["# soak roster: nothing here can start"] + [f"{n} {self.work}/no-such-program-{n}" for n in names]
+        tmp = self.state / ".ring.txt.soak"
+        tmp.write_text("\n".join(lines) + "\n")
+        os.chmod(tmp, 0o600)
+        before, seq0 = self.last_id(), (self.heartbeat() or {}).get("seq", 0)
+        t0 = time.time()
+        os.replace(tmp, self.state / "ring.txt")
+        self.roster_edits.append(t0)
+        self.names_by_edit[t0] = []   # no healthy agent to expect meanwhile
+        self.stopping.wait(UNSTARTABLE_FOR)
+        rows = len(self.rows("SELECT id FROM runs WHERE id > ?", before))
+        seq1 = (self.heartbeat() or {}).get("seq", 0)
+        self.write_roster(names)
+        ok = True
+        if rows > self.error_row_bound(len(names), UNSTARTABLE_FOR):
+            self.notes.append(f"unstartable roster: {rows} rows in {UNSTARTABLE_FOR:g}s (spinning; at most "
+                              f"{self.error_row_bound(len(names), UNSTARTABLE_FOR)} with back-off)")
+            ok = False
+        if self.driver() != drv or seq1 <= seq0:
+            self.notes.append(f"unstartable roster: driver {drv[0]} -> {self.driver()}, beats {seq0} -> {seq1}")
+            ok = False
+        after = self.last_id()
+        back = self.wait(lambda: self.rows("SELECT id FROM runs WHERE id > ? AND status <> 'error'", after))
+        return ok and bool(back)
+
+    @staticmethod
+    def error_row_bound(agents: int, window: float, initial: float = 0.5, most: float = 1.5) -> int:
+        """Most `error` rows ``agents`` unstartable agents may write in ``window``
+        s when each backs off (CONFIG: backoff_initial 0.5, backoff_max 1.5), plus
+        one lap of slack for timing: a spinning ring writes hundreds."""
+        per_agent, t, b = 1, 0.0, initial
+        while t + b <= window:
+            t, per_agent, b = t + b, per_agent + 1, min(2 * b, most)
+        return agents * (per_agent + 1)
+
     # --- the run -------------------------------------------------------------------------
     def run(self) -> SoakResult:
         self.setup()
@@ -666,6 +784,9 @@ class Soak:
                             "no process of the soak alive after the stop" if not left else f"left: {left[:10]}"))
         fd_ok, fd_detail = self.fd_verdict()
         checks.append(Check("nothing leaked: driver fds", fd_ok, fd_detail))
+        checks.append(Check("escaped grandchildren die with their run", self.escapees_max <= 1,
+                            f"{len(self.escapees_seen)} `setsid env -i` grandchildren, at most "
+                            f"{self.escapees_max} alive at once (its own run's)"))
         turn_ok, turn_detail, laps = self.turning(rows)
         checks.append(Check("the ring kept turning", turn_ok, turn_detail))
         checks.append(Check("readers never saw a lock or a traceback", not self.reader_problems,
