@@ -316,7 +316,7 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
 
 def _talk_keys(section: str, spec: Mapping[str, Any]) -> dict:
     """``watchdog``, ``schedule`` and ``every`` of one agent (null = off)."""
-    from .schedule import MAX_EVERY, ScheduleError, check_cron
+    from .schedule import ScheduleError, check_cron
     values: dict = {}
     if spec.get("watchdog") is not None:
         values["watchdog"] = _number(f"{section}.watchdog", spec["watchdog"])
@@ -329,8 +329,6 @@ def _talk_keys(section: str, spec: Mapping[str, Any]) -> dict:
             raise ConfigError(f"{section}.schedule: {e}, got {excerpt(spec['schedule'])}") from None
     if spec.get("every") is not None:
         values["every"] = _number(f"{section}.every", spec["every"])
-        if values["every"] > MAX_EVERY:
-            raise ConfigError(f"{section}.every: must be at most {MAX_EVERY:g} s, got {excerpt(spec['every'])}")
     return values
 
 

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Callable, Optional, Set
 
-from . import alerts, metrics, proctree, safefile, transitions
+from . import alerts, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError
@@ -131,6 +131,7 @@ class Driver:
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
         self.prev_index: Optional[int] = None
         self.spin = Spin()
+        self.ran_scheduled: "set[str]" = set()   # scheduled agents run since the last ordinary turn
         self.spin_logged = False
         self.idle_logged = False
         self.at_lap_start = False
@@ -359,6 +360,10 @@ class Driver:
                 return EX_OK
         try:
             last = self.journal.last_run()
+            if last is not None and self.config.schedule_for(last.agent) is not None:
+                # a scheduled agent's run is not a turn: resume after the last ordinary one
+                last = next((r for r in self.journal.history(None, 100)
+                             if self.config.schedule_for(r.agent) is None), last)
             self.cursor = (last.agent, last.position) if last else (None, None)
             self.journal.set_meta("roster_error", self.roster.error)
             lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
@@ -413,8 +418,11 @@ class Driver:
         started = None
         with self.journal.transaction() as tx:   # the choice and the start commit together
             plan = plan_turn(TurnInputs(roster, start, tx.agents(), now, limit=limit,
-                                        paused=frozenset(paused), requested=requested))
-            wraps = (plan.index is not None and not plan.forced and self.prev_index is not None
+                                        paused=frozenset(paused), requested=requested,
+                                        scheduled=self.schedules(tx, now),
+                                        ran_scheduled=frozenset(self.ran_scheduled)))
+            wraps = (plan.index is not None and not plan.forced and not plan.scheduled
+                     and self.prev_index is not None
                      and plan.index <= self.prev_index)
             if wraps and not self.at_lap_start:
                 plan = None   # a new lap: count it (and pause) before anything starts
@@ -430,16 +438,30 @@ class Driver:
                     started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
                                            stall_threshold=limits.stall_threshold, driver_pid=env.pid,
                                            driver_start=env.pid_start)
+                    if plan.scheduled:
+                        schedule.record_start(tx, agent.name, now)
         if plan is None:
             self.lap_boundary()
             return 0
         if plan.index is None:
+            self.ran_scheduled.clear()
             if self.once:
                 return len(plan.passed) or 1
             self.idle(plan.until, now)
             return 0
         self.idle_logged = False
+        if plan.scheduled:
+            # a scheduled agent's run is not a turn: the ring's position and lap stay
+            self.ran_scheduled.add(agent.name)
+            if started is None:
+                self.log(f"{agent.name}: scheduled run skipped ({d.reason})")
+                return 0
+            self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})")
+            env.notify(f"STATUS=lap {self.lap}: running {agent.name} (scheduled)")
+            self.after_run(Hop(self, agent, plan.index, started, now).run())
+            return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
+            self.ran_scheduled.clear()
             self.at_lap_start = False
             self.cursor = (agent.name, plan.index)
             self.prev_index = plan.index
@@ -465,6 +487,19 @@ class Driver:
             return limit or 1
         self.pause(self.config.ring.heartbeat_interval)
         return 0
+
+    def schedules(self, tx, now: float) -> "dict[str, float]":
+        """Next due time of each scheduled agent on the roster (SPEC "Scheduled agents")."""
+        out = {}
+        zone = None
+        for a in self.roster.agents:
+            sched = self.config.schedule_for(a.name)
+            if sched is None:
+                continue
+            if zone is None:
+                zone = schedule.local_zone()
+            out[a.name] = schedule.entry(tx, a.name, sched, now).next_due(zone)
+        return out
 
     def lap_boundary(self) -> None:
         """A new lap starts when the ring wraps: count it, pause if configured, and
@@ -494,7 +529,7 @@ class Driver:
         first one is, hearing signals, beating and watching the roster meanwhile."""
         delay = None if until is None else max(0.0, until - now)
         if not self.idle_logged:
-            self.log("nothing to run: every agent is backing off, quarantined or paused"
+            self.log("nothing to run: every agent is backing off, quarantined, paused or not due"
                      + (f"; next in {delay:.1f}s" if delay is not None else ""))
             self.idle_logged = True
         self.pause(delay, until_roster_edit=True)

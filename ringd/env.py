@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Deque, Dict, Iterable, Mapping, Optional, Sequence, Set, Tuple
+from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import logline, proctree, safefile
 from .heartbeat import Heartbeat, Notifier
@@ -88,8 +89,12 @@ class RealEnv:
 
     # --- the agent ---------------------------------------------------------------------
     def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-              umask: int) -> Child:
-        """Start ``argv`` in its own session. Raises OSError if it cannot be started."""
+              umask: int, pid_var: Optional[str] = None) -> Child:
+        """Start ``argv`` in its own session. Raises OSError if it cannot be started.
+        ``pid_var``: also give the child that variable set to its own pid
+        (``WATCHDOG_PID``, as systemd does)."""
+        if pid_var:
+            argv = _exec_with_pid(argv, cwd, env, pid_var)
         popen = subprocess.Popen(
             list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
@@ -192,6 +197,39 @@ class RealEnv:
 
     def close(self) -> None:
         self.wakeups.close()
+
+    # --- the run's notify socket (ringd.notify) ----------------------------------------
+    def open_notify(self, run_id: int):
+        from .notify import NotifySocket
+        return NotifySocket.open(self.state_dir, run_id)
+
+    def close_notify(self, sock) -> None:
+        from .notify import remove_notes
+        sock.close()
+        remove_notes(self.state_dir)
+
+    def write_notes(self, notes, now: float) -> None:
+        from .notify import write_notes
+        write_notes(self.state_dir, notes, now)
+
+
+def _exec_with_pid(argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str],
+                   pid_var: str) -> List[str]:
+    """``argv`` started through ``sh``, which sets ``pid_var`` to its own pid
+    (``$$``) and execs the agent in its place: the pid exists only after the
+    fork, and exec keeps it. (A preexec_fn could do the same, but is unsafe once
+    the driver has a thread - the many-host lease watchdog.) A program that
+    cannot be run is refused here, so it still ends ``error``, not ``failed``."""
+    prog = argv[0]
+    if "/" in prog:
+        path = prog if os.path.isabs(prog) else os.path.join(cwd or ".", prog)
+    else:
+        path = shutil.which(prog, path=env.get("PATH", os.defpath)) or ""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
+    if not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), prog)
+    return ["/bin/sh", "-c", f'{pid_var}=$$; export {pid_var}; exec "$0" "$@"', *argv]
 
 
 def log_open_reason(e: OSError) -> str:

@@ -25,7 +25,7 @@ from .journal import Journal, JournalError
 from .policy import Requests
 from .proctree import clean_env
 from .roster import Agent, resolve_program
-from .runstate import Beat, Close, Exited, KillTree, Log, SetPhase, Skip, Stop, Term, Tick
+from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick
 
 PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
 
@@ -78,6 +78,9 @@ class Hop:
         self.log_path: Optional[str] = None
         self.pid: Optional[int] = None
         self.pid_start: Optional[float] = None
+        self.watchdog = host.config.watchdog_for(agent.name)
+        self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
+        self.notes = None    # what the agent said, as published for status (ringd.notify.Notes)
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -90,32 +93,86 @@ class Hop:
         except OSError as e:
             from .env import log_open_reason
             return self._close_error(f"cannot open run log logs/{name}/{self.run_id}.log: {log_open_reason(e)}")
+        run_env = agent_env(host.base_env, name, self.run_id, self.limits.run_budget,
+                            self.started_at + self.limits.run_budget, host.state_key)
+        self._open_notify(run_env)
         try:
-            child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
-                              cwd=host.config.cwd_for(name) or str(host.roster_dir),
-                              env=agent_env(host.base_env, name, self.run_id, self.limits.run_budget,
-                                            self.started_at + self.limits.run_budget, host.state_key),
-                              stdout_fd=log_fd, umask=host.agent_umask)
-        except OSError as e:
-            env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
-            return self._close_error(f"cannot start: {env.errno_reason(e)}")
-        finally:
-            env.close_fd(log_fd)
-        self.pid = child.pid
-        self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s)")
-        leader = host.leader
-        if leader is not None:
-            # killed at the switch even while we block in a database call
-            leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id)
-        try:
-            close = self._supervise(child)
-        finally:
+            try:
+                child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
+                                  cwd=host.config.cwd_for(name) or str(host.roster_dir), env=run_env,
+                                  stdout_fd=log_fd, umask=host.agent_umask,
+                                  pid_var="WATCHDOG_PID" if self.watchdog else None)
+            except OSError as e:
+                env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
+                return self._close_error(f"cannot start: {env.errno_reason(e)}")
+            finally:
+                env.close_fd(log_fd)
+            self.pid = child.pid
+            if self.notify is not None:
+                self.notify.set_agent(child.pid)
+            self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s"
+                     f"{f', watchdog {self.watchdog:g}s' if self.watchdog else ''})")
+            leader = host.leader
             if leader is not None:
-                leader.guard(None, None)
-        if close is None or (leader is not None and leader.killed_pid == child.pid):
-            # leadership lost: record nothing, the row is the next leader's to close
-            return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
-        return self._close(close)
+                # killed at the switch even while we block in a database call
+                leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id)
+            try:
+                close = self._supervise(child)
+            finally:
+                if leader is not None:
+                    leader.guard(None, None)
+            if close is None or (leader is not None and leader.killed_pid == child.pid):
+                # leadership lost: record nothing, the row is the next leader's to close
+                return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
+            if self.notify is not None:   # last words: a STATUS= sent just before the exit
+                self.notes.hear(self.notify.drain(), env.wall())
+            self._close_notify()          # gone before the row says the run has ended
+            return self._close(close)
+        finally:
+            self._close_notify()
+
+    # --- the agent's voice (SPEC "Agents that talk back") ----------------------------------
+    def _open_notify(self, run_env: dict) -> None:
+        """The run's NOTIFY_SOCKET (and WATCHDOG_USEC; WATCHDOG_PID is set in the
+        child, the agent's pid being known only there). A socket that cannot be
+        made costs the agent its voice, never its run."""
+        try:
+            self.notify = self.env.open_notify(self.run_id)
+        except OSError as e:
+            self.say(f"gets no notify socket: {self.env.errno_reason(e)}")
+        if self.notify is not None:
+            from .notify import Notes
+            run_env["NOTIFY_SOCKET"] = self.notify.env
+            self.notes = Notes(self.run_id)
+            self.env.watch(self.notify.fileno())
+        if self.watchdog:
+            run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))
+
+    def _hear(self, now: float) -> list:
+        """Drain what the agent said (capped per wake) into run-state events."""
+        heard = self.notify.drain()
+        self.notes.hear(heard, self.env.wall())
+        events = []
+        if heard.phase is not None:
+            events.append(Phase(heard.phase))
+        if heard.pings:
+            events.append(Ping())
+        return events
+
+    def _publish_notes(self, now: float, force: bool = False) -> None:
+        due = self.notes.due_at() if self.notes is not None else None
+        if due is not None and (force or now >= due):
+            try:
+                self.env.write_notes(self.notes, now)
+            except OSError as e:   # a full state dir: status shows an older phase, the run goes on
+                self.notes.dirty = False
+                self.say(f"cannot publish its phase: {self.env.errno_reason(e)}")
+
+    def _close_notify(self) -> None:
+        if self.notify is not None:
+            self.env.unwatch(self.notify.fileno())
+            self.env.close_notify(self.notify)
+            self.notify = None
 
     def _supervise(self, child) -> Optional[Close]:
         """Sleep on events until the state machine closes the run; carry out its actions."""
@@ -123,11 +180,12 @@ class Hop:
         t0 = env.monotonic()
         rs = runstate.start(t0, budget=self.limits.run_budget, stall=self.limits.stall_threshold,
                             beat_at=host.next_beat, beat_every=host.config.ring.heartbeat_interval,
-                            tempfail_exit_code=host.config.ring.tempfail_exit_code)
+                            tempfail_exit_code=host.config.ring.tempfail_exit_code, watchdog=self.watchdog)
         record_at: Optional[float] = t0 + PID_RECORD_DELAY
         stop_sent = False
         close: Optional[Close] = None
         leader = host.leader
+        notify_fd = self.notify.fileno() if self.notify is not None else None
         while close is None:
             if leader is not None and self._lost_lead(child):
                 return None
@@ -136,11 +194,16 @@ class Hop:
                 deadline = min(deadline, record_at)
             if leader is not None:
                 deadline = min(deadline, env.monotonic() + leader.seconds_left())
+            notes_due = self.notes.due_at() if self.notes is not None else None
+            if notes_due is not None:
+                deadline = min(deadline, notes_due)
             sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
             if leader is not None and self._lost_lead(child):
                 return None
             now = env.monotonic()
             events = []
+            if notify_fd is not None and notify_fd in ready:
+                events += self._hear(now)
             if child.pidfd is None or child.pidfd in ready:
                 ended = env.exit_status(child)
                 if ended is not None:
@@ -163,6 +226,8 @@ class Hop:
             if close is None and record_at is not None and now >= record_at:
                 record_at = None
                 self._record_pid(child)
+            if close is None:
+                self._publish_notes(now)
         env.reap(child)
         return close
 
@@ -190,7 +255,7 @@ class Hop:
         elif isinstance(a, Log):
             self.say(a.text)
         elif isinstance(a, SetPhase):
-            pass   # kept in the run state; the notify socket's owner records it
+            pass   # published by _publish_notes (at most once a second), kept on the row at the close
 
     def _skip_requested(self) -> bool:
         try:
@@ -221,7 +286,8 @@ class Hop:
         closed = self._until_recorded(lambda: transitions.close_run(
             host.journal, self.run_id, self.agent.name, self.position, c.status, source=c.source, now=now,
             ring=host.config.ring, line=self.agent.text, exit_code=c.exit_code, signal=c.signal,
-            reason=c.reason, log_path=self.log_path, pid=self.pid, pid_start=self.pid_start))
+            reason=c.reason, log_path=self.log_path, pid=self.pid, pid_start=self.pid_start,
+            phase=self.notes.phase if self.notes is not None else None))
         duration = max(0.0, now - self.started_at)
         detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")
         if closed is not None:

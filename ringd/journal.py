@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .records import TERMINAL, AgentState, RunRow
-from .schema_sqlite import SCHEMA, SCHEMA_VERSION
+from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
@@ -174,7 +174,8 @@ class Tx:
     def close_run(self, run_id: int, status: str, *, source: str, now: float,
                   exit_code: Optional[int] = None, signal: Optional[int] = None,
                   reason: Optional[str] = None, log_path: Optional[str] = None,
-                  pid: Optional[int] = None, pid_start: Optional[float] = None) -> bool:
+                  pid: Optional[int] = None, pid_start: Optional[float] = None,
+                  phase: Optional[str] = None) -> bool:
         """Close a ``running`` row. Guarded: a row someone else closed meanwhile (an
         operator, the reaper) is never clobbered; then nothing happens and False
         is returned. The end is never before the start."""
@@ -184,9 +185,9 @@ class Tx:
             " ended_at = CASE WHEN ? > started_at THEN ? ELSE started_at END,"
             " duration = CASE WHEN ? > started_at THEN ? - started_at ELSE 0 END,"
             " exit_code = ?, signal = ?, reason = ?, log_path = COALESCE(?, log_path),"
-            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start)"
+            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start), phase = COALESCE(?, phase)"
             " WHERE id = ? AND status = 'running'",
-            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, run_id))
+            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, phase, run_id))
         if cur.rowcount != 1:
             return False
         detail = f"from=running to={status}"
@@ -283,11 +284,26 @@ class Journal:
             raise JournalError(f"{path}: journal is not usable: {e}") from None
         return cls(con, path)
 
-    def _migrate(self) -> None:
+    def _migrate(self, retry: bool = True) -> None:
         # executescript commits any open transaction first, so the script carries its own.
+        have = {(t, r[1]) for t in {t for t, _, _ in ADDED_COLUMNS}
+                for r in self.con.execute(f"PRAGMA table_info({t})")}
+        added = "".join(f"ALTER TABLE {t} ADD COLUMN {c} {kind};" for t, c, kind in ADDED_COLUMNS
+                        if have and (t, c) not in have)   # a new journal gets them from SCHEMA
+        if added and retry:
+            try:
+                return self._migrate_with(added)
+            except sqlite3.OperationalError as e:
+                if "duplicate column" not in str(e):
+                    raise
+                return self._migrate(retry=False)   # another process added it first
+        self._migrate_with(added)
+
+    def _migrate_with(self, added: str) -> None:
         self.con.executescript(
-            "BEGIN IMMEDIATE;" + SCHEMA +
-            f"INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');"
+            "BEGIN IMMEDIATE;" + SCHEMA + added +
+            f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value;"
             "COMMIT;")
 
     def close(self) -> None:

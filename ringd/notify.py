@@ -257,8 +257,8 @@ class NotifySocket:
         if self.path is not None:
             try:
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            except OSError:
+                pass   # a read-only or immutable state dir: the next run's remove_stale tries again
 
 
 def _sender_and_close_fds(ancdata) -> Optional[int]:

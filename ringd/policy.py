@@ -141,6 +141,11 @@ class TurnInputs:
     limit: Optional[int] = None              # consider at most this many agents (``--once``)
     paused: FrozenSet[str] = frozenset()     # agents an operator paused (``ringd pause NAME``): passed over
     requested: Optional[str] = None          # ``ringd next NAME``: this agent's turn now, whatever its state
+    # scheduled agents (SPEC "Scheduled agents"): name -> next due time (ringd.schedule);
+    # they take no ordinary turn. ``ran_scheduled``: those already run at this hop
+    # boundary (since the last ordinary turn), so each due one runs once per boundary.
+    scheduled: Mapping[str, float] = field(default_factory=dict)
+    ran_scheduled: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -152,22 +157,43 @@ class Plan:
     passed: List[int] = field(default_factory=list)   # indexes passed over on the way
     until: Optional[float] = None
     forced: bool = False    # ``ringd next``: a turn out of order (the ring's place is kept)
+    scheduled: bool = False      # ``index`` is a scheduled agent that is due (not an ordinary turn)
 
 
 def plan_turn(inp: TurnInputs) -> Plan:
-    """Go round the ring from ``start``: the first agent that runs or is skipped
-    takes the turn; agents that pass (or an operator paused) are stepped over.
-    An operator's ``ringd next NAME`` comes first, out of order."""
+    """At a hop boundary: an operator's ``ringd next NAME`` first, out of order;
+    then each scheduled agent that is due (roster order, once per boundary);
+    then go round the ring from ``start``: the first ordinary agent that runs
+    or is skipped takes the turn; agents that pass, that an operator paused,
+    and scheduled ones are stepped over. A scheduled agent due again already
+    (its run outlasted its period) waits for the ordinary turn, unless no
+    ordinary agent wants it."""
     n = len(inp.roster)
     names = [name for name, _ in inp.roster]
     if inp.requested in names:
         return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "takes this turn (ringd next)"), forced=True)
-    passed: List[int] = []
+    again: Optional[Plan] = None
     dues: List[float] = []
+    for i, (name, line) in enumerate(inp.roster):
+        due = inp.scheduled.get(name)
+        if due is None or name in inp.paused:
+            continue
+        if due > inp.now:
+            dues.append(due)
+            continue
+        d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
+        if d.action is Action.PASS:
+            if d.until is not None:
+                dues.append(d.until)
+        elif name not in inp.ran_scheduled:
+            return Plan(i, d, [], scheduled=True)
+        elif again is None:
+            again = Plan(i, d, [], scheduled=True)
+    passed: List[int] = []
     for k in range(n if inp.limit is None else min(n, inp.limit)):
         i = (inp.start + k) % n
         name, line = inp.roster[i]
-        if name in inp.paused:   # until ``ringd resume NAME``: no due time of its own
+        if name in inp.paused or name in inp.scheduled:   # paused: until ``ringd resume NAME``
             passed.append(i)
             continue
         d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
@@ -176,6 +202,8 @@ def plan_turn(inp: TurnInputs) -> Plan:
         passed.append(i)
         if d.until is not None:
             dues.append(d.until)
+    if again is not None:
+        return again
     return Plan(None, None, passed, min(dues) if dues else None)
 
 

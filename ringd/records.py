@@ -31,6 +31,7 @@ class RunRow:
     log_path: Optional[str]
     driver_pid: Optional[int]
     driver_start: Optional[float]
+    phase: Optional[str] = None     # the agent's last STATUS= (ringd.notify)
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":

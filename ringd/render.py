@@ -249,6 +249,10 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
         segs = [(c["agent"], "bold cyan"),
                 (f"  run {c['run_id']}" + (f", pid {c['pid']}" if c.get("pid") else "")
                  + f", {fmt_duration(c['elapsed'])} elapsed", "")]
+        if c.get("phase"):
+            segs.append((f"  phase: {c['phase']}", "bold"))
+        if c.get("agent_beat_age") is not None:
+            segs.append((f"  (last ping {fmt_duration(c['agent_beat_age'])} ago)", "dim"))
         if c.get("run_budget"):
             over = c["elapsed"] > c["run_budget"]
             segs.append(("\n" + budget_bar(c["elapsed"], c["run_budget"], plain=plain), "red" if over else "cyan"))
@@ -295,9 +299,16 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             (str(fails), "red" if fails else ""),
             ("; ".join(notes), style),
         ])
-    out += table(("#", "agent", "last", "took", "when", "fails", "notes"), rows,
-                 right=(True, False, False, True, True, True, False),
-                 max_widths=(None, 20, None, None, None, None, None), width=width, plain=plain)
+    heads = ("#", "agent", "last", "took", "when", "fails", "notes")
+    right = (True, False, False, True, True, True, False)
+    if any(a.get("next_due") for a in doc["agents"]):   # scheduled agents: when each is next due
+        heads, right = heads[:-1] + ("next due",) + heads[-1:], right[:-1] + (True, False)
+        for a, row in zip(doc["agents"], rows):
+            due = a.get("next_due")
+            text = "-" if not due else ("now" if (parse_iso(due) or 0) <= now else fmt_ago(due, now))
+            row.insert(len(row) - 1, (text, ""))
+    out += table(heads, rows, right=right, max_widths=(None, 20) + (None,) * (len(heads) - 2),
+                 width=width, plain=plain)
     return out
 
 
@@ -330,9 +341,13 @@ def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: 
              (fmt_local(r["started_at"]), ""), (fmt_duration(r["duration"]), ""),
              (exit_text(r["exit_code"], r["signal"]), ""),
              (" ".join((r.get("reason") or "").split()), "")] for r in runs]
-    return table(("run", "agent", "status", "started", "took", "exit", "reason"), rows,
-                 right=(True, False, False, False, True, True, False),
-                 max_widths=(None, 18, None, None, None, None, None), width=width, plain=plain)
+    heads = ("run", "agent", "status", "started", "took", "exit", "reason")
+    if any(r.get("phase") for r in runs):   # the agents' last STATUS= (ringd.notify)
+        heads += ("phase",)
+        for r, row in zip(runs, rows):
+            row.append((r.get("phase") or "", ""))
+    return table(heads, rows, right=(True, False, False, False, True, True) + (False,) * (len(heads) - 6),
+                 max_widths=(None, 18) + (None,) * (len(heads) - 2), width=width, plain=plain)
 
 
 # --- output ------------------------------------------------------------------------------

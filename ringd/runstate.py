@@ -189,7 +189,7 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
         s = replace(s, ending="stall", reason=f"no exit {s.stall:g}s after start", killed=True)
         acts += [Log("stalled; SIGKILL to its whole process tree"), KillTree()]
     elif s.ending is None and s.watchdog_at is not None and now >= s.watchdog_at:
-        s, more = _ending(s, "watchdog", f"watchdog: no WATCHDOG=1 within {s.watchdog:g}s", WATCHDOG_GRACE, now)
+        s, more = _ending(s, "watchdog", f"watchdog: no ping for {s.watchdog:g} s", WATCHDOG_GRACE, now)
         acts += [Log(f"{s.reason}; ending it like a stall")] + more
     elif s.ending is None and not s.termed_at_budget and now >= s.term_at:
         s = replace(s, termed_at_budget=True, reason=f"run budget of {s.budget:g}s reached")

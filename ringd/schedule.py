@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-MAX_EVERY = 100 * 365 * 86400.0  # s; far beyond any sane interval, keeps datetimes in range
 _MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
 
 
@@ -150,3 +149,57 @@ def wall_clock(t: float, tz: Optional[tzinfo] = None) -> datetime:
     """The naive local wall-clock reading of epoch time ``t`` (what to persist as
     ``last_wall`` when a scheduled run starts)."""
     return datetime.fromtimestamp(t, tz=tz if tz is not None else local_zone()).replace(tzinfo=None)
+
+
+# --- what the journal keeps ------------------------------------------------------
+# Per scheduled agent, meta ``schedule:<name>`` holds JSON {"spec", "since",
+# "last_wall"}: when this schedule was first seen (so a restart does not move a
+# never-run agent's first due time) and the wall-clock reading of its last start.
+# ``tx`` is a journal transaction (ringd.journal.Tx) or anything with its
+# meta/set_meta/agent/run/running_row reads.
+
+def _meta_key(name: str) -> str:
+    return f"schedule:{name}"
+
+
+def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> Entry:
+    """The scheduled agent ``name`` as the journal knows it. A schedule seen for
+    the first time (or changed) starts counting from ``now``, recorded when
+    ``write`` (the driver; status only reads)."""
+    import json
+    try:
+        kept = json.loads(tx.meta(_meta_key(name)) or "{}")
+    except ValueError:
+        kept = {}
+    if not isinstance(kept, dict) or kept.get("spec") != schedule.describe() \
+            or not isinstance(kept.get("since"), (int, float)):
+        kept = {"spec": schedule.describe(), "since": now, "last_wall": None}
+        if write:
+            tx.set_meta(_meta_key(name), json.dumps(kept))
+    last_start = None
+    running = tx.running_row()
+    if running is not None and running.agent == name:
+        last_start = running.started_at
+    else:
+        last_id = tx.agent(name).last_run_id
+        last = tx.run(last_id) if last_id is not None else None
+        last_start = last.started_at if last is not None else None
+    wall = None
+    if isinstance(kept.get("last_wall"), str):
+        try:
+            wall = datetime.fromisoformat(kept["last_wall"])
+        except ValueError:
+            wall = None
+    return Entry(name, schedule, last_start, float(kept["since"]), wall)
+
+
+def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None:
+    """A scheduled run starts: keep the wall-clock reading of its start."""
+    import json
+    try:
+        kept = json.loads(tx.meta(_meta_key(name)) or "{}")
+    except ValueError:
+        kept = {}
+    if isinstance(kept, dict):
+        kept["last_wall"] = wall_clock(now, tz).isoformat()
+        tx.set_meta(_meta_key(name), json.dumps(kept))

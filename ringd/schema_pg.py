@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS runs (
     log_path     TEXT,
     driver_pid   INTEGER,
     driver_start DOUBLE PRECISION,
+    phase        TEXT,
     CHECK (
         (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
                             AND signal IS NULL AND duration IS NULL)
@@ -122,5 +123,8 @@ CREATE OR REPLACE TRIGGER runs_terminal_is_final BEFORE UPDATE OF status ON runs
     FOR EACH ROW WHEN (OLD.status <> 'running')
     EXECUTE FUNCTION ring_terminal_is_final();
 
-INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}') ON CONFLICT (key) DO NOTHING;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS phase TEXT;
+
+INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """

@@ -6,7 +6,7 @@ triggers. ``schema_pg`` is the same schema for PostgreSQL.
 """
 from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: runs.phase
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
 _SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)
@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS runs (
     log_path     TEXT,
     driver_pid   INTEGER,
     driver_start REAL,
+    phase        TEXT,              -- the agent's last STATUS= (see ringd.notify)
     CHECK (
         (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
                             AND signal IS NULL AND duration IS NULL)
@@ -101,3 +102,6 @@ BEGIN
     SELECT RAISE(ABORT, 'a finished run cannot change status');
 END;
 """
+
+# Columns added after a journal may have been created: (table, column, type).
+ADDED_COLUMNS = (("runs", "phase", "TEXT"),)

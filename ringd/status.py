@@ -28,6 +28,7 @@ from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
 from .journal import NEXT_KEY, Journal, JournalError, RunRow, journal_path
+from .notify import read_notes
 
 WATCHER_FILE = "ringwatch.json"
 
@@ -199,8 +200,13 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  states: Optional[Mapping[str, Any]] = None,
                  ring_paused: bool = False, paused_agents: Sequence[str] = (),
                  next_requested: Optional[str] = None,
+                 notes: Optional[Mapping[str, Any]] = None,
+                 next_due: Optional[Mapping[str, float]] = None,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
+
+    ``notes``: what the current run's agent said (``phase``, ``agent_beat_at``,
+    ringd.notify.read_notes). ``next_due``: scheduled agents' next due times.
 
     ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
     of its last finished run. ``roster``: the current roster's names, or None if
@@ -248,6 +254,9 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "agent": running.agent, "run_id": running.id, "pid": running.pid,
             "elapsed": round(elapsed, 3), "run_budget": budget,
             "stall_threshold": running.stall_threshold,
+            "phase": (notes or {}).get("phase"),
+            "agent_beat_age": _round(max(0.0, now - beat_at)) if (beat_at := (notes or {}).get("agent_beat_at"))
+            is not None else None,
             # additions
             "started_at": iso(running.started_at),
             "budget_left": round(max(0.0, budget - elapsed), 3) if budget is not None else None,
@@ -280,6 +289,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "skip_requested": bool(a.get("skip_requested")),
             "quarantined_until": _future(a.get("quarantined_until"), now),
             "paused": name in paused_agents,
+            "next_due": iso((next_due or {}).get(name)),
             # additions
             "last_ended_at": iso(last.get("last_ended_at")),
             "last_signal": last.get("last_signal"),
@@ -389,6 +399,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
                             "ring_paused": False, "paused_agents": [], "next_requested": None}
     lease = None
+    next_due: Dict[str, float] = {}
     try:
         reader = open_reader(state_dir, config)
         if reader is not None:
@@ -401,6 +412,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
                              "epoch": lease_view.epoch}
+                next_due = scheduled_next_due(reader, config, state_dir)
             finally:
                 reader.close()
     except JournalError as e:
@@ -422,6 +434,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
         journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
         paused_agents=view["paused_agents"], next_requested=view["next_requested"],
+        next_due=next_due,
+        notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)
     return doc
@@ -435,6 +449,22 @@ def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: 
     live = doc["driver"].get("health") in ("ok", "stale")
     doc["driver"]["role"] = hb.get("role", "leader") if live else None
     doc["lease"] = lease
+
+
+def scheduled_next_due(reader: Journal, config: Config, state_dir: Path) -> Dict[str, float]:
+    """Next due time of every scheduled agent on the roster (read-only)."""
+    if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
+        return {}
+    from . import schedule
+    _, roster, _ = roster_view(config, state_dir)
+    names = [n for n, _ in roster] if roster is not None else list(config.agents)
+    now, zone, out = time.time(), schedule.local_zone(), {}
+    with reader.snapshot() as tx:
+        for name in names:
+            sched = config.schedule_for(name)
+            if sched is not None:
+                out[name] = schedule.entry(tx, name, sched, now, write=False).next_due(zone)
+    return out
 
 
 def _heartbeat_alive(hb: Optional[Mapping[str, Any]]) -> bool:
@@ -451,7 +481,7 @@ def run_dict(row: RunRow) -> Dict[str, Any]:
         "id": row.id, "agent": row.agent, "status": row.status,
         "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
         "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
-        "reason": row.reason,
+        "reason": row.reason, "phase": row.phase,
     }
 
 

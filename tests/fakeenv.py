@@ -91,7 +91,7 @@ class FakeEnv:
         return self._due_signals()
 
     # agents
-    def spawn(self, argv, *, cwd, env, stdout_fd, umask):
+    def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None):
         name = env["RING_AGENT"]
         b = self.behaviours.get(name, self.default)
         if b.cannot_start:
@@ -100,6 +100,9 @@ class FakeEnv:
         c = FakeChild(pid, pid + 100000, name, self.t + b.runs_for, b.code, b.signal, b.term_delay)
         self.children.append(c)
         return c
+
+    def open_notify(self, run_id):
+        return None   # no notify socket: the agents here never talk
 
     def start_time(self, child):
         return 123.0

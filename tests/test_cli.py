@@ -22,7 +22,8 @@ CURRENT_KEYS = {"agent", "run_id", "pid", "elapsed", "run_budget", "stall_thresh
 ROSTER_KEYS = {"path", "agents", "error"}
 AGENT_KEYS = {"name", "position", "last_status", "last_started_at", "last_duration", "last_exit_code",
               "runs", "consecutive_failures", "backoff_until", "skip_requested", "quarantined_until"}
-HISTORY_KEYS = {"id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason"}
+HISTORY_KEYS = {"id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason",
+                "phase"}
 STATUSES = {"running", "ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error"}
 
 

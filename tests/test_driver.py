@@ -130,8 +130,10 @@ def test_environment_and_descriptors_of_an_agent(ring):
     code, err = finish(ring.start_driver("--once", env=env))
     assert code == 0, err
     seen = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
-    assert "NOTIFY_SOCKET" not in seen and not any(k.startswith("WATCHDOG_") for k in seen)
     row = ring.runs()[0]
+    # the driver's own systemd socket never reaches an agent: it gets the run's own
+    assert seen["NOTIFY_SOCKET"] == str(ring.state / f"notify-{row['id']}.sock")
+    assert not any(k.startswith("WATCHDOG_") for k in seen)
     assert seen["RING_AGENT"] == "envy" and seen["RING_RUN_ID"] == str(row["id"])
     assert seen["RING_STATE"] == str(ring.state)
     assert float(seen["RING_RUN_BUDGET"]) == 2.0
@@ -357,7 +359,7 @@ def test_speaks_sd_notify_and_keeps_it_from_agents(ring, tmp_path):
             return "READY=1" in text and "WATCHDOG=1" in text and "STATUS=" in text
         wait_until(heard_all, timeout=15, message="READY, WATCHDOG and STATUS from the driver")
         wait_until(lambda: out.exists() and out.read_text(), timeout=10, message="agent ran")
-        assert "NOTIFY_SOCKET" not in out.read_text()
+        assert f"NOTIFY_SOCKET={path}" not in out.read_text()
         drv.send_signal(signal.SIGTERM)
         assert drv.wait(timeout=15) == 0
     finally:

@@ -88,7 +88,7 @@ def test_several_due_are_listed_in_roster_order_and_first_due_is_the_earliest():
 def test_a_daily_job_runs_exactly_once_a_day_across_both_dst_transitions(zone, spring, fall, expr):
     for day in (spring, fall):
         start = ts(zone, *day) - 2 * 86400
-        starts = simulate(Schedule(cron=expr), start, start + 5 * 86400, 300.0, lambda _: zone)
+        starts = simulate(Schedule(cron=expr), start, start + 5 * 86400, 900.0, lambda _: zone)
         per_day = Counter(local(t, zone).date() for t in starts)
         days = [(datetime(*day) + timedelta(days=d)).date() for d in range(-2, 3)]
         assert [per_day[d] for d in days] == [1, 1, 1, 1, 1], (expr, per_day)
@@ -189,3 +189,59 @@ def test_schedule_and_watchdog_keys_reach_the_config():
     assert cfg.schedule_for("c") is None
     assert (cfg.watchdog_for("a"), cfg.watchdog_for("b")) == (30, 5)
     assert parse_config({}).watchdog_for("a") is None
+
+
+# --- the turn choice with scheduled agents (ringd.policy.plan_turn) -------------------
+
+from ringd.policy import Action, TurnInputs, plan_turn   # noqa: E402
+from ringd.records import AgentState   # noqa: E402
+
+ROSTER = [("a", "a.sh"), ("tick", "tick.sh"), ("b", "b.sh"), ("nightly", "n.sh")]
+
+
+def plan(start=0, scheduled=None, ran=(), states=None, now=100.0, limit=None):
+    return plan_turn(TurnInputs(ROSTER, start, states or {}, now, limit=limit,
+                                scheduled=scheduled or {}, ran_scheduled=frozenset(ran)))
+
+
+def test_a_due_scheduled_agent_runs_before_the_ordinary_next_agent_once():
+    p = plan(start=2, scheduled={"tick": 99.0, "nightly": 500.0})
+    assert (p.index, p.scheduled, p.decision.action) == (1, True, Action.RUN)
+    p = plan(start=2, scheduled={"tick": 99.0, "nightly": 500.0}, ran={"tick"})
+    assert (p.index, p.scheduled) == (2, False)           # then the ordinary turn (b)
+
+
+def test_scheduled_agents_take_no_ordinary_turn():
+    p = plan(start=1, scheduled={"tick": 150.0, "nightly": 500.0})
+    assert (p.index, p.scheduled, p.passed) == (2, False, [1])   # tick passed over, b runs
+    p = plan(start=3, scheduled={"tick": 150.0, "nightly": 500.0})
+    assert (p.index, p.passed) == (0, [3])
+
+
+def test_several_due_run_in_roster_order():
+    due = {"tick": 99.0, "nightly": 50.0}
+    assert plan(start=2, scheduled=due).index == 1
+    assert plan(start=2, scheduled=due, ran={"tick"}).index == 3
+    assert plan(start=2, scheduled=due, ran={"tick", "nightly"}).index == 2
+
+
+def test_due_again_at_once_waits_for_the_ordinary_turn_unless_none_wants_it():
+    held = {n: AgentState(name=n, backoff_until=200.0) for n in ("a", "b")}
+    p = plan(scheduled={"tick": 99.0, "nightly": 500.0}, ran={"tick"}, states=held)
+    assert (p.index, p.scheduled) == (1, True)
+    p = plan(scheduled={"tick": 120.0, "nightly": 500.0}, ran={"tick"}, states=held)
+    assert (p.index, p.until) == (None, 120.0)           # nothing due: sleep until tick is
+
+
+def test_a_scheduled_agent_backing_off_is_not_run_when_due():
+    states = {"tick": AgentState(name="tick", backoff_until=130.0)}
+    p = plan(scheduled={"tick": 99.0}, states=states)
+    assert (p.index, p.scheduled) == (0, False)
+    only = plan_turn(TurnInputs([("tick", "t")], 0, states, 100.0, scheduled={"tick": 99.0}))
+    assert (only.index, only.until) == (None, 130.0)
+
+
+def test_once_counts_scheduled_agents_as_passed_positions():
+    p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
+                             scheduled={"tick": 300.0, "nightly": 200.0}))
+    assert (p.index, p.passed, p.until) == (None, [0, 1], 200.0)

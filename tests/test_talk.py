@@ -1,0 +1,231 @@
+"""Agents that talk back and scheduled agents, against a real driver and real
+agents: phases in status and history, the watchdog, strangers ignored, an
+``every`` agent between fast ones, catch-up after a restart, bad schedules."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+
+from conftest import wait_until
+
+NOTIFY = f"{sys.executable} -m ringd notify"
+
+
+def status_json(ring) -> dict:
+    r = ring.cli("status", "--json")
+    assert r.stdout, r.stderr
+    return json.loads(r.stdout)
+
+
+def history_json(ring) -> list:
+    r = ring.cli("history", "--json", "--limit", "100")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def current(ring) -> dict:
+    if not ring.runs():   # the journal is being created: status would say so, not what runs
+        return {}
+    return status_json(ring).get("current") or {}
+
+
+def stop(ring, drv) -> None:
+    drv.send_signal(signal.SIGTERM)
+    assert drv.wait(timeout=20) == 0
+
+
+def test_phases_show_in_status_and_history(ring):
+    go = ring.base / "go"
+    env_out = ring.base / "agent-env"
+    ring.agent("talker", f"""
+        env > {env_out}
+        {NOTIFY} --status "phase one: fetching"
+        while [ ! -e {go} ]; do sleep 0.05; done
+        {NOTIFY} --status "phase two: $(printf 'x%.0s' $(seq 300))"
+        """)
+    ring.roster(f"talker {ring.agents_dir}/talker.sh")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    drv = ring.start_driver()
+    cur = wait_until(lambda: (c := current(ring)).get("phase") == "phase one: fetching" and c,
+                     timeout=20, message="phase in status --json")
+    sock = ring.state / f"notify-{cur['run_id']}.sock"
+    st = os.stat(sock)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    env = dict(line.split("=", 1) for line in env_out.read_text().splitlines() if "=" in line)
+    assert env["NOTIFY_SOCKET"] == str(sock) and "WATCHDOG_USEC" not in env
+    wide = dict(ring.env, COLUMNS="400")   # the tables fit any width; this one shows it all
+    table = ring.cli("status", env=wide)
+    assert "phase one: fetching" in table.stdout
+    go.write_text("")
+    rows = wait_until(lambda: [r for r in history_json(ring) if r["status"] == "ok"], timeout=20,
+                      message="run done")
+    assert rows[0]["phase"] == "phase two: " + "x" * 189          # cut to 200 characters
+    assert not sock.exists()                                        # removed when the run ended
+    assert "phase two" in ring.cli("history", env=wide).stdout
+    stop(ring, drv)
+
+
+def test_watchdog_ends_a_silent_agent_in_about_n_seconds(ring):
+    out = ring.base / "wd-env"
+    ring.agent("silent", f'echo "$WATCHDOG_USEC $WATCHDOG_PID $$" > {out}\nexec sleep 60')
+    ring.write_config(ring={"watchdog": 1.0, "run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"silent {ring.agents_dir}/silent.sh")
+    drv = ring.start_driver()
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=30,
+                     message="watchdog ended the run")[0]
+    stop(ring, drv)
+    assert row["status"] == "stalled"
+    assert row["reason"].startswith("watchdog: no ping for 1 s"), row["reason"]
+    assert 0.9 <= row["duration"] <= 4.0, row["duration"]
+    usec, wd_pid, pid = out.read_text().split()
+    assert usec == "1000000" and wd_pid == pid                     # WATCHDOG_PID is the agent itself
+    agent = [a for a in status_json(ring)["agents"] if a["name"] == "silent"][0]
+    assert agent["consecutive_failures"] >= 1                      # a bad ending ("Whose fault")
+
+
+def test_watchdog_never_ends_an_agent_that_pings(ring):
+    agent = ring.agents_dir / "pinger.py"
+    agent.write_text("import sdnotify, time\n"
+                     "n = sdnotify.SystemdNotifier(debug=True)\n"
+                     "for i in range(20):\n"
+                     "    n.notify(f'WATCHDOG=1\\nSTATUS=tick {i}')\n"
+                     "    time.sleep(0.15)\n")
+    ring.write_config(agents={"pinger": {"watchdog": 1.5, "run_budget": 30, "stall_threshold": 40}})
+    ring.roster(f"pinger {sys.executable} {agent}")
+    drv = ring.start_driver()
+    beat = wait_until(lambda: current(ring).get("agent_beat_age") is not None and current(ring),
+                      timeout=20, message="agent_beat_age in status")
+    assert 0 <= beat["agent_beat_age"] < 1.5
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=30,
+                     message="run done")[0]
+    stop(ring, drv)
+    assert row["status"] == "ok", dict(row)
+    assert row["duration"] >= 2.5
+
+
+def test_a_strangers_datagrams_change_nothing(ring):
+    ring.agent("quiet", f'{NOTIFY} --status "mine"\nexec sleep 60')
+    ring.write_config(agents={"quiet": {"watchdog": 2.0}}, ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"quiet {ring.agents_dir}/quiet.sh")
+    drv = ring.start_driver()
+    cur = wait_until(lambda: (c := current(ring)).get("phase") == "mine" and c, timeout=20,
+                     message="the agent's own phase")
+    path = str(ring.state / f"notify-{cur['run_id']}.sock")
+    # this test process is not of the run: its STATUS and pings must be ignored,
+    # so the silent agent still starves its watchdog
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and not [r for r in ring.runs() if r["status"] != "running"]:
+            try:
+                s.sendto(b"STATUS=stranger\nWATCHDOG=1", path)
+            except OSError:
+                break   # the run ended and its socket is gone
+            assert current(ring).get("phase") in ("mine", None)
+            time.sleep(0.1)
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=20,
+                     message="watchdog")[0]
+    stop(ring, drv)
+    assert row["status"] == "stalled" and row["reason"].startswith("watchdog:"), dict(row)
+    assert history_json(ring)[-1]["phase"] == "mine"
+
+
+def test_an_every_agent_runs_every_2s_between_fast_agents_never_beside_one(ring):
+    for n in "abc":
+        ring.agent(n, "sleep 0.1")
+    ring.agent("tick", "sleep 0.05")
+    ring.write_config(agents={"tick": {"every": 2}})
+    a = ring.agents_dir
+    ring.roster(f"a {a}/a.sh", f"tick {a}/tick.sh", f"b {a}/b.sh", f"c {a}/c.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: len([r for r in ring.runs() if r["agent"] == "tick"]) >= 5, timeout=40,
+               message="five ticks")
+    stop(ring, drv)
+    rows = [r for r in ring.runs() if r["status"] != "interrupted"]
+    ticks = [r["started_at"] for r in rows if r["agent"] == "tick"]
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert all(1.5 <= g <= 2.5 for g in gaps), gaps
+    spans = sorted((r["started_at"], r["ended_at"]) for r in ring.runs() if r["ended_at"])
+    for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+        assert e1 <= s2, "two runs overlapped"
+    assert {r["agent"] for r in rows} == {"a", "b", "c", "tick"}
+    doc = status_json(ring)
+    due = {x["name"]: x["next_due"] for x in doc["agents"]}
+    assert due["a"] is None and due["tick"] is not None
+
+
+def test_a_slot_missed_while_down_runs_once_at_start(ring):
+    ring.agent("a", "sleep 0.2")
+    ring.agent("job", "true")
+    ring.write_config(agents={"job": {"every": 3}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"job {ring.agents_dir}/job.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: [r for r in ring.runs() if r["agent"] == "job"], timeout=20, message="first job")
+    stop(ring, drv)
+    time.sleep(7.5)                 # the ring is down for two and a half periods (deliberately idle)
+    restarted = time.time()
+    drv = ring.start_driver()
+    wait_until(lambda: len([r for r in ring.runs() if r["agent"] == "job"]) >= 3, timeout=30,
+               message="job after the restart, twice")
+    stop(ring, drv)
+    jobs = [r["started_at"] for r in ring.runs() if r["agent"] == "job"]
+    assert jobs[1] - restarted < 2.5            # caught up at once ...
+    assert jobs[2] - jobs[1] >= 2.5             # ... once, not once per missed slot
+
+
+def test_a_never_run_cron_agent_is_due_at_the_next_minute(ring):
+    ring.agent("a", "sleep 0.2")
+    ring.agent("nightly", "true")
+    ring.write_config(agents={"nightly": {"schedule": "* * * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"nightly {ring.agents_dir}/nightly.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: len(ring.runs()) >= 2, timeout=20, message="ring turning")
+    due = {x["name"]: x["next_due"] for x in status_json(ring)["agents"]}
+    stop(ring, drv)
+    from datetime import datetime
+    at = datetime.fromisoformat(due["nightly"])
+    assert at.second == 0 and at.microsecond == 0 and at.timestamp() - time.time() <= 61
+    assert not [r for r in ring.runs() if r["agent"] == "nightly" and r["started_at"] < at.timestamp()]
+
+
+def test_bad_cron_exits_78_naming_the_key(ring):
+    ring.agent("a", "true")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.write_config(agents={"a": {"schedule": "61 * * * *"}})
+    for cmd in (["check"], ["run", "--once"]):
+        r = ring.cli(*cmd)
+        assert r.returncode == 78, r.stderr
+        assert "agents.a.schedule" in r.stderr and "Traceback" not in r.stderr
+    ring.write_config(agents={"a": {"every": 0}})
+    r = ring.cli("check")
+    assert r.returncode == 78 and "agents.a.every" in r.stderr
+
+
+def test_with_a_watchdog_a_missing_program_is_still_an_error(ring):
+    ring.write_config(ring={"watchdog": 1.0})
+    ring.roster("ghost ./no/such/program")
+    code = ring.start_driver("--once").wait(timeout=30)
+    assert code == 0
+    row = ring.runs()[0]
+    assert row["status"] == "error" and "No such file" in row["reason"], dict(row)
+
+
+def test_a_journal_from_before_phases_gets_the_column(ring):
+    import sqlite3
+    from ringd.schema_sqlite import SCHEMA
+    old = SCHEMA.replace("    phase        TEXT,              -- the agent's last STATUS= (see ringd.notify)\n", "")
+    assert "phase" not in old
+    con = sqlite3.connect(ring.journal_path)
+    con.executescript(old + "INSERT INTO runs(agent, position, status, started_at, ended_at, duration)"
+                            " VALUES ('a', 0, 'ok', 1.0, 2.0, 1.0);")
+    con.close()
+    os.chmod(ring.journal_path, 0o600)
+    ring.agent("a", f'{NOTIFY} --status "after the upgrade"')
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    runs = history_json(ring)
+    assert [r["phase"] for r in runs] == ["after the upgrade", None]
