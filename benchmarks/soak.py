@@ -460,8 +460,8 @@ class Soak:
         if not run_id:
             return None
         r = self.cli("skip")
-        if r.returncode == 1 and "nothing is running" in r.stderr:
-            return None
+        if r.returncode == 1 and ("nothing is running" in r.stderr or "had already ended" in r.stderr):
+            return None   # nothing to skip by the time it landed: SPEC, skip by run id
         if r.returncode != 0 or "Traceback" in r.stderr:
             self.notes.append(f"skip: exit {r.returncode}: {r.stderr.strip()[:200]}")
             return False
