@@ -184,12 +184,11 @@ sqlite3.connect = connect
 from ringd.driver import run_driver
 from pathlib import Path
 code = run_driver(Path(sys.argv[1]), Path(sys.argv[2]), once=True, logger=lambda m: None)
-top = [s.strip() for s in log if not s.lstrip().startswith("--")]   # trigger bodies are the schema's
+# the trace repeats a statement once per trigger it fires: count each once
+top = [q.strip() for i, q in enumerate(log) if not q.lstrip().startswith("--") and (i == 0 or q != log[i - 1])]
 first = next(i for i, q in enumerate(top) if q.upper().startswith("INSERT INTO RUNS"))
 last = max(i for i, q in enumerate(top) if q.upper().startswith("UPDATE RUNS SET STATUS"))
 lap = top[first:last + 1]
-# the hop's own statements: the lap minus the once-a-second metrics refresh
-# (its reads are not on the hop path) and the next turn's choice, counted once
 print(json.dumps({"code": code, "lap": lap}))
 """
 

@@ -33,7 +33,6 @@ from .reaper import reap
 from .roster import RosterSource, next_index
 
 LOCK_FILE = "ringd.lock"
-METRICS_MIN_INTERVAL = 1.0   # s between metrics rewrites at hop ends
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
 JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
 
@@ -293,12 +292,9 @@ class Driver:
         self.alert_closed(closed)
 
     def after_run(self, result: HopResult) -> None:
-        # Metrics at most once a second at hop ends: a ring of sub-second agents
-        # would otherwise spend its time rewriting the file. Beats settle them.
-        if self.env.monotonic() - self._metrics_at >= METRICS_MIN_INTERVAL:
-            self.write_metrics()
-        else:
-            self._metrics_dirty = True
+        # Metrics are rewritten at the next heartbeat (and at the stop), never on
+        # the hop path: a ring of sub-second agents would spend its time on them.
+        self._metrics_dirty = True
         if result.closed is not None:
             self.alert_closed(result.closed)
         self.spin = spin_after_run(self.spin, result.status, result.duration, self.config.ring.fast_fail)
@@ -417,7 +413,7 @@ class Driver:
         now = env.wall()
         started = None
         with self.journal.transaction() as tx:   # the choice and the start commit together
-            plan = plan_turn(TurnInputs(roster, start, tx.agents(), now, limit=limit,
+            plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
                                         paused=frozenset(paused), requested=requested,
                                         scheduled=self.schedules(tx, now),
                                         ran_scheduled=frozenset(self.ran_scheduled)))

@@ -136,7 +136,7 @@ class TurnInputs:
     """Everything the turn choice looks at."""
     roster: Sequence[Tuple[str, str]]        # (name, line) in ring order
     start: int                               # index of the agent whose turn it is
-    states: Mapping[str, AgentState]
+    states: Mapping[str, AgentState]         # every roster agent's (a lazy mapping in the driver)
     now: float
     limit: Optional[int] = None              # consider at most this many agents (``--once``)
     paused: FrozenSet[str] = frozenset()     # agents an operator paused (``ringd pause NAME``): passed over

@@ -35,7 +35,8 @@ class RunRow:
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":
-        return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row.keys()})
+        keys = set(row.keys())
+        return cls(**{n: row[n] for n in _RUN_FIELDS if n in keys})
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class AgentState:
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "AgentState":
         keys = set(row.keys())
-        data = {f.name: row[f.name] for f in fields(cls) if f.name in keys}
+        data = {n: row[n] for n in _AGENT_FIELDS if n in keys}
         for counter in ("runs", "consecutive_failures", "consecutive_deferrals", "bad_streak"):
             data[counter] = int(data.get(counter) or 0)
         data["skip_requested"] = bool(data.get("skip_requested"))
@@ -74,3 +75,7 @@ class AgentState:
 
     def with_(self, **changes: Any) -> "AgentState":
         return replace(self, **changes)
+
+
+_RUN_FIELDS = tuple(f.name for f in fields(RunRow))
+_AGENT_FIELDS = tuple(f.name for f in fields(AgentState))

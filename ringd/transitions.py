@@ -7,13 +7,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Iterator, Mapping, Optional
 
 from .config import RingSettings
-from .journal import Journal, JournalError, RunRow, Tx
+from .journal import AgentState, Journal, JournalError, RunRow, Tx
 from .policy import Settled, after_run, lifted
 
 SKIP_RUN_KEY = "skip_run"   # meta: the id of the run an operator asked to end now
+
+
+class AgentStates(Mapping):
+    """Agents' states read on demand inside a transaction: the turn choice looks
+    at one agent per turn as a rule, never at the whole roster."""
+
+    def __init__(self, tx: Tx):
+        self._tx = tx
+
+    def __getitem__(self, name: str) -> AgentState:
+        return self._tx.agent(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tx.agents())
+
+    def __len__(self) -> int:
+        return len(self._tx.agents())
 
 
 @dataclass(frozen=True)
