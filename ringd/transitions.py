@@ -115,7 +115,7 @@ def request_skip(journal: Journal, agent: Optional[str], run_id: Optional[int], 
             agent = running.agent
         if running is not None and running.agent == agent:
             tx.set_meta(SKIP_RUN_KEY, str(running.id))
-            tx.event(running.id, "skip-requested", "operator", f"agent={agent} run={running.id}", now)
+            tx.event(running.id, "skip-requested", "operator", f"agent={agent}", now)
             return SkipRequest(agent, running.id)
         tx.put_agent(tx.agent(agent).with_(skip_requested=True))
         tx.event(None, "skip-requested", "operator", f"agent={agent}", now)
