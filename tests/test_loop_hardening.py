@@ -36,6 +36,7 @@ def can_unshare():
 def test_a_driver_that_is_pid_1_reaps_the_run_of_the_pid_1_before_it(ring):
     """Containers reuse pids: the dead driver was pid 1 and so is its successor.
     Holding the lock proves the old one dead; its run is reaped, the ring goes on."""
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})   # no budget ends a run here
     ring.agent("long", "sleep 60")
     ring.agent("quick", "exit 0")
     ring.roster(f"long {ring.agents_dir}/long.sh", f"quick {ring.agents_dir}/quick.sh")
@@ -64,6 +65,7 @@ def test_a_driver_that_is_pid_1_reaps_the_run_of_the_pid_1_before_it(ring):
 
 
 def test_a_deleted_lock_file_is_taken_again_and_a_second_driver_never_reaps_a_live_run(ring):
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})   # no budget ends the run here
     ring.agent("long", "sleep 60")
     ring.roster(f"long {ring.agents_dir}/long.sh")
     a = ring.start_driver()
@@ -87,7 +89,7 @@ def test_a_deleted_lock_file_is_taken_again_and_a_second_driver_never_reaps_a_li
 
 def test_clean_stops_during_a_run_count_nothing_against_the_agent(ring):
     """Three stops (SIGINT or SIGTERM) during runs of one agent: no failures, no quarantine."""
-    ring.write_config(ring={"quarantine_after": 3})
+    ring.write_config(ring={"quarantine_after": 3, "run_budget": 60, "stall_threshold": 90})
     ring.agent("long", "sleep 60")
     ring.roster(f"long {ring.agents_dir}/long.sh")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
@@ -104,6 +106,7 @@ def test_clean_stops_during_a_run_count_nothing_against_the_agent(ring):
 
 
 def test_force_fail_counts_against_the_agent(ring):
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
     ring.agent("long", "sleep 60")
     ring.roster(f"long {ring.agents_dir}/long.sh")
     ring.start_driver()
@@ -114,6 +117,7 @@ def test_force_fail_counts_against_the_agent(ring):
 
 
 def test_a_skip_stays_skipped_when_the_driver_stops_during_its_grace(ring):
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
     ring.agent("stubborn", "trap '' TERM\nsleep 60 &\nwait")   # ignores SIGTERM: the grace runs out
     ring.roster(f"stubborn {ring.agents_dir}/stubborn.sh")
     d = ring.start_driver()
