@@ -485,13 +485,13 @@ class Soak:
         # by the run it targeted (no skipped row; its next turn runs). Survived
         # if it did not linger. A run that *started* after the request must have
         # been skipped instead - that case fails here.
-        ev = self.rows("SELECT at FROM events WHERE kind = 'skip-requested' AND detail = ? "
+        # The request names the run it targeted (the event's run_id): the run
+        # running when the request was written, whenever the CLI read its clock.
+        ev = self.rows("SELECT run_id FROM events WHERE kind = 'skip-requested' AND detail = ? "
                        "ORDER BY id DESC LIMIT 1", f"agent={name}")
         state = self.rows("SELECT skip_requested FROM agents WHERE name = ?", name)
-        if ev and state and not state[0]["skip_requested"]:
-            at = ev[0]["at"]
-            hit = self.rows("SELECT id, status FROM runs WHERE agent = ? AND started_at <= ? AND ended_at >= ?",
-                            name, at, at)
+        if ev and ev[0]["run_id"] is not None and state and not state[0]["skip_requested"]:
+            hit = self.rows("SELECT id, status FROM runs WHERE id = ? AND status != 'running'", ev[0]["run_id"])
             if hit:
                 self.skips_used_by_ending_run += 1
                 self.notes.append(f"skip {name}: landed on run {hit[0]['id']}, which ended by itself "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from . import logline, proctree, safefile
+from . import cgroup, logline, proctree, safefile
 from .heartbeat import Heartbeat, Notifier
 from .procid import start_ticks
 from .wakeup import Wakeups
@@ -36,6 +36,8 @@ class Child:
     pid: int
     pidfd: Optional[int]
     popen: Optional[subprocess.Popen] = None
+    cgroup: Optional[cgroup.RunCgroup] = None   # its run's cgroup, when the driver can make one
+    cpu_seconds: Optional[float] = None          # that cgroup's CPU time, read as the run ends
     start_time: Optional[int] = None     # boot-relative start ticks (procid), read when first needed
 
     def close(self) -> None:
@@ -64,6 +66,11 @@ class RealEnv:
         self.started_at = self.heartbeat.started_at
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
+        # SPEC "Process containment": a cgroup per run where we can make one
+        # (proven once here), else the subreaper rule alone - said once.
+        self.containment = cgroup.detect(state_dir)
+        if self.containment.kind != "cgroup":
+            logger(f"containment: subreaper rule only, no per-run cgroup ({self.containment.reason})")
 
     # --- clocks and the wait ---------------------------------------------------------
     monotonic = staticmethod(time.monotonic)
@@ -89,15 +96,31 @@ class RealEnv:
 
     # --- the agent ---------------------------------------------------------------------
     def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-              umask: int, pid_var: Optional[str] = None) -> Child:
-        """Start ``argv`` in its own session. Raises OSError if it cannot be started.
+              umask: int, pid_var: Optional[str] = None, run_id: Optional[int] = None) -> Child:
+        """Start ``argv`` in its own session (and run ``run_id``'s cgroup, which
+        the child joins before exec). Raises OSError if it cannot be started.
         ``pid_var``: also give the child that variable set to its own pid
         (``WATCHDOG_PID``, as systemd does)."""
         if pid_var:
             argv = _exec_with_pid(argv, cwd, env, pid_var)
-        popen = subprocess.Popen(
-            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
+        cg = self.containment.create(run_id) if run_id is not None else None
+        procs_fd = None
+        try:
+            if cg is not None:
+                procs_fd = cg.procs_fd()
+            popen = subprocess.Popen(
+                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask,
+                preexec_fn=proctree.cgroup_joiner(procs_fd) if procs_fd is not None else None)
+        except (OSError, subprocess.SubprocessError) as e:
+            if cg is not None:
+                self.containment.finish(cg)
+            if isinstance(e, subprocess.SubprocessError):   # the join failed: nothing was exec'd
+                raise OSError(errno.EPERM, f"cannot join the run's cgroup ({e})") from None
+            raise
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
         popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
         pidfd = None
         if hasattr(os, "pidfd_open"):
@@ -105,7 +128,7 @@ class RealEnv:
                 pidfd = os.pidfd_open(popen.pid)
             except OSError:
                 pidfd = None
-        return Child(pid=popen.pid, pidfd=pidfd, popen=popen)
+        return Child(pid=popen.pid, pidfd=pidfd, popen=popen, cgroup=cg)
 
     def start_time(self, child: Child) -> Optional[int]:
         if child.start_time is None:
@@ -141,8 +164,13 @@ class RealEnv:
         proctree.wait_exit(child.pidfd, timeout=2.0)
         return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid])
 
-    @staticmethod
-    def reap(child: Child) -> None:
+    def reap(self, child: Child) -> None:
+        """The run's end: empty and remove its cgroup (reading its CPU time) while
+        the leader still holds its pid, then collect the leader."""
+        if child.cgroup is not None:
+            child.cpu_seconds = self.containment.finish(
+                child.cgroup, reap=lambda: proctree.reap_zombie_children(keep=[child.pid]))
+            child.cgroup = None
         try:
             os.waitpid(child.pid, 0)
         except ChildProcessError:
@@ -156,7 +184,9 @@ class RealEnv:
 
     # --- files -------------------------------------------------------------------------
     def beat(self, **fields) -> None:
-        self.heartbeat.beat(**fields)
+        extra = dict(fields.pop("extra", None) or {})
+        extra["containment"] = self.containment.kind   # driver.containment in status
+        self.heartbeat.beat(extra=extra, **fields)
 
     def notify(self, message: str) -> None:
         self.notifier.notify(message)

@@ -77,6 +77,7 @@ class Hop:
         self.limits = host.config.limits_for(agent.name)
         self.log_path: Optional[str] = None
         self.pid: Optional[int] = None
+        self.child = None   # the agent process once started (its cgroup's CPU time is read at its end)
         self.pid_start: Optional[float] = None
         self.watchdog = host.config.watchdog_for(agent.name)
         self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
@@ -101,13 +102,14 @@ class Hop:
                 child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
                                   cwd=host.config.cwd_for(name) or str(host.roster_dir), env=run_env,
                                   stdout_fd=log_fd, umask=host.agent_umask,
-                                  pid_var="WATCHDOG_PID" if self.watchdog else None)
+                                  pid_var="WATCHDOG_PID" if self.watchdog else None, run_id=self.run_id)
             except OSError as e:
                 env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
                 return self._close_error(f"cannot start: {env.errno_reason(e)}")
             finally:
                 env.close_fd(log_fd)
             self.pid = child.pid
+            self.child = child
             if self.notify is not None:
                 self.notify.set_agent(child.pid)
             self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s"
@@ -287,6 +289,7 @@ class Hop:
             host.journal, self.run_id, self.agent.name, self.position, c.status, source=c.source, now=now,
             ring=host.config.ring, line=self.agent.text, exit_code=c.exit_code, signal=c.signal,
             reason=c.reason, log_path=self.log_path, pid=self.pid, pid_start=self.pid_start,
+            cpu_seconds=getattr(self.child, "cpu_seconds", None),
             phase=self.notes.phase if self.notes is not None else None))
         duration = max(0.0, now - self.started_at)
         detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")

@@ -175,7 +175,7 @@ class Tx:
                   exit_code: Optional[int] = None, signal: Optional[int] = None,
                   reason: Optional[str] = None, log_path: Optional[str] = None,
                   pid: Optional[int] = None, pid_start: Optional[float] = None,
-                  phase: Optional[str] = None) -> bool:
+                  phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> bool:
         """Close a ``running`` row. Guarded: a row someone else closed meanwhile (an
         operator, the reaper) is never clobbered; then nothing happens and False
         is returned. The end is never before the start."""
@@ -185,9 +185,10 @@ class Tx:
             " ended_at = CASE WHEN ? > started_at THEN ? ELSE started_at END,"
             " duration = CASE WHEN ? > started_at THEN ? - started_at ELSE 0 END,"
             " exit_code = ?, signal = ?, reason = ?, log_path = COALESCE(?, log_path),"
-            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start), phase = COALESCE(?, phase)"
-            " WHERE id = ? AND status = 'running'",
-            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, phase, run_id))
+            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start), phase = COALESCE(?, phase),"
+            " cpu_seconds = ? WHERE id = ? AND status = 'running'",
+            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, phase,
+             cpu_seconds, run_id))
         if cur.rowcount != 1:
             return False
         detail = f"from=running to={status}"

@@ -76,7 +76,7 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     ``cgroup_procs_fd``: a run cgroup's ``cgroup.procs`` (cgroup.RunCgroup.procs_fd):
     the child joins it between fork and exec, before it can fork anything.
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    preexec = _joiner(cgroup_procs_fd) if cgroup_procs_fd is not None else None
+    preexec = cgroup_joiner(cgroup_procs_fd) if cgroup_procs_fd is not None else None
     try:
         with earlysig.held() if signals_held else contextlib.nullcontext():
             popen = subprocess.Popen(
@@ -94,7 +94,7 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     return Child(pid=popen.pid, start_time=procid.start_ticks(popen.pid), pidfd=pidfd, popen=popen)
 
 
-def _joiner(procs_fd: int) -> Callable[[], None]:
+def cgroup_joiner(procs_fd: int) -> Callable[[], None]:
     def join() -> None:   # in the child, before exec: one write ("0" = me), nothing else
         os.write(procs_fd, b"0")
     return join

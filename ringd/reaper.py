@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from . import proctree
+from . import cgroup, proctree
 from .config import Config
 from .procid import same_process
 from .journal import Journal, RunRow
@@ -34,7 +34,8 @@ def kill_orphan(state_dir: Path, row: RunRow) -> int:
     pgid = row.pid if leader_ours else None  # a dead leader's pid may be recycled
     if leader_ours:
         proctree.signal_process(row.pid, row.pid_start, 9)
-    return proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
+    killed = cgroup.kill_recorded(state_dir, row.id)   # the run's cgroup, escapees included
+    return killed + proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
 
 
 def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,

@@ -32,6 +32,7 @@ class RunRow:
     driver_pid: Optional[int]
     driver_start: Optional[float]
     phase: Optional[str] = None     # the agent's last STATUS= (ringd.notify)
+    cpu_seconds: Optional[float] = None   # the run cgroup's CPU time (ringd.cgroup); None when unknown
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":

@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS runs (
     driver_pid   INTEGER,
     driver_start DOUBLE PRECISION,
     phase        TEXT,
+    cpu_seconds  DOUBLE PRECISION,
     CHECK (
         (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
                             AND signal IS NULL AND duration IS NULL)
@@ -124,6 +125,7 @@ CREATE OR REPLACE TRIGGER runs_terminal_is_final BEFORE UPDATE OF status ON runs
     EXECUTE FUNCTION ring_terminal_is_final();
 
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS phase TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS cpu_seconds DOUBLE PRECISION;
 
 INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -6,7 +6,7 @@ triggers. ``schema_pg`` is the same schema for PostgreSQL.
 """
 from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
 
-SCHEMA_VERSION = 2   # 2: runs.phase
+SCHEMA_VERSION = 3   # 2: runs.phase; 3: runs.cpu_seconds
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
 _SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)
@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS runs (
     driver_pid   INTEGER,
     driver_start REAL,
     phase        TEXT,              -- the agent's last STATUS= (see ringd.notify)
+    cpu_seconds  REAL,              -- CPU time of the run's cgroup (ringd.cgroup); NULL when unknown
     CHECK (
         (status = 'running' AND ended_at IS NULL AND exit_code IS NULL
                             AND signal IS NULL AND duration IS NULL)
@@ -104,4 +105,4 @@ END;
 """
 
 # Columns added after a journal may have been created: (table, column, type).
-ADDED_COLUMNS = (("runs", "phase", "TEXT"),)
+ADDED_COLUMNS = (("runs", "phase", "TEXT"), ("runs", "cpu_seconds", "REAL"))

@@ -225,6 +225,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
         "lap": journal_lap if journal_lap is not None else (hb.get("lap") if hb else None),
         "paused": bool(ring_paused),
+        "containment": hb.get("containment") if hb else None,   # "cgroup" | "subreaper"
         # additions to the SPEC shape
         "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
         "last_pid": hb.get("pid") if hb else None,
@@ -481,7 +482,7 @@ def run_dict(row: RunRow) -> Dict[str, Any]:
         "id": row.id, "agent": row.agent, "status": row.status,
         "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
         "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
-        "reason": row.reason, "phase": row.phase,
+        "reason": row.reason, "phase": row.phase, "cpu_seconds": row.cpu_seconds,
     }
 
 

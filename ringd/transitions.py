@@ -47,14 +47,14 @@ def close_run(journal: Journal, run_id: int, agent: str, position: Optional[int]
               exit_code: Optional[int] = None, signal: Optional[int] = None,
               reason: Optional[str] = None, log_path: Optional[str] = None,
               pid: Optional[int] = None, pid_start: Optional[float] = None,
-              phase: Optional[str] = None) -> Optional[Closed]:
+              phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> Optional[Closed]:
     """Close a ``running`` row and store its agent's new state, atomically. An agent
     entering quarantine gets its one ``skipped`` row saying so. None when the row
     was no longer running (an operator or the reaper closed it first)."""
     with journal.transaction() as tx:
         if not tx.close_run(run_id, status, source=source, now=now, exit_code=exit_code,
                             signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
-                            phase=phase):
+                            phase=phase, cpu_seconds=cpu_seconds):
             return None
         settled = after_run(tx.agent(agent), status, source, now, ring, line)
         tx.put_agent(settled.state)

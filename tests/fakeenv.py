@@ -91,7 +91,7 @@ class FakeEnv:
         return self._due_signals()
 
     # agents
-    def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None):
+    def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None, run_id=None):
         name = env["RING_AGENT"]
         b = self.behaviours.get(name, self.default)
         if b.cannot_start:

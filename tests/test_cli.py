@@ -311,8 +311,10 @@ def test_skip_current_run_lands_within_a_second(ring):
 
 
 def test_skip_other_agent_unknown_and_nothing_running(ring):
-    # a runs long enough that `ringd skip b` lands while it runs, even on a loaded box
-    ring.agent("a", "exec sleep 2.5")
+    # a holds its turn while the test's gate file exists, so `ringd skip b` lands
+    # while it runs however slow the box is (bounded by its budget)
+    hold = ring.base / "hold-a"
+    ring.agent("a", f"while [ -e {hold} ]; do sleep 0.02; done")
     ring.write_config(ring={"run_budget": 10, "stall_threshold": 15})
     ring.agent("b", "echo b ran")
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
@@ -338,8 +340,11 @@ def test_skip_other_agent_unknown_and_nothing_running(ring):
                message="b ran on the next lap")
 
     # Another agent while one runs: its next turn is skipped, the current run goes on.
-    cur = wait_until(lambda: running_of(ring, "a"), message="a running")
+    hold.touch()
+    since = max(r["id"] for r in ring.runs())   # a run of a started after this saw the gate
+    cur = wait_until(lambda: (r := running_of(ring, "a")) and r["id"] > since and r, message="a holding")
     res = ring.cli("skip", "b")
+    hold.unlink()
     assert res.returncode == 0 and "next turn will be skipped" in res.stdout
     wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'b' AND id > ? AND status != 'running'",
                                  cur["id"]), message="b's next turn")

@@ -1,0 +1,67 @@
+"""Per-run cgroups wired into the driver (SPEC "Process containment"): a run's
+escapees die with it, its CPU time is kept, status says which containment is
+in force, and a reaper kills a dead driver's run cgroup - escapees that cleared
+their environment included."""
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import wait_until
+from ringd import cgroup
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-run cgroups need root here")
+
+
+def _cgroup_capable(tmp_path) -> bool:
+    return cgroup.detect(tmp_path).kind == "cgroup"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_runs_get_a_cgroup_cpu_time_and_status_says_so(ring, tmp_path):
+    if not _cgroup_capable(tmp_path):
+        pytest.skip("no writable cgroup2 here")
+    ring.agent("burn", """
+        python3 -c 'import time; t = time.process_time()
+while time.process_time() - t < 0.3: pass'
+    """)
+    ring.roster(f"burn {ring.agents_dir}/burn.sh")
+    ring.start_driver()
+    row = wait_until(lambda: [r for r in ring.rows("SELECT * FROM runs WHERE status = 'ok'")], timeout=30,
+                     message="a finished run")[0]
+    assert row["cpu_seconds"] is not None and row["cpu_seconds"] >= 0.25, dict(row)
+    hist = json.loads(ring.cli("history", "--json").stdout)
+    assert any(h["cpu_seconds"] and h["cpu_seconds"] >= 0.25 for h in hist)
+    doc = json.loads(ring.cli("status", "--json").stdout)
+    assert doc["driver"]["containment"] == "cgroup"
+
+
+def test_a_dead_drivers_escapee_without_its_environment_is_reaped_via_its_cgroup(ring, tmp_path):
+    if not _cgroup_capable(tmp_path):
+        pytest.skip("no writable cgroup2 here")
+    pidfile = ring.base / "escapee.pid"
+    ring.agent("esc", f"""
+        setsid env -i /bin/sh -c 'echo $$ > {pidfile}; exec sleep 300' &
+        exec sleep 300
+    """)
+    ring.roster(f"esc {ring.agents_dir}/esc.sh")
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
+    driver = ring.start_driver()
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=20, message="escapee started")
+    escapee = int(pidfile.read_text())
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=10)
+    assert _alive(escapee)   # a SIGKILLed driver ends nothing by itself
+    # A reader reaps the dead driver's run: the escapee (no RING_* left in its
+    # environment, re-parented to init) dies with the run's cgroup.
+    ring.cli("status", "--json")
+    wait_until(lambda: not _alive(escapee), timeout=10, message="escapee killed by the reaper")
+    assert ring.rows("SELECT status FROM runs")[0]["status"] == "interrupted"
