@@ -23,7 +23,7 @@ ROSTER_KEYS = {"path", "agents", "error"}
 AGENT_KEYS = {"name", "position", "last_status", "last_started_at", "last_duration", "last_exit_code",
               "runs", "consecutive_failures", "backoff_until", "skip_requested", "quarantined_until"}
 HISTORY_KEYS = {"id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason",
-                "phase"}
+                "phase", "cpu_seconds"}
 STATUSES = {"running", "ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error"}
 
 
