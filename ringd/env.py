@@ -108,27 +108,18 @@ class RealEnv:
         try:
             if cg is not None:
                 procs_fd = cg.procs_fd()
-            popen = subprocess.Popen(
-                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask,
-                preexec_fn=proctree.cgroup_joiner(procs_fd) if procs_fd is not None else None)
-        except (OSError, subprocess.SubprocessError) as e:
+            started = proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask,
+                                     cgroup_procs_fd=procs_fd)
+        except OSError:
             if cg is not None:
                 self.containment.finish(cg)
-            if isinstance(e, subprocess.SubprocessError):   # the join failed: nothing was exec'd
-                raise OSError(errno.EPERM, f"cannot join the run's cgroup ({e})") from None
             raise
         finally:
             if procs_fd is not None:
                 os.close(procs_fd)
-        popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
-        pidfd = None
-        if hasattr(os, "pidfd_open"):
-            try:
-                pidfd = os.pidfd_open(popen.pid)
-            except OSError:
-                pidfd = None
-        return Child(pid=popen.pid, pidfd=pidfd, popen=popen, cgroup=cg)
+        started.popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
+        return Child(pid=started.pid, pidfd=started.pidfd, popen=started.popen, cgroup=cg,
+                     start_time=started.start_time)
 
     def start_time(self, child: Child) -> Optional[int]:
         if child.start_time is None:
