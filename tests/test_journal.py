@@ -26,34 +26,8 @@ def test_file_is_private_and_wal(tmp_path, journal):
     assert raw(tmp_path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-@pytest.mark.parametrize("sql", [
-    # unknown status
-    "INSERT INTO runs(agent, status, started_at) VALUES ('a', 'bogus', 1)",
-    # NULL status
-    "INSERT INTO runs(agent, status, started_at) VALUES ('a', NULL, 1)",
-    # running with an end time / exit code / duration
-    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'running', 1, 2)",
-    "INSERT INTO runs(agent, status, started_at, exit_code) VALUES ('a', 'running', 1, 0)",
-    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'running', 1, 0)",
-    # terminal without end time or duration, or with a negative duration
-    "INSERT INTO runs(agent, status, started_at, duration) VALUES ('a', 'ok', 1, 1)",
-    "INSERT INTO runs(agent, status, started_at, ended_at) VALUES ('a', 'ok', 1, 2)",
-    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 1, 2, -1)",
-    "INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('a', 'ok', 5, 2, 0)",
-    # an event with an unknown source
-    "INSERT INTO events(at, kind, source) VALUES (1, 'x', 'cron')",
-])
-def test_incoherent_rows_are_refused(tmp_path, journal, sql):
-    con = raw(tmp_path)
-    with pytest.raises(sqlite3.IntegrityError):
-        con.execute(sql)
-
-
-def test_at_most_one_running_row(tmp_path, journal):
-    con = raw(tmp_path)
-    con.execute("INSERT INTO runs(agent, status, started_at) VALUES ('a', 'running', 1)")
-    with pytest.raises(sqlite3.IntegrityError):
-        con.execute("INSERT INTO runs(agent, status, started_at) VALUES ('b', 'running', 2)")
+# The schema's refusals (CHECKs, one running row) are tested on both backends
+# in tests/test_journal_backends.py.
 
 
 def start(journal, agent="a"):
