@@ -313,8 +313,13 @@ def test_skip_current_run_lands_within_a_second(ring):
 def test_skip_other_agent_unknown_and_nothing_running(ring):
     # a holds its turn while the test's gate file exists, so `ringd skip b` lands
     # while it runs however slow the box is (bounded by its budget)
-    hold = ring.base / "hold-a"
-    ring.agent("a", f"while [ -e {hold} ]; do sleep 0.02; done")
+    hold, held = ring.base / "hold-a", ring.base / "held-a"
+    ring.agent("a", f"""
+        if [ -e {hold} ]; then
+            echo "$RING_RUN_ID" > {held}.tmp && mv {held}.tmp {held}
+            while [ -e {hold} ]; do sleep 0.02; done
+        fi
+    """)
     ring.write_config(ring={"run_budget": 10, "stall_threshold": 15})
     ring.agent("b", "echo b ran")
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
@@ -341,8 +346,10 @@ def test_skip_other_agent_unknown_and_nothing_running(ring):
 
     # Another agent while one runs: its next turn is skipped, the current run goes on.
     hold.touch()
-    since = max(r["id"] for r in ring.runs())   # a run of a started after this saw the gate
-    cur = wait_until(lambda: (r := running_of(ring, "a")) and r["id"] > since and r, message="a holding")
+    # the run that saw the gate says so itself: no race with a run that started just before
+    held_id = int(wait_until(lambda: held.exists() and held.read_text().strip(), message="a holding"))
+    cur = ring.rows("SELECT * FROM runs WHERE id = ?", held_id)[0]
+    assert cur["status"] == "running"
     res = ring.cli("skip", "b")
     hold.unlink()
     assert res.returncode == 0 and "next turn will be skipped" in res.stdout
