@@ -11,10 +11,13 @@ no controllers, and ``cpu.stat`` exists in every cgroup. :func:`detect` proves
 the whole mechanism once (create, move a forked process in, remove); where it
 fails the driver falls back to the subreaper rule (proctree) and says why once.
 
-The agent joins its cgroup before it can fork: the spawned child writes itself
-into ``cgroup.procs`` between fork and exec (proctree.spawn). A record
-``<state>/run.cgroup`` names the current run's cgroup, so a reaper that finds a
-dead driver's run kills that run's cgroup too (:func:`kill_recorded`).
+The agent is born in its cgroup: the driver steps into the run's cgroup for
+the fork and back out right after (:meth:`Containment.spawn_into`), so the
+agent is inside before it runs a single instruction, and the spawn stays a
+vfork with no Python code between fork and exec. A record
+``<state>/run.cgroup`` names where this ring's run cgroups live (written once
+per driver, at its first run, not per run), so a reaper that finds a dead
+driver's run kills that run's cgroup too (:func:`kill_recorded`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, TypeVar
+
+T = TypeVar("T")
 
 RECORD = "run.cgroup"
 KILL_WAIT = 5.0        # s: bound on waiting for a killed cgroup to empty
@@ -39,10 +44,9 @@ class RunCgroup:
     def __init__(self, path: Path):
         self.path = path
 
-    def procs_fd(self) -> int:
-        """A descriptor of ``cgroup.procs``, opened before the fork: the child
-        only writes "0" (itself) to it before exec (see proctree.spawn)."""
-        return os.open(self.path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+    def join(self) -> None:
+        """Move the calling process (all its threads) into this cgroup."""
+        _write_pid0(self.path / "cgroup.procs")
 
     def pids(self) -> List[int]:
         try:
@@ -128,6 +132,8 @@ class Containment:
         self.parent = parent
         self.reason = reason       # why not cgroup, for the one log line
         self.prefix = ring_prefix(state_dir)
+        self.recorded = False      # the record a reaper reads is written (once per driver)
+        self.stranded: Optional[str] = None   # why we could not step back out of a run cgroup
 
     @property
     def kind(self) -> str:
@@ -141,7 +147,9 @@ class Containment:
             return None
         cg = RunCgroup(self.parent / f"{self.prefix}-run-{run_id}")
         try:
-            _write_record(self.state_dir, run_id, cg.path)
+            if not self.recorded:
+                _write_record(self.state_dir, self.parent)
+                self.recorded = True
             os.mkdir(cg.path)
         except FileExistsError:
             pass   # a dead driver's cgroup of the same run id: reused, it is ours
@@ -149,13 +157,30 @@ class Containment:
             return None
         return cg
 
+    def spawn_into(self, cg: RunCgroup, spawn: Callable[[], T]) -> "tuple[T, Optional[RunCgroup]]":
+        """Call ``spawn`` (one fork/exec) from inside ``cg``: a child is born in
+        its parent's cgroup. Then step back home, to our own cgroup. Returns
+        (what ``spawn`` returned, the cgroup the child is contained by). Should
+        we fail to get back out, that cgroup is never killed (it holds us): the
+        child is left to the subreaper rule, and so is every later run
+        (``stranded`` says why). Raises OSError if we cannot step in."""
+        cg.join()
+        try:
+            result = spawn()
+        finally:
+            try:
+                _write_pid0(self.parent / "cgroup.procs")
+            except OSError as e:
+                self.stranded = f"cannot leave {cg.path}: {e.strerror or e}"
+                self.parent, self.reason = None, self.stranded
+        return result, (None if self.stranded else cg)
+
     def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None) -> Optional[float]:
         """End of a run: kill everything in its cgroup, read its CPU time,
-        remove it and the record. Returns cpu_seconds (None if unknown)."""
+        remove it. Returns cpu_seconds (None if unknown)."""
         cg.kill(reap=reap)
         cpu = cg.cpu_seconds()
-        if cg.remove():
-            _drop_record(self.state_dir)
+        cg.remove()
         return cpu
 
 
@@ -166,7 +191,7 @@ def ring_prefix(state_dir: Path) -> str:
 
 def detect(state_dir: Path) -> Containment:
     """Find a cgroup2 hierarchy where we may create run cgroups and prove it
-    works (create, move a forked child in, remove). Never raises."""
+    works (create, step in and back out, remove). Never raises."""
     try:
         parent = _own_cgroup_dir()
         if parent is None:
@@ -181,7 +206,8 @@ def detect(state_dir: Path) -> Containment:
         try:
             if not (probe.path / "cgroup.kill").exists() and not (probe.path / "cgroup.freeze").exists():
                 return Containment(state_dir, None, "the kernel has neither cgroup.kill nor cgroup.freeze")
-            _probe_join(probe)
+            probe.join()   # the way every spawn will: step in, then back home
+            _write_pid0(parent / "cgroup.procs")
         finally:
             probe.kill()
             probe.remove()
@@ -190,21 +216,12 @@ def detect(state_dir: Path) -> Containment:
         return Containment(state_dir, None, f"cannot use cgroup v2: {e.strerror or e}")
 
 
-def _probe_join(probe: RunCgroup) -> None:
-    fd = probe.procs_fd()
+def _write_pid0(procs: Path) -> None:
+    fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        pid = os.fork()
-        if pid == 0:   # the child: join the cgroup the way an agent will, then leave
-            try:
-                os.write(fd, b"0")
-                os._exit(0)
-            except BaseException:
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
+        os.write(fd, b"0")   # "0": the writer itself
     finally:
         os.close(fd)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise OSError(errno.EACCES, "cannot move a process into a new cgroup")
 
 
 def _own_cgroup_dir() -> Optional[Path]:
@@ -234,32 +251,25 @@ def _own_cgroup_dir() -> Optional[Path]:
 
 # --- the record a reaper reads ---------------------------------------------------
 
-def _write_record(state_dir: Path, run_id: int, path: Path) -> None:
+def _write_record(state_dir: Path, parent: Path) -> None:
     from .heartbeat import write_json_atomic
-    write_json_atomic(state_dir / RECORD, {"run_id": run_id, "path": str(path)})
-
-
-def _drop_record(state_dir: Path) -> None:
-    try:
-        os.unlink(state_dir / RECORD)
-    except OSError:
-        pass
+    write_json_atomic(state_dir / RECORD, {"parent": str(parent)})
 
 
 def kill_recorded(state_dir: Path, run_id: int) -> int:
-    """The reaper's part: if the record names ``run_id``'s cgroup (the run of a
-    dead driver), kill everything in it and remove it. Returns how many
-    processes were in it."""
+    """The reaper's part: kill everything in ``run_id``'s cgroup (the run of a
+    dead driver), found where the record says this ring's run cgroups live, and
+    remove it. Returns how many processes were in it."""
     try:
-        data = json.loads((state_dir / RECORD).read_text())
-        path = Path(data["path"])
-        if data.get("run_id") != run_id or not path.name.startswith(ring_prefix(state_dir) + "-run-"):
-            return 0
+        parent = Path(json.loads((state_dir / RECORD).read_text())["parent"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-    cg = RunCgroup(path)
+    if not parent.is_absolute():
+        return 0
+    cg = RunCgroup(parent / f"{ring_prefix(state_dir)}-run-{run_id}")
+    if not cg.path.is_dir():
+        return 0
     n = len(cg.pids())
     cg.kill()
-    if cg.remove():
-        _drop_record(state_dir)
+    cg.remove()
     return n

@@ -1,7 +1,9 @@
 """The driver loop, ``ringd run``: lock, reap, then forever: hear signals, beat,
-reload the roster, choose the turn (one journal transaction that reads every
-agent's state, asks :func:`ringd.policy.plan_turn` and writes the start),
-take it, and wait - never spinning - when nothing is due.
+reload the roster, choose the turn (one journal transaction that commits the
+last run's end, reads the operator's controls and the agent whose turn it is,
+asks :func:`ringd.policy.plan_turn` and writes the next start), take it, and
+wait - never spinning - when nothing is due. A run's end that the next turn
+does not commit at once is committed alone before any wait (:meth:`Driver.flush`).
 
 Every effect goes through ``self.env`` (:class:`ringd.env.RealEnv`, or a test's
 fake): the loop itself never calls ``time``, ``os`` or ``signal``. Every wait is
@@ -24,7 +26,7 @@ from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError
 from .heartbeat import read_heartbeat
 from .procid import same_process
-from .hop import Hop, HopResult
+from .hop import Hop, HopResult, Pending
 from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import KernelLock, LockHeld
 from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
@@ -131,6 +133,7 @@ class Driver:
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
         self.prev_index: Optional[int] = None
         self.spin = Spin()
+        self.pending: Optional[Pending] = None   # the last run's end, not yet committed
         self.ran_scheduled: "set[str]" = set()   # scheduled agents run since the last ordinary turn
         self.spin_logged = False
         self.idle_logged = False
@@ -217,6 +220,7 @@ class Driver:
         """Sleep ``seconds`` (None: until something happens) while beating; returns
         early on a signal that asks for something, or on a roster edit."""
         env = self.env
+        self.flush()   # never wait with a run's end unrecorded
         end = None if seconds is None else env.monotonic() + seconds
         while not self.stop_requested:
             now = env.monotonic()
@@ -348,6 +352,7 @@ class Driver:
         leader's run)? False when told to stop while standing by."""
         if self.leader is None or not (self.leader.must_stop() or self.leader.took_over):
             return True
+        self.flush()
         if not self.stand_by():
             return False
         last = self.journal.last_run()
@@ -398,7 +403,12 @@ class Driver:
                     self.exit_code = EX_CONFIG
                     break
                 self.log(f"journal failure, turn not taken: {e}")
-                self.pause(min(JOURNAL_RETRY[1], max(JOURNAL_RETRY[0], self.config.ring.heartbeat_interval)))
+                try:
+                    self.pause(min(JOURNAL_RETRY[1], max(JOURNAL_RETRY[0], self.config.ring.heartbeat_interval)))
+                except JournalError as e2:   # the last run's end met an unusable journal
+                    self.log(f"journal unusable, stopping: {e2}")
+                    self.exit_code = EX_CONFIG
+                    break
                 continue
             if turns_left is not None:
                 turns_left -= taken
@@ -412,39 +422,46 @@ class Driver:
         agents = self.roster.agents
         roster = [(a.name, a.text) for a in agents]
         start = next_index([a.name for a in agents], *self.cursor)
-        ring_paused, paused = self.journal.pauses()   # the operator's controls (journal meta)
-        if ring_paused:
+        now = env.wall()
+        started, plan = None, None
+        pending, closed = self.pending, None
+        # the last run's end, the operator's controls, the choice and the next start commit together
+        with self.journal.transaction() as tx:
+            if pending is not None:
+                closed = pending.write(tx)
+            controls = tx.controls()
+            if not controls.ring_paused:
+                plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
+                                            paused=controls.paused, requested=tx.take_next(controls),
+                                            scheduled=self.schedules(tx, now),
+                                            ran_scheduled=frozenset(self.ran_scheduled)))
+                wraps = (plan.index is not None and not plan.forced and not plan.scheduled
+                         and self.prev_index is not None
+                         and plan.index <= self.prev_index)
+                if wraps and not self.at_lap_start:
+                    plan = None   # a new lap: count it (and pause) before anything starts
+                elif plan.index is not None:
+                    agent = agents[plan.index]
+                    d = plan.decision
+                    if d.line_changed:
+                        transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
+                    if d.action is Action.SKIP:
+                        transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
+                    else:
+                        limits = self.config.limits_for(agent.name)
+                        started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
+                                               stall_threshold=limits.stall_threshold, driver_pid=env.pid,
+                                               driver_start=env.pid_start)
+                        if plan.scheduled:
+                            schedule.record_start(tx, agent.name, now)
+        if pending is not None:
+            self.pending = None
+            self.after_run(pending.done(closed))
+        if controls.ring_paused:
             return self.wait_paused(limit)
         if self.paused_said:
             self.paused_said = False
             self.log("ring resumed by the operator")
-        requested = self.journal.take_next()
-        now = env.wall()
-        started = None
-        with self.journal.transaction() as tx:   # the choice and the start commit together
-            plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
-                                        paused=frozenset(paused), requested=requested,
-                                        scheduled=self.schedules(tx, now),
-                                        ran_scheduled=frozenset(self.ran_scheduled)))
-            wraps = (plan.index is not None and not plan.forced and not plan.scheduled
-                     and self.prev_index is not None
-                     and plan.index <= self.prev_index)
-            if wraps and not self.at_lap_start:
-                plan = None   # a new lap: count it (and pause) before anything starts
-            elif plan.index is not None:
-                agent = agents[plan.index]
-                d = plan.decision
-                if d.line_changed:
-                    transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
-                if d.action is Action.SKIP:
-                    transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
-                else:
-                    limits = self.config.limits_for(agent.name)
-                    started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
-                                           stall_threshold=limits.stall_threshold, driver_pid=env.pid,
-                                           driver_start=env.pid_start)
-                    if plan.scheduled:
-                        schedule.record_start(tx, agent.name, now)
         if plan is None:
             self.lap_boundary()
             return 0
@@ -463,7 +480,7 @@ class Driver:
                 return 0
             self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})")
             env.notify(f"STATUS=lap {self.lap}: running {agent.name} (scheduled)")
-            self.after_run(Hop(self, agent, plan.index, started, now).run())
+            self.ended(Hop(self, agent, plan.index, started, now).run())
             return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
             self.ran_scheduled.clear()
@@ -476,9 +493,55 @@ class Driver:
             self.log(f"{agent.name}: turn skipped ({d.reason})")
             return len(plan.passed) + 1
         env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
-        result = Hop(self, agent, plan.index, started, now).run()
-        self.after_run(result)
+        self.ended(Hop(self, agent, plan.index, started, now).run())
         return 0 if plan.forced else len(plan.passed) + 1
+
+    def ended(self, end: "Pending | HopResult") -> None:
+        if isinstance(end, Pending):
+            self.pending = end   # committed with the next turn's start, or alone before any wait
+        else:
+            self.after_run(end)
+
+    def flush(self) -> None:
+        """Commit the last run's end now (before a wait, a stop, a hand-over).
+        While the state dir is full or read-only: say why once, keep beating and
+        retry; give up only when the driver is told to stop or loses its lead
+        (the row then stays ``running`` and the next driver's reaper closes it as
+        ``interrupted``). An unusable journal is raised (the agent is gone)."""
+        pending = self.pending
+        if pending is None:
+            return
+        delay, failing = 0.2, False
+        while True:
+            if self.leader is not None and self.leader.must_stop():
+                self.pending = None   # the row is the next leader's to close
+                return
+            try:
+                with self.journal.transaction() as tx:
+                    closed = pending.write(tx)
+            except JournalError as e:
+                if not e.transient:
+                    self.pending = None
+                    raise
+                if self.stop_requested:
+                    self.pending = None
+                    pending.hop.say(f"ended, but its end could not be recorded ({e}); "
+                                    f"the next driver's reaper closes it")
+                    return
+                if not failing:
+                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until the "
+                                    f"state dir is writable")
+                failing = True
+                sigs, _ = self.env.wait(delay)
+                self.absorb(sigs)
+                self.beat()
+                delay = min(delay * 2, 5.0)
+                continue
+            if failing:
+                pending.hop.say("end recorded")
+            self.pending = None
+            self.after_run(pending.done(closed))
+            return
 
     def wait_paused(self, limit: Optional[int]) -> int:
         """``ringd pause``: start nothing; beat, and wake on the operator's SIGUSR1
@@ -540,6 +603,10 @@ class Driver:
         self.pause(delay, until_roster_edit=True)
 
     def shutdown(self) -> None:
+        try:
+            self.flush()
+        except JournalError as e:
+            self.log(f"journal unusable, the last run's end is not recorded: {e}")
         self.env.notify("STOPPING=1")
         if self.leader is not None:
             self.leader.release()  # a standby takes over at once, not after the TTL

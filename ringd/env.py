@@ -104,19 +104,19 @@ class RealEnv:
         if pid_var:
             argv = _exec_with_pid(argv, cwd, env, pid_var)
         cg = self.containment.create(run_id) if run_id is not None else None
-        procs_fd = None
-        try:
-            if cg is not None:
-                procs_fd = cg.procs_fd()
-            started = proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask,
-                                     cgroup_procs_fd=procs_fd)
-        except OSError:
-            if cg is not None:
+
+        def start() -> proctree.Child:
+            return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask)
+        if cg is None:
+            started = start()
+        else:
+            try:
+                started, cg = self.containment.spawn_into(cg, start)
+            except OSError:
                 self.containment.finish(cg)
-            raise
-        finally:
-            if procs_fd is not None:
-                os.close(procs_fd)
+                raise
+            if cg is None:
+                self.log(f"containment: subreaper rule only from now on ({self.containment.stranded})")
         started.popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
         return Child(pid=started.pid, pidfd=started.pidfd, popen=started.popen, cgroup=cg,
                      start_time=started.start_time)

@@ -8,16 +8,18 @@ returns: beat, SIGTERM the group, kill the tree, close the row. However the run
 ends, nothing it started survives it. Every effect goes through the driver's
 :class:`ringd.env.RealEnv` (or a test's fake).
 
-An ordinary hop costs two commits: the start (with the turn's choice) and the
-close. The agent's pid is recorded in a third, unsynced write only when the run
-lives past ``PID_RECORD_DELAY`` (status and the reaper need it then; a run that
-ends sooner records it with its close).
+An ordinary hop costs one commit: the end of the previous run, the turn's
+choice and the start of this one, in one transaction, before this process
+starts (the driver commits an end alone before it waits for anything). The
+agent's pid is recorded in a write of its own only when the run lives past
+``PID_RECORD_DELAY`` (status and the reaper need it then; a run that ends
+sooner records it with its end).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Set
+from typing import Optional, Protocol, Set, Union
 
 from . import runstate, transitions
 from .config import Config
@@ -87,7 +89,9 @@ class Hop:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
 
     # --- the run ---------------------------------------------------------------------
-    def run(self) -> HopResult:
+    def run(self) -> "Union[Pending, HopResult]":
+        """Run the agent to its end. Returns that end for the driver to commit
+        (a HopResult when nothing may be recorded: leadership lost)."""
         env, host, name = self.env, self.host, self.agent.name
         try:
             log_fd, self.log_path = env.open_run_log(name, self.run_id)
@@ -278,54 +282,44 @@ class Hop:
             self.say(f"cannot record its pid: {e}")
 
     # --- closing -------------------------------------------------------------------------
-    def _close_error(self, reason: str) -> HopResult:
+    def _close_error(self, reason: str) -> "Pending":
         self.say(f"could not start: {reason}")
         return self._close(Close("error", "driver", None, None, reason))
 
-    def _close(self, c: Close) -> HopResult:
-        env, host = self.env, self.host
-        now = env.wall()
-        closed = self._until_recorded(lambda: transitions.close_run(
-            host.journal, self.run_id, self.agent.name, self.position, c.status, source=c.source, now=now,
-            ring=host.config.ring, line=self.agent.text, exit_code=c.exit_code, signal=c.signal,
-            reason=c.reason, log_path=self.log_path, pid=self.pid, pid_start=self.pid_start,
-            cpu_seconds=getattr(self.child, "cpu_seconds", None),
-            phase=self.notes.phase if self.notes is not None else None))
-        duration = max(0.0, now - self.started_at)
+    def _close(self, c: Close) -> "Pending":
+        return Pending(self, c, self.env.wall())
+
+
+@dataclass
+class Pending:
+    """A run that has ended, its end not yet committed: the driver writes it in
+    the transaction that starts the next run (one commit per ordinary hop, the
+    end still committed before the next run starts), or alone before it waits
+    for anything (:meth:`ringd.driver.Driver.flush`)."""
+    hop: Hop
+    close: Close
+    now: float
+
+    def write(self, tx) -> Optional[transitions.Closed]:
+        h, c = self.hop, self.close
+        return transitions.close_in(
+            tx, h.run_id, h.agent.name, h.position, c.status, source=c.source, now=self.now,
+            ring=h.host.config.ring, line=h.agent.text, exit_code=c.exit_code, signal=c.signal,
+            reason=c.reason, log_path=h.log_path, pid=h.pid, pid_start=h.pid_start,
+            cpu_seconds=getattr(h.child, "cpu_seconds", None),
+            phase=h.notes.phase if h.notes is not None else None)
+
+    def done(self, closed: Optional[transitions.Closed]) -> HopResult:
+        """After the commit: say how it ended, keep the agent's log dir small."""
+        h, c, env = self.hop, self.close, self.hop.env
+        duration = max(0.0, self.now - h.started_at)
         detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")
         if closed is not None:
-            self.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s")
+            h.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s")
             if closed.settled.entered_quarantine:
-                env.log(f"{self.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)")
+                env.log(f"{h.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)")
         else:
-            self.say("ended, but its row was already closed (by an operator or the reaper)")
-        if self.log_path is not None:
-            env.keep_logs(self.agent.name, self.run_id, host.config.ring.keep_logs)
-        return HopResult(self.run_id, self.agent.name, c.status, duration, closed)
-
-    def _until_recorded(self, write: Callable[[], Optional[transitions.Closed]]) -> Optional[transitions.Closed]:
-        """A journal write that must not be lost (closing a run that has ended):
-        while the state dir is full or read-only, say why once, keep beating and
-        retry; give up only when the driver is told to stop (the row then stays
-        ``running`` and the next driver's reaper closes it as ``interrupted``).
-        An unusable journal is raised at once (the agent is already gone)."""
-        env, host = self.env, self.host
-        delay, failing = 0.2, False
-        while True:
-            try:
-                result = write()
-            except JournalError as e:
-                if not e.transient or host.stop_requested or (host.leader is not None and host.leader.must_stop()):
-                    raise
-                if not failing:
-                    self.say(f"ended, but its end cannot be recorded ({e}); retrying until the state dir "
-                             f"is writable")
-                failing = True
-                sigs, _ = env.wait(delay)
-                host.absorb(sigs)
-                host.beat()
-                delay = min(delay * 2, 5.0)
-                continue
-            if failing:
-                self.say("end recorded")
-            return result
+            h.say("ended, but its row was already closed (by an operator or the reaper)")
+        if h.log_path is not None:
+            env.keep_logs(h.agent.name, h.run_id, h.host.config.ring.keep_logs)
+        return HopResult(h.run_id, h.agent.name, c.status, duration, closed)

@@ -19,9 +19,9 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from .records import TERMINAL, AgentState, RunRow
+from .records import TERMINAL, AgentState, Controls, RunRow
 from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
@@ -146,7 +146,22 @@ class Tx:
         row = self._x("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row["value"] if row else None
 
+    def controls(self) -> Controls:
+        """The operator's controls, in one read (the driver reads them every turn)."""
+        rows = self._x("SELECT key, value FROM meta WHERE key = ? OR key = ? OR key LIKE ?",
+                       (PAUSE_KEY, NEXT_KEY, PAUSE_KEY + ":%")).fetchall()
+        keys = {r["key"]: r["value"] for r in rows}
+        return Controls(ring_paused=PAUSE_KEY in keys,
+                        paused=frozenset(k.split(":", 1)[1] for k in keys if k.startswith(PAUSE_KEY + ":")),
+                        next=keys.get(NEXT_KEY))
+
     # --- writes --------------------------------------------------------------
+    def take_next(self, controls: Controls) -> Optional[str]:
+        """The agent an operator asked to run next (read in ``controls``), the request used up."""
+        if controls.next is not None:
+            self.set_meta(NEXT_KEY, None)
+        return controls.next
+
     def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float) -> None:
         self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)",
                 (at, run_id, kind, source, detail))
@@ -459,11 +474,8 @@ class Journal:
 
     def pauses(self) -> Tuple[bool, List[str]]:
         """(the ring is paused, the agents paused one by one)."""
-        def q(tx: Tx) -> Tuple[bool, List[str]]:
-            keys = [r["key"] for r in tx._x("SELECT key FROM meta WHERE key = ? OR key LIKE ?",
-                                              (PAUSE_KEY, PAUSE_KEY + ":%")).fetchall()]
-            return PAUSE_KEY in keys, sorted(k.split(":", 1)[1] for k in keys if ":" in k)
-        return self._read(q)
+        c = self._read(lambda tx: tx.controls())
+        return c.ring_paused, sorted(c.paused)
 
     def request_next(self, name: str) -> Optional[str]:
         """Operator: ``name`` takes the very next turn, once. Returns the request it replaced."""
@@ -474,12 +486,10 @@ class Journal:
         return before
 
     def take_next(self) -> Optional[str]:
-        """Driver: the agent an operator asked to run next, consuming the request."""
+        """The agent an operator asked to run next, consuming the request (the
+        driver does the same inside its turn's transaction)."""
         with self.transaction() as tx:
-            name = tx.meta(NEXT_KEY)
-            if name is not None:
-                tx.set_meta(NEXT_KEY, None)
-        return name
+            return tx.take_next(tx.controls())
 
     # --- retention ----------------------------------------------------------------------
     def prune(self, keep: int, batch: int = PRUNE_BATCH) -> int:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 import psutil
 
@@ -69,22 +69,16 @@ class Child:
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-          umask: int = -1, signals_held: bool = False, cgroup_procs_fd: Optional[int] = None) -> Child:
-    """Start ``argv`` in its own session (so it leads a new process group).
+          umask: int = -1, signals_held: bool = False) -> Child:
+    """Start ``argv`` in its own session (so it leads a new process group). No
+    Python code runs between fork and exec, so the fork is a vfork.
     ``signals_held``: it starts with SIGTERM/SIGINT/SIGHUP/SIGUSR1 blocked (a
     daemon of ours, which unblocks them once it can handle them: earlysig).
-    ``cgroup_procs_fd``: a run cgroup's ``cgroup.procs`` (cgroup.RunCgroup.procs_fd):
-    the child joins it between fork and exec, before it can fork anything.
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    preexec = cgroup_joiner(cgroup_procs_fd) if cgroup_procs_fd is not None else None
-    try:
-        with earlysig.held() if signals_held else contextlib.nullcontext():
-            popen = subprocess.Popen(
-                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask,
-                preexec_fn=preexec)
-    except subprocess.SubprocessError as e:   # the preexec write failed: nothing was exec'd
-        raise OSError(errno.EPERM, f"cannot join the run's cgroup ({e})") from None
+    with earlysig.held() if signals_held else contextlib.nullcontext():
+        popen = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=stdout_fd,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, umask=umask)
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
@@ -92,12 +86,6 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
         except OSError:
             pidfd = None
     return Child(pid=popen.pid, start_time=procid.start_ticks(popen.pid), pidfd=pidfd, popen=popen)
-
-
-def cgroup_joiner(procs_fd: int) -> Callable[[], None]:
-    def join() -> None:   # in the child, before exec: one write ("0" = me), nothing else
-        os.write(procs_fd, b"0")
-    return join
 
 
 def wait_exit(pidfd: Optional[int], timeout: float) -> bool:

@@ -80,3 +80,11 @@ class AgentState:
 
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
 _AGENT_FIELDS = tuple(f.name for f in fields(AgentState))
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The operator's controls as the journal holds them (``ringd pause``/``next``)."""
+    ring_paused: bool = False
+    paused: "frozenset[str]" = frozenset()   # agents paused one by one
+    next: Optional[str] = None               # the agent asked to take the very next turn

@@ -42,34 +42,36 @@ class Closed:
     settled: Settled
 
 
-def close_run(journal: Journal, run_id: int, agent: str, position: Optional[int], status: str, *,
-              source: str, now: float, ring: RingSettings, line: Optional[str] = None,
-              exit_code: Optional[int] = None, signal: Optional[int] = None,
-              reason: Optional[str] = None, log_path: Optional[str] = None,
-              pid: Optional[int] = None, pid_start: Optional[float] = None,
-              phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> Optional[Closed]:
-    """Close a ``running`` row and store its agent's new state, atomically. An agent
-    entering quarantine gets its one ``skipped`` row saying so. None when the row
-    was no longer running (an operator or the reaper closed it first)."""
-    with journal.transaction() as tx:
-        if not tx.close_run(run_id, status, source=source, now=now, exit_code=exit_code,
-                            signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
-                            phase=phase, cpu_seconds=cpu_seconds):
-            return None
-        settled = after_run(tx.agent(agent), status, source, now, ring, line)
-        tx.put_agent(settled.state)
-        if settled.entered_quarantine:
-            until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()
-            tx.add_skipped(agent, position, f"quarantined until {until} after {settled.state.bad_streak} "
-                                            f"runs in a row ended stalled or timeout", source, now,
-                           kind="quarantined")
+def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: str, *,
+             source: str, now: float, ring: RingSettings, line: Optional[str] = None,
+             exit_code: Optional[int] = None, signal: Optional[int] = None,
+             reason: Optional[str] = None, log_path: Optional[str] = None,
+             pid: Optional[int] = None, pid_start: Optional[float] = None,
+             phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> Optional[Closed]:
+    """Close a ``running`` row and store its agent's new state, inside the caller's
+    transaction. An agent entering quarantine gets its one ``skipped`` row saying
+    so. None when the row was no longer running (an operator or the reaper closed
+    it first)."""
+    if not tx.close_run(run_id, status, source=source, now=now, exit_code=exit_code,
+                        signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
+                        phase=phase, cpu_seconds=cpu_seconds):
+        return None
+    settled = after_run(tx.agent(agent), status, source, now, ring, line)
+    tx.put_agent(settled.state)
+    if settled.entered_quarantine:
+        until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()
+        tx.add_skipped(agent, position, f"quarantined until {until} after {settled.state.bad_streak} "
+                                        f"runs in a row ended stalled or timeout", source, now,
+                       kind="quarantined")
     return Closed(run_id, agent, status, source, settled)
 
 
 def close_row(journal: Journal, row: RunRow, status: str, *, source: str, now: float,
               ring: RingSettings, line: Optional[str] = None, reason: Optional[str] = None) -> Optional[Closed]:
-    return close_run(journal, row.id, row.agent, row.position, status, source=source, now=now,
-                     ring=ring, line=line, reason=reason)
+    """Close ``row`` in a transaction of its own (the reaper, an operator's force-fail)."""
+    with journal.transaction() as tx:
+        return close_in(tx, row.id, row.agent, row.position, status, source=source, now=now,
+                        ring=ring, line=line, reason=reason)
 
 
 def skip_turn(tx: Tx, agent: str, position: int, reason: str, now: float) -> int:

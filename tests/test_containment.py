@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,15 +82,15 @@ def containment(tmp_path):
         cg.remove()
 
 
-def _spawn_in(cg: cgroup.RunCgroup, script: str, tmp_path: Path) -> proctree.Child:
-    fd = cg.procs_fd()
+def _spawn_in(containment, cg: cgroup.RunCgroup, script: str, tmp_path: Path) -> proctree.Child:
     log = os.open(tmp_path / "out.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        return proctree.spawn(["sh", "-c", script], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
-                              stdout_fd=log, cgroup_procs_fd=fd)
+        child, held_by = containment.spawn_into(cg, lambda: proctree.spawn(
+            ["sh", "-c", script], cwd=str(tmp_path), env={"PATH": os.environ["PATH"]}, stdout_fd=log))
     finally:
-        os.close(fd)
         os.close(log)
+    assert held_by is cg and os.getpid() not in cg.pids(), "we stepped back out"
+    return child
 
 
 def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(containment, tmp_path):
@@ -97,7 +98,7 @@ def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(c
     assert cg is not None and cg.path.is_dir()
     assert (tmp_path / cgroup.RECORD).exists(), "the record a reaper reads"
     pids = tmp_path / "pids"
-    child = _spawn_in(cg, f"""
+    child = _spawn_in(containment, cg, f"""
         setsid env -i sleep 300 & echo $! >> {pids}
         ( sleep 300 & echo $! >> {pids} ) &
         {sys.executable} -c "import time; t = time.process_time(); any(iter(lambda: time.process_time() - t > 0.3, True))"
@@ -115,12 +116,11 @@ def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(c
         wait_until(lambda: _gone(pid), 10, message=f"pid {pid} killed")
     assert cpu is not None and cpu >= 0.3, cpu   # the busy loop burned 0.3 s of CPU, whatever the load
     assert not cg.path.exists(), "the run's cgroup is removed"
-    assert not (tmp_path / cgroup.RECORD).exists()
 
 
 def test_the_agent_is_in_its_cgroup_before_it_can_fork(containment, tmp_path):
     cg = containment.create(42)
-    child = _spawn_in(cg, "cat /proc/self/cgroup > cg.txt; exec sleep 300", tmp_path)
+    child = _spawn_in(containment, cg, "cat /proc/self/cgroup > cg.txt; exec sleep 300", tmp_path)
     wait_until(lambda: (tmp_path / "cg.txt").exists() and (tmp_path / "cg.txt").read_text(), 10,
                message="agent wrote its cgroup")
     line = [x for x in (tmp_path / "cg.txt").read_text().splitlines() if x.startswith("0::")][0]
@@ -133,7 +133,7 @@ def test_the_agent_is_in_its_cgroup_before_it_can_fork(containment, tmp_path):
 def test_a_reaper_kills_the_run_cgroup_of_a_dead_driver(containment, tmp_path):
     cg = containment.create(43)
     pids = tmp_path / "pids"
-    child = _spawn_in(cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
+    child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
     wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
     escaped = int(pids.read_text())
     # another process (a reaper: `ringd status`, the next driver) knows only the state dir and run id
@@ -142,10 +142,48 @@ def test_a_reaper_kills_the_run_cgroup_of_a_dead_driver(containment, tmp_path):
     child.popen.wait(timeout=10)
     child.close()
     wait_until(lambda: _gone(escaped), 10, message="escapee killed")
-    assert not cg.path.exists() and not (tmp_path / cgroup.RECORD).exists()
+    assert not cg.path.exists()
+    assert cgroup.kill_recorded(tmp_path, 43) == 0, "an ended run's cgroup is gone"
 
 
 def test_two_rings_never_share_a_cgroup(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert cgroup.ring_prefix(a) != cgroup.ring_prefix(b)
     assert cgroup.ring_prefix(a) == cgroup.ring_prefix(Path(str(a)))
+
+
+STRANDED = r"""
+import json, os, sys
+from pathlib import Path
+from ringd import cgroup, proctree
+c = cgroup.detect(Path(sys.argv[1]))
+cg = c.create(44)
+home = c.parent
+c.parent = Path("/nonexistent")   # stepping back home will fail
+null = os.open(os.devnull, os.O_WRONLY)   # not our stdout: the test reads it to its end
+child, held_by = c.spawn_into(cg, lambda: proctree.spawn(["sleep", "300"], cwd="/", env={"PATH": os.environ["PATH"]},
+                                                         stdout_fd=null))
+print(json.dumps({"held_by": held_by is not None, "kind": c.kind, "stranded": c.stranded,
+                  "me_inside": os.getpid() in cg.pids(), "child": child.pid, "ticks": child.start_time,
+                  "cg": str(cg.path)}))
+"""
+
+
+def test_a_driver_that_cannot_step_back_out_never_kills_the_cgroup_it_is_in(containment, tmp_path):
+    """Should the driver be stranded in a run's cgroup, killing that cgroup would
+    kill the driver: the run is left to the subreaper rule, and so is every
+    later run. (In a child process: the test's own process never strands.)"""
+    import json
+    proc = subprocess.run([sys.executable, "-c", STRANDED, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=str(Path(__file__).resolve().parent.parent),
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        assert out["me_inside"] and not out["held_by"] and out["kind"] == "subreaper"
+        assert "cannot leave" in out["stranded"]
+    finally:
+        _kill_if_alive(out["child"], out["ticks"])
+        cg = cgroup.RunCgroup(Path(out["cg"]))
+        cg.kill()
+        cg.remove()

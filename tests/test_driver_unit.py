@@ -170,3 +170,38 @@ def test_a_lock_lost_for_a_moment_is_not_a_loss_but_a_lasting_one_stops_the_driv
     assert d.run() == EX_TEMPFAIL
     assert 4.0 <= env.t <= 4.0 + 3.5          # gave way after the grace, its agent stopped first
     assert [r.status for r in rows(j)] == ["interrupted"]
+
+
+class CountingJournal:
+    """Counts the journal's write transactions (each one commit)."""
+
+    def __init__(self, journal):
+        self._j, self.commits = journal, 0
+
+    def __getattr__(self, name):
+        return getattr(self._j, name)
+
+    def transaction(self):
+        self.commits += 1
+        return self._j.transaction()
+
+
+def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_starts(tmp_path):
+    """Issue 12: the end of run N is committed in the transaction that starts run
+    N+1 - still before N+1's process starts - so an ordinary hop costs one commit."""
+    d, env, j = make(tmp_path, "abcdef", once=True)
+    d.journal = counting = CountingJournal(j)
+    reader = Journal.open(tmp_path)
+    seen = []   # at each spawn: (commits so far, running rows on disk)
+    spawn = env.spawn
+
+    def spawn_and_look(argv, **kw):
+        seen.append((counting.commits, [(r.id, r.agent) for r in reader.history(limit=100) if r.status == "running"]))
+        return spawn(argv, **kw)
+    env.spawn = spawn_and_look
+    assert d.run() == 0
+    assert [r.status for r in rows(j)] == ["ok"] * 6, "the last end is committed at the stop"
+    for (commits, running), agent in zip(seen, "abcdef"):
+        assert [a for _, a in running] == [agent], "only the run about to start is running on disk"
+    gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
+    assert gaps == [1] * 5, f"commits between two starts: {gaps}"

@@ -131,11 +131,13 @@ def test_counters_are_kept_by_the_database_not_the_journal_code(backend):
 
 def test_closing_settles_the_agent_and_quarantine_writes_its_row(backend):
     from ringd.config import RingSettings
-    from ringd.transitions import close_run
+    from ringd.transitions import close_in
     j = backend.journal
     ring = RingSettings(quarantine_after=1, quarantine_cooloff=100)
     rid = start(j)
-    closed = close_run(j, rid, "a", 0, "stalled", source="driver", now=time.time(), ring=ring, reason="no exit")
+    with j.transaction() as tx:
+        closed = close_in(tx, rid, "a", 0, "stalled", source="driver", now=time.time(), ring=ring,
+                          reason="no exit")
     assert closed.settled.entered_quarantine and closed.settled.state.bad_streak == 1
     last = j.last_run()
     assert last.status == "skipped" and "quarantined" in last.reason
