@@ -148,6 +148,7 @@ class Driver:
         self._prune_failing = False
         self._runs_since_prune = 0
         self.paused_said = False
+        self._view: "tuple" = (None, None, [], [])   # (roster agents, config, roster pairs, schedules)
 
     # --- hearing and beating ------------------------------------------------------------
     def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests:
@@ -420,7 +421,7 @@ class Driver:
         roster positions it went through (for ``--once``)."""
         env = self.env
         agents = self.roster.agents
-        roster = [(a.name, a.text) for a in agents]
+        roster = self.view()[2]
         start = next_index([a.name for a in agents], *self.cursor)
         now = env.wall()
         started, plan = None, None
@@ -556,18 +557,24 @@ class Driver:
         self.pause(self.config.ring.heartbeat_interval)
         return 0
 
+    def view(self) -> tuple:
+        """The roster as each turn reads it - (name, line) pairs and the scheduled
+        agents - rebuilt only when the roster or the config is reloaded, not at
+        every hop."""
+        agents, config = self.roster.agents, self.config
+        if self._view[0] is not agents or self._view[1] is not config:
+            scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
+            self._view = (agents, config, [(a.name, a.text) for a in agents],
+                          [(name, sched) for name, sched in scheduled if sched is not None])
+        return self._view
+
     def schedules(self, tx, now: float) -> "dict[str, float]":
         """Next due time of each scheduled agent on the roster (SPEC "Scheduled agents")."""
-        out = {}
-        zone = None
-        for a in self.roster.agents:
-            sched = self.config.schedule_for(a.name)
-            if sched is None:
-                continue
-            if zone is None:
-                zone = schedule.local_zone()
-            out[a.name] = schedule.entry(tx, a.name, sched, now).next_due(zone)
-        return out
+        scheduled = self.view()[3]
+        if not scheduled:
+            return {}
+        zone = schedule.local_zone()
+        return {name: schedule.entry(tx, name, sched, now).next_due(zone) for name, sched in scheduled}
 
     def lap_boundary(self) -> None:
         """A new lap starts when the ring wraps: count it, pause if configured, and

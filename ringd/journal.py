@@ -29,6 +29,7 @@ __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", 
 JOURNAL_FILE = "journal.db"
 PAUSE_KEY = "paused"       # meta: "paused" pauses the ring, "paused:NAME" one agent
 NEXT_KEY = "next"          # meta: the agent an operator asked to take the next turn
+EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well under SQLite's variable limit)
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 
 class JournalError(Exception):
@@ -118,6 +119,7 @@ class Tx:
 
     def __init__(self, con: sqlite3.Connection):
         self.con = con
+        self._events: List[tuple] = []   # written together as the transaction ends (flush_events)
 
     def _x(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
         return self.con.execute(sql, params)
@@ -163,8 +165,15 @@ class Tx:
         return controls.next
 
     def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float) -> None:
-        self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)",
-                (at, run_id, kind, source, detail))
+        self._events.append((at, run_id, kind, source, detail))
+
+    def flush_events(self) -> None:
+        """The transaction's events in one statement, in the order they happened
+        (an ordinary hop writes two: the last run's end and the next one's start)."""
+        while self._events:
+            batch, self._events = self._events[:EVENTS_PER_INSERT], self._events[EVENTS_PER_INSERT:]
+            self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES "
+                    + ", ".join("(?, ?, ?, ?, ?)" for _ in batch), tuple(v for e in batch for v in e))
 
     def start_run(self, agent: str, position: int, *, now: float, run_budget: float,
                   stall_threshold: float, driver_pid: int, driver_start: Optional[float],
@@ -354,7 +363,9 @@ class Journal:
         Any failure of the database surfaces as :class:`JournalError`."""
         try:
             with self.write() as con:
-                yield Tx(con)
+                tx = Tx(con)
+                yield tx
+                tx.flush_events()
         except sqlite3.Error as e:
             raise _wrap(self.path, e) from None
 
