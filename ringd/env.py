@@ -66,6 +66,8 @@ class RealEnv:
         self.started_at = self.heartbeat.started_at
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
+        self._sweep_sockets = True   # a dead driver's notify sockets go before our first run's
+        self._notes_written = True   # and its notes file with our first run's end
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once here), else the subreaper rule alone - said once.
         self.containment = cgroup.detect(state_dir)
@@ -222,15 +224,21 @@ class RealEnv:
     # --- the run's notify socket (ringd.notify) ----------------------------------------
     def open_notify(self, run_id: int):
         from .notify import NotifySocket
-        return NotifySocket.open(self.state_dir, run_id)
+        sock = NotifySocket.open(self.state_dir, run_id, sweep=self._sweep_sockets)
+        self._sweep_sockets = False   # once per driver, then only after a close that left one behind
+        return sock
 
     def close_notify(self, sock) -> None:
         from .notify import remove_notes
-        sock.close()
-        remove_notes(self.state_dir)
+        if not sock.close():
+            self._sweep_sockets = True
+        if self._notes_written:
+            remove_notes(self.state_dir)
+            self._notes_written = False
 
     def write_notes(self, notes, now: float) -> None:
         from .notify import write_notes
+        self._notes_written = True   # set first: a partial write is removed too
         write_notes(self.state_dir, notes, now)
 
 

@@ -193,12 +193,15 @@ class NotifySocket:
         self.members = members
 
     @classmethod
-    def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None) -> "NotifySocket":
-        """Create and bind the run's socket (0600). Sockets left by a dead driver
-        are removed first (we hold the lock: no other run of this ring exists).
+    def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None,
+             sweep: bool = True) -> "NotifySocket":
+        """Create and bind the run's socket (0600). ``sweep``: sockets left by a
+        dead driver (or a close that could not unlink) are removed first (we
+        hold the lock: no other run of this ring exists).
         A state dir whose path is too long for a socket address gets an
         abstract socket (``@...``) instead; senders are checked the same way."""
-        remove_stale(state_dir)
+        if sweep:
+            remove_stale(state_dir)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -252,13 +255,18 @@ class NotifySocket:
         heard.more = True
         return heard
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close and unlink; False if the socket file is left behind (a read-only
+        or immutable state dir: the next open sweeps it)."""
         self.sock.close()
         if self.path is not None:
             try:
                 os.unlink(self.path)
+            except FileNotFoundError:
+                pass
             except OSError:
-                pass   # a read-only or immutable state dir: the next run's remove_stale tries again
+                return False
+        return True
 
 
 def _sender_and_close_fds(ancdata) -> Optional[int]:
