@@ -68,10 +68,7 @@ class RunCgroup:
         empty; ``reap`` collects exited children of ours meanwhile. True if empty."""
         if not self.path.exists():
             return True
-        try:
-            (self.path / "cgroup.kill").write_text("1")
-        except OSError:
-            self._freeze_and_kill()   # a kernel before 5.14: no cgroup.kill
+        self.signal_kill()
         deadline = time.monotonic() + timeout
         while self.populated():
             reap()
@@ -79,6 +76,13 @@ class RunCgroup:
                 return False
             time.sleep(0.005)
         return True
+
+    def signal_kill(self) -> None:
+        """SIGKILL everything in the cgroup now, without waiting."""
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:
+            self._freeze_and_kill()   # a kernel before 5.14: no cgroup.kill
 
     def _freeze_and_kill(self) -> None:
         """Frozen, nothing in the cgroup can fork while we kill each process."""

@@ -121,7 +121,8 @@ class Hop:
             leader = host.leader
             if leader is not None:
                 # killed at the switch even while we block in a database call
-                leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id)
+                leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id,
+                             getattr(child, "cgroup", None))
             try:
                 close = self._supervise(child)
             finally:

@@ -51,10 +51,11 @@ class Leader:
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
 
     def guard(self, pid: Optional[int], start_ticks: Optional[int], state_key: str = "",
-              run_id: int = 0) -> None:
-        """The run the watchdog kills at the switch (pid None: no run in flight)."""
+              run_id: int = 0, cgroup=None) -> None:
+        """The run the watchdog kills at the switch (pid None: no run in flight);
+        ``cgroup``: its :class:`ringd.cgroup.RunCgroup`, if it has one."""
         with self._cond:
-            self._agent = (pid, start_ticks, state_key, run_id) if pid else None
+            self._agent = (pid, start_ticks, state_key, run_id, cgroup) if pid else None
             if pid:
                 self.killed_pid = None
             self._cond.notify()
@@ -70,19 +71,22 @@ class Leader:
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                pid, ticks, state_key, run_id = self._agent
+                pid, ticks, state_key, run_id, cgroup = self._agent
                 self._agent = None
                 # past the switch with the same renewal: the loop is stuck somewhere.
                 # Stop leading and recording now (the loop sees it when it returns).
                 self.leading = False
                 self.killed_pid = pid
                 self.journal.stop_recording()
-            self._kill_run(pid, ticks, state_key, run_id)
+            self._kill_run(pid, ticks, state_key, run_id, cgroup)
 
-    def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int) -> None:
-        """SIGKILL the run's group and every descendant of ours but our helpers
-        (setsid env -i escapes included). Signals only: the loop reaps them later."""
+    def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int, cgroup=None) -> None:
+        """SIGKILL the run's cgroup (everything in it, atomically), its group and
+        every descendant of ours but our helpers (setsid env -i escapes included).
+        Signals only: the loop reaps them later and removes the cgroup."""
         from . import proctree  # psutil: only once it is needed
+        if cgroup is not None:
+            cgroup.signal_kill()
         killed = set()
         for _ in range(5):
             # walk first, then signal, and walk again: a child of a dying process
