@@ -189,11 +189,13 @@ def _live_helpers() -> Set[int]:
     return {h for h, t in _helpers.items() if procid.same_process(h, t)}
 
 
-def run_descendants() -> List[psutil.Process]:
+def run_descendants(exclude: Iterable[int] = ()) -> List[psutil.Process]:
     """The current run's processes as the driver sees them: every live
     descendant of ours except our helpers and theirs (one run in flight at a
-    time; the driver is a subreaper, so escapees re-parent to us)."""
-    return [p for p in my_descendants(spare=_live_helpers()) if procid.start_ticks(p.pid) is not None]
+    time; the driver is a subreaper, so escapees re-parent to us), and except
+    ``exclude`` itself (its descendants are still listed)."""
+    return [p for p in my_descendants(spare=_live_helpers(), exclude=exclude)
+            if procid.start_ticks(p.pid) is not None]
 
 
 def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[psutil.Process]:
@@ -205,11 +207,12 @@ def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[psut
             and _belongs_to_run(p, state_key, run_id, pgid)]
 
 
-def my_descendants(spare: Iterable[int] = ()) -> List[psutil.Process]:
-    """Our descendants, except the subtrees rooted at ``spare``. On Linux walk
+def my_descendants(spare: Iterable[int] = (), exclude: Iterable[int] = ()) -> List[psutil.Process]:
+    """Our descendants, except the subtrees rooted at ``spare`` and the
+    processes ``exclude`` (not their subtrees). On Linux walk
     /proc/<pid>/task/*/children down from us (a few small reads) instead of
     scanning every process on the host."""
-    spare = set(spare)
+    spare, excluded = set(spare), set(exclude)
     pids = _descendant_pids_linux(spare)
     if pids is None:
         try:
@@ -223,9 +226,11 @@ def my_descendants(spare: Iterable[int] = ()) -> List[psutil.Process]:
                     spared.add(p.pid)
             except psutil.Error:
                 pass
-        return [p for p in found if p.pid not in spared]
+        return [p for p in found if p.pid not in spared and p.pid not in excluded]
     out = []
     for pid in pids:
+        if pid in excluded:
+            continue
         try:
             out.append(psutil.Process(pid))
         except psutil.Error:
@@ -313,7 +318,7 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)
         if scope == "descendants":
-            victims = [p for p in run_descendants() if p.pid not in keep]
+            victims = run_descendants(exclude=keep)
         else:
             victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
         for p in victims:
