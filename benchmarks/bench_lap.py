@@ -11,9 +11,11 @@ put on PYTHONPATH so ``python -m ringd`` still works):
      a. ``ringd run --once`` -- wall time of the subprocess, and the lap itself
         from the journal (first ``started_at`` to last ``ended_at``), so the
         driver's start-up is separated from the lap;
-     b. a plain Python loop of ``subprocess.run(["/bin/true"])``;
-     c. a bash loop of ``timeout -k 600 3600 /bin/true``.
-   Goal: ringd lap <= 1x the bash timeout loop.
+     b. ``ringd run`` kept running for three laps: its second and third laps
+        (a ring that runs for days pays the once-per-driver costs once);
+     c. a plain Python loop of ``subprocess.run(["/bin/true"])``;
+     d. a bash loop of ``timeout -k 600 3600 /bin/true``.
+   Goal: ringd lap <= 1x the bash timeout loop (both ringd laps are judged).
 2. Journal cost per hop: SQL statements and commits of one ordinary hop, counted
    with SQLite's trace callback in a ``ringd run --once`` of the same ring.
    Goal: <= 2 commits and about 6 statements.
@@ -129,6 +131,39 @@ def time_ringd_lap(state: Path, config: Path, n: int, env) -> dict:
     return {"wall": wall, "lap": last - first}
 
 
+def time_ringd_running(state: Path, config: Path, n: int, env) -> float:
+    """A lap of a driver that has been running, as on a ring that runs for
+    days: ``ringd run`` until it has finished three laps; the mean of its second
+    and third laps (first ``started_at`` to last ``ended_at`` of each), so the
+    once-per-driver costs (imports, the first listing of each agent's log
+    folder, cold caches) are left out. The driver is stopped by pid."""
+    before = journal_query(state, "SELECT coalesce(max(id), 0) FROM runs")[0][0]
+    cmd = [sys.executable, "-m", "ringd", "run", "--state", str(state), "--config", str(config)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while journal_query(state, "SELECT count(*) FROM runs WHERE id > ? AND status <> 'running'",
+                            (before,))[0][0] < 3 * n:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ringd run stopped or stalled (exit {proc.returncode})")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    rows = journal_query(state, "SELECT started_at, ended_at, status FROM runs WHERE id > ? ORDER BY id "
+                                "LIMIT ?", (before, 3 * n))
+    if any(st != "ok" for _, _, st in rows):
+        raise RuntimeError("ringd run: a run of the timed laps did not end ok")
+    laps = [rows[k * n + n - 1][1] - rows[k * n][0] for k in (1, 2)]
+    return statistics.mean(laps)
+
+
 def time_python_loop(n: int) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
@@ -144,19 +179,20 @@ def time_bash_loop(n: int) -> float:
 
 
 def bench_laps(root: Path, reps: int, n: int, env) -> dict:
-    results = {"ringd_wall": [], "ringd_lap": [], "python": [], "bash": []}
+    results = {"ringd_wall": [], "ringd_lap": [], "ringd_running": [], "python": [], "bash": []}
     state, config = make_ring(root, "lap", [f"a{i:03d} /bin/true" for i in range(n)])
     # untimed warm-up lap: journal, log folders and page cache exist, as on a ring
     # that has been running; every timed lap is then a steady-state lap
     ringd_once(state, config, env)
     runners = [
         ("ringd", lambda r: time_ringd_lap(state, config, n, env)),
+        ("ringd_running", lambda r: time_ringd_running(state, config, n, env)),
         ("python", lambda r: time_python_loop(n)),
         ("bash", lambda r: time_bash_loop(n)),
     ]
     for rep in range(reps):
         # interleave, rotating the order so no contender always goes first
-        order = runners[rep % 3:] + runners[:rep % 3]
+        order = runners[rep % len(runners):] + runners[:rep % len(runners)]
         for name, run in order:
             out = run(rep)
             if name == "ringd":
@@ -165,7 +201,7 @@ def bench_laps(root: Path, reps: int, n: int, env) -> dict:
             else:
                 results[name].append(out)
         print(f"  rep {rep + 1}/{reps}: ringd wall {results['ringd_wall'][-1]:.3f}s "
-              f"lap {results['ringd_lap'][-1]:.3f}s, python {results['python'][-1]:.3f}s, "
+              f"lap {results['ringd_lap'][-1]:.3f}s running lap {results['ringd_running'][-1]:.3f}s, python {results['python'][-1]:.3f}s, "
               f"bash+timeout {results['bash'][-1]:.3f}s", flush=True)
     return results
 
@@ -441,6 +477,7 @@ def main() -> int:
         rows = [
             ("ringd run --once (wall, incl. start-up)", med["ringd_wall"]),
             ("ringd lap (journal first start..last end)", med["ringd_lap"]),
+            ("ringd lap of a running driver (laps 2-3)", med["ringd_running"]),
             ("ringd start-up + shutdown (wall - lap)", med["ringd_wall"] - med["ringd_lap"]),
             ("python subprocess.run loop", med["python"]),
             ("bash loop: timeout -k 600 3600 /bin/true", med["bash"]),
@@ -449,9 +486,12 @@ def main() -> int:
         for label, v in rows:
             print(f"  {label:44} {v:9.3f} {1000 * v / n:9.2f}")
         lap_ratio = med["ringd_lap"] / med["bash"]
+        running_ratio = med["ringd_running"] / med["bash"]
         wall_ratio = med["ringd_wall"] / med["bash"]
         print(f"\n  ringd lap  / bash-timeout = {lap_ratio:5.2f}x   goal <= {LAP_RATIO_GOAL:g}x  "
-              f"{verdict(lap_ratio <= LAP_RATIO_GOAL)}")
+              f"{verdict(lap_ratio <= LAP_RATIO_GOAL)}   (a fresh driver's first lap, `run --once`)")
+        print(f"  running    / bash-timeout = {running_ratio:5.2f}x   goal <= {LAP_RATIO_GOAL:g}x  "
+              f"{verdict(running_ratio <= LAP_RATIO_GOAL)}   (laps 2-3 of a driver that keeps running)")
         print(f"  ringd wall / bash-timeout = {wall_ratio:5.2f}x   (incl. interpreter start-up; "
               f"{verdict(wall_ratio <= LAP_RATIO_GOAL)} against the same goal)")
         print(f"  ringd lap  / python loop  = {med['ringd_lap'] / med['python']:5.2f}x   (information)")

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
+from .procid import read_small
+
 T = TypeVar("T")
 
 RECORD = "run.cgroup"
@@ -50,15 +52,15 @@ class RunCgroup:
 
     def pids(self) -> List[int]:
         try:
-            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+            return [int(x) for x in read_small(f"{self.path}/cgroup.procs").split()]
         except (OSError, ValueError):
             return []
 
     def populated(self) -> bool:
         try:
-            for line in (self.path / "cgroup.events").read_text().splitlines():
-                if line.startswith("populated "):
-                    return line.split()[1] != "0"
+            for line in read_small(f"{self.path}/cgroup.events").splitlines():
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
         except OSError:
             return False
         return bool(self.pids())
@@ -66,8 +68,8 @@ class RunCgroup:
     def kill(self, timeout: float = KILL_WAIT, reap: Callable[[], object] = lambda: None) -> bool:
         """SIGKILL every process in the cgroup and wait (bounded) until it is
         empty; ``reap`` collects exited children of ours meanwhile. True if empty."""
-        if not self.path.exists():
-            return True
+        if not self.populated():
+            return True   # empty (or gone): nothing to kill
         self.signal_kill()
         deadline = time.monotonic() + timeout
         while self.populated():
@@ -80,7 +82,7 @@ class RunCgroup:
     def signal_kill(self) -> None:
         """SIGKILL everything in the cgroup now, without waiting."""
         try:
-            (self.path / "cgroup.kill").write_text("1")
+            _write_small(f"{self.path}/cgroup.kill", b"1")
         except OSError:
             self._freeze_and_kill()   # a kernel before 5.14: no cgroup.kill
 
@@ -104,8 +106,8 @@ class RunCgroup:
     def cpu_seconds(self) -> Optional[float]:
         """CPU time (user + system) of everything that ran in the cgroup."""
         try:
-            for line in (self.path / "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
+            for line in read_small(f"{self.path}/cpu.stat").splitlines():
+                if line.startswith(b"usage_usec "):
                     return int(line.split()[1]) / 1e6
         except (OSError, ValueError):
             pass
@@ -221,9 +223,13 @@ def detect(state_dir: Path) -> Containment:
 
 
 def _write_pid0(procs: Path) -> None:
-    fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+    _write_small(procs, b"0")   # "0": the writer itself
+
+
+def _write_small(path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        os.write(fd, b"0")   # "0": the writer itself
+        os.write(fd, data)
     finally:
         os.close(fd)
 

@@ -18,7 +18,7 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Callable, Optional, Set
+from typing import Callable, NamedTuple, Optional, Set
 
 from . import alerts, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
@@ -42,6 +42,15 @@ JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could 
 HOST = socket.gethostname()
 
 log = stderr_logger
+
+
+class RingView(NamedTuple):
+    """The roster as the turn choice reads it (see :meth:`Driver.view`)."""
+    agents: Optional[list]   # the roster's agents this view was made from
+    config: Optional[Config]
+    roster: list             # (name, line) pairs, in roster order
+    names: list
+    scheduled: list          # (name, Schedule) of the scheduled agents
 
 
 def role_fields(leader) -> dict:
@@ -148,7 +157,7 @@ class Driver:
         self._prune_failing = False
         self._runs_since_prune = 0
         self.paused_said = False
-        self._view: "tuple" = (None, None, [], [])   # (roster agents, config, roster pairs, schedules)
+        self._view = RingView(None, None, [], [], [])
 
     # --- hearing and beating ------------------------------------------------------------
     def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests:
@@ -420,9 +429,9 @@ class Driver:
         """Choose and take one turn, or wait when none is due. Returns how many
         roster positions it went through (for ``--once``)."""
         env = self.env
-        agents = self.roster.agents
-        roster = self.view()[2]
-        start = next_index([a.name for a in agents], *self.cursor)
+        view = self.view()
+        agents, roster = view.agents, view.roster
+        start = next_index(view.names, *self.cursor)
         now = env.wall()
         started, plan = None, None
         pending, closed = self.pending, None
@@ -557,20 +566,19 @@ class Driver:
         self.pause(self.config.ring.heartbeat_interval)
         return 0
 
-    def view(self) -> tuple:
-        """The roster as each turn reads it - (name, line) pairs and the scheduled
-        agents - rebuilt only when the roster or the config is reloaded, not at
-        every hop."""
+    def view(self) -> "RingView":
+        """The roster as each turn reads it, rebuilt only when the roster or the
+        config is reloaded, not at every hop."""
         agents, config = self.roster.agents, self.config
-        if self._view[0] is not agents or self._view[1] is not config:
+        if self._view.agents is not agents or self._view.config is not config:
             scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
-            self._view = (agents, config, [(a.name, a.text) for a in agents],
-                          [(name, sched) for name, sched in scheduled if sched is not None])
+            self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
+                                  [(name, sched) for name, sched in scheduled if sched is not None])
         return self._view
 
     def schedules(self, tx, now: float) -> "dict[str, float]":
         """Next due time of each scheduled agent on the roster (SPEC "Scheduled agents")."""
-        scheduled = self.view()[3]
+        scheduled = self.view().scheduled
         if not scheduled:
             return {}
         zone = schedule.local_zone()

@@ -154,8 +154,9 @@ class RealEnv:
         # Let the leader finish dying first: until it is a zombie its escaped
         # children are still being re-parented to us, and a walk of our process
         # tree at that moment misses them (found by the soak).
-        proctree.wait_exit(child.pidfd, timeout=2.0)
-        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid])
+        dead = proctree.wait_exit(child.pidfd, timeout=2.0)
+        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid],
+                                 dead=[child.pid] if dead else [])
 
     def reap(self, child: Child) -> None:
         """The run's end: empty and remove its cgroup (reading its CPU time) while

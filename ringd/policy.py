@@ -169,12 +169,14 @@ def plan_turn(inp: TurnInputs) -> Plan:
     (its run outlasted its period) waits for the ordinary turn, unless no
     ordinary agent wants it."""
     n = len(inp.roster)
-    names = [name for name, _ in inp.roster]
-    if inp.requested in names:
-        return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "takes this turn (ringd next)"), forced=True)
+    if inp.requested is not None:
+        names = [name for name, _ in inp.roster]
+        if inp.requested in names:
+            return Plan(names.index(inp.requested), TurnDecision(Action.RUN, "takes this turn (ringd next)"),
+                        forced=True)
     again: Optional[Plan] = None
     dues: List[float] = []
-    for i, (name, line) in enumerate(inp.roster):
+    for i, (name, line) in enumerate(inp.roster if inp.scheduled else ()):
         due = inp.scheduled.get(name)
         if due is None or name in inp.paused:
             continue

@@ -14,10 +14,21 @@ A zombie is dead: it has exited, only its exit status waits to be collected.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional
 
 _LINUX = sys.platform.startswith("linux")
+
+
+def read_small(path: str) -> bytes:
+    """A small kernel file (``/proc``, cgroupfs) in one read, without the io
+    stack: these are read several times per hop. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
 
 
 def start_ticks(pid: Any) -> Optional[int]:
@@ -28,8 +39,7 @@ def start_ticks(pid: Any) -> Optional[int]:
     if not _LINUX:
         return _fallback_ticks(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = read_small(f"/proc/{pid}/stat")
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so

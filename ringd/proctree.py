@@ -189,12 +189,13 @@ def _live_helpers() -> Set[int]:
     return {h for h, t in _helpers.items() if procid.same_process(h, t)}
 
 
-def run_descendants(exclude: Iterable[int] = ()) -> List[psutil.Process]:
+def run_descendants(exclude: Iterable[int] = (), dead: Iterable[int] = ()) -> List[psutil.Process]:
     """The current run's processes as the driver sees them: every live
     descendant of ours except our helpers and theirs (one run in flight at a
     time; the driver is a subreaper, so escapees re-parent to us), and except
-    ``exclude`` itself (its descendants are still listed)."""
-    return [p for p in my_descendants(spare=_live_helpers(), exclude=exclude)
+    ``exclude`` itself (its descendants are still listed). ``dead``: processes
+    known to have exited (a zombie's children are already ours): not walked."""
+    return [p for p in my_descendants(spare=set(_live_helpers()) | set(dead), exclude=exclude)
             if procid.start_ticks(p.pid) is not None]
 
 
@@ -248,8 +249,7 @@ def _children_of(pid: int) -> Optional[List[int]]:
     kids: List[int] = []
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids.extend(int(x) for x in f.read().split())
+            kids.extend(int(x) for x in procid.read_small(f"/proc/{pid}/task/{tid}/children").split())
         except FileNotFoundError:
             continue
         except OSError:
@@ -301,7 +301,7 @@ def child_pids() -> List[int]:
 
 
 def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "descendants",
-             keep_unreaped: Iterable[int] = (), timeout: float = 3.0) -> int:
+             keep_unreaped: Iterable[int] = (), dead: Iterable[int] = (), timeout: float = 3.0) -> int:
     """SIGKILL every process of a run and wait (bounded) until none is left.
 
     ``scope="descendants"`` (the driver, at the end of its run): every live
@@ -309,7 +309,8 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
     flight at a time and the driver is a subreaper, so every other descendant
     is that run's, whatever its session, group or environment (``setsid env -i``
     included). ``scope="host"``: processes anywhere on the host that carry the
-    run's key or group (the reaper, when the run's driver is dead).
+    run's key or group (the reaper, when the run's driver is dead). ``dead``:
+    our children known to have exited (not walked into).
     Returns how many processes were signalled."""
     keep = set(keep_unreaped)
     killed = 0
@@ -318,7 +319,7 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)
         if scope == "descendants":
-            victims = run_descendants(exclude=keep)
+            victims = run_descendants(exclude=keep, dead=dead)
         else:
             victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
         for p in victims:
