@@ -34,10 +34,13 @@ def open_dir(state_dir: Path, parts: Sequence[str]) -> int:
     try:
         for part in parts:
             try:
-                os.mkdir(part, 0o700, dir_fd=base)
-            except FileExistsError:
-                pass
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
+            except FileNotFoundError:   # made on first use only: a hop usually finds it
+                try:
+                    os.mkdir(part, 0o700, dir_fd=base)
+                except FileExistsError:
+                    pass
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
             os.close(base)
             base = nxt
     except BaseException:
