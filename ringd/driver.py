@@ -13,6 +13,7 @@ still hears signals and roster edits.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -433,37 +434,42 @@ class Driver:
         agents, roster = view.agents, view.roster
         start = next_index(view.names, *self.cursor)
         now = env.wall()
-        started, plan = None, None
+        started, plan, hop = None, None, None
         pending, closed = self.pending, None
         # the last run's end, the operator's controls, the choice and the next start commit together
-        with self.journal.transaction() as tx:
-            if pending is not None:
-                closed = pending.write(tx)
-            controls = tx.controls()
-            if not controls.ring_paused:
-                plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
-                                            paused=controls.paused, requested=tx.take_next(controls),
-                                            scheduled=self.schedules(tx, now),
-                                            ran_scheduled=frozenset(self.ran_scheduled)))
-                wraps = (plan.index is not None and not plan.forced and not plan.scheduled
-                         and self.prev_index is not None
-                         and plan.index <= self.prev_index)
-                if wraps and not self.at_lap_start:
-                    plan = None   # a new lap: count it (and pause) before anything starts
-                elif plan.index is not None:
-                    agent = agents[plan.index]
-                    d = plan.decision
-                    if d.line_changed:
-                        transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
-                    if d.action is Action.SKIP:
-                        transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
-                    else:
-                        limits = self.config.limits_for(agent.name)
-                        started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
-                                               stall_threshold=limits.stall_threshold, driver_pid=env.pid,
-                                               driver_start=env.pid_start)
-                        if plan.scheduled:
-                            schedule.record_start(tx, agent.name, now)
+        with contextlib.ExitStack() as undo:   # a run whose row is not committed leaves no files
+            with self.journal.transaction() as tx:
+                if pending is not None:
+                    closed = pending.write(tx)
+                controls = tx.controls()
+                if not controls.ring_paused:
+                    plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
+                                                paused=controls.paused, requested=tx.take_next(controls),
+                                                scheduled=self.schedules(tx, now),
+                                                ran_scheduled=frozenset(self.ran_scheduled)))
+                    wraps = (plan.index is not None and not plan.forced and not plan.scheduled
+                             and self.prev_index is not None
+                             and plan.index <= self.prev_index)
+                    if wraps and not self.at_lap_start:
+                        plan = None   # a new lap: count it (and pause) before anything starts
+                    elif plan.index is not None:
+                        agent = agents[plan.index]
+                        d = plan.decision
+                        if d.line_changed:
+                            transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
+                        if d.action is Action.SKIP:
+                            transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
+                        else:
+                            limits = self.config.limits_for(agent.name)
+                            started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
+                                                   stall_threshold=limits.stall_threshold, driver_pid=env.pid,
+                                                   driver_start=env.pid_start)
+                            if plan.scheduled:
+                                schedule.record_start(tx, agent.name, now)
+                            hop = Hop(self, agent, plan.index, started, now)
+                            hop.prepare()   # its files are made before this commit (see Hop.prepare)
+                            undo.callback(hop.discard)
+            undo.pop_all()   # committed: the run's files are its own
         if pending is not None:
             self.pending = None
             self.after_run(pending.done(closed))
@@ -490,7 +496,7 @@ class Driver:
                 return 0
             self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})")
             env.notify(f"STATUS=lap {self.lap}: running {agent.name} (scheduled)")
-            self.ended(Hop(self, agent, plan.index, started, now).run())
+            self.ended(hop.run())
             return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
             self.ran_scheduled.clear()
@@ -503,7 +509,7 @@ class Driver:
             self.log(f"{agent.name}: turn skipped ({d.reason})")
             return len(plan.passed) + 1
         env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
-        self.ended(Hop(self, agent, plan.index, started, now).run())
+        self.ended(hop.run())
         return 0 if plan.forced else len(plan.passed) + 1
 
     def ended(self, end: "Pending | HopResult") -> None:

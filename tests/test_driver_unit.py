@@ -205,3 +205,47 @@ def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_st
         assert [a for _, a in running] == [agent], "only the run about to start is running on disk"
     gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
     assert gaps == [1] * 5, f"commits between two starts: {gaps}"
+
+
+def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
+    """The run's log and notify socket are made inside the transaction that
+    writes its row (before the commit's flush); if that commit fails they are
+    removed, and the retried turn makes them again under the same run id."""
+    from contextlib import contextmanager
+    from ringd.env import RealEnv
+
+    roster = tmp_path / "ring.txt"
+    roster.write_text("a /bin/true\n")
+    roster.chmod(0o600)
+    src = RosterSource(roster)
+    src.refresh(force=True)
+    journal = Journal.open(tmp_path)
+    seen = []
+
+    class FailsFirstCommit:
+        def __init__(self, j):
+            self._j, self.calls = j, 0
+
+        def __getattr__(self, name):
+            return getattr(self._j, name)
+
+        @contextmanager
+        def transaction(self):
+            self.calls += 1
+            seen.append(sorted(p.name for p in tmp_path.rglob("*") if p.suffix in (".log", ".sock")))
+            with self._j.transaction() as tx:
+                yield tx
+                if self.calls == 1:
+                    raise JournalError("journal.db: database or disk is full", transient=True)
+
+    env = RealEnv(tmp_path, lambda m: None)
+    cfg = Config(ring=RingSettings(**{**RING, "heartbeat_interval": 0.2}))
+    d = Driver(env, tmp_path, None, cfg, src, FailsFirstCommit(journal), once=True)
+    try:
+        assert d.run() == 0
+    finally:
+        env.close()
+    (row,) = rows(journal)
+    assert row.status == "ok"
+    assert seen[1] == [], f"files of the uncommitted run were left: {seen[1]}"
+    assert (tmp_path / "logs" / "a" / f"{row.id}.log").exists()
