@@ -149,13 +149,7 @@ def time_ringd_running(state: Path, config: Path, n: int, env) -> float:
                 raise RuntimeError(f"ringd run stopped or stalled (exit {proc.returncode})")
             time.sleep(0.05)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, [])
     rows = journal_query(state, "SELECT started_at, ended_at, status FROM runs WHERE id > ? ORDER BY id "
                                 "LIMIT ?", (before, 3 * n))
     if any(st != "ok" for _, _, st in rows):
