@@ -192,6 +192,13 @@ class RealEnv:
                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         return fd, str(self.state_dir / "logs" / agent / f"{run_id}.log")
 
+    def remove_run_log(self, agent: str, run_id: int) -> None:
+        """A run log made for a row that was never committed (best effort)."""
+        try:
+            os.unlink(self.state_dir / "logs" / agent / f"{run_id}.log")
+        except OSError:
+            pass
+
     @staticmethod
     def write_fd(fd: int, text: str) -> None:
         os.write(fd, text.encode())

@@ -17,7 +17,6 @@ sooner records it with its end).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Protocol, Set, Union
@@ -117,10 +116,7 @@ class Hop:
         if self._log_fd is not None:
             self.env.close_fd(self._log_fd)
             self._log_fd = None
-            try:
-                os.unlink(self.log_path)
-            except OSError:
-                pass
+            self.env.remove_run_log(self.agent.name, self.run_id)
 
     def run(self) -> "Union[Pending, HopResult]":
         """Run the agent to its end. Returns that end for the driver to commit

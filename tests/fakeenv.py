@@ -141,6 +141,9 @@ class FakeEnv:
     def open_run_log(self, agent, run_id):
         return -1, f"/fake/logs/{agent}/{run_id}.log"
 
+    def remove_run_log(self, agent, run_id):
+        pass
+
     def write_fd(self, fd, text):
         pass
 
