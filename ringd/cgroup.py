@@ -8,7 +8,7 @@ root on a writable cgroup2 mount (``/sys/fs/cgroup`` or the hybrid
 ``/sys/fs/cgroup/unified``) and in a subtree systemd delegated to the driver
 (``Delegate=yes``): creating a child cgroup and moving a process into it needs
 no controllers, and ``cpu.stat`` exists in every cgroup. :func:`detect` proves
-the whole mechanism once (create, move a forked process in, remove); where it
+the whole mechanism once (create, step in and back out, remove); where it
 fails the driver falls back to the subreaper rule (proctree) and says why once.
 
 The agent is born in its cgroup: the driver steps into the run's cgroup for
@@ -209,14 +209,18 @@ def detect(state_dir: Path) -> Containment:
             os.mkdir(probe.path)
         except FileExistsError:
             pass
+        inside = False
         try:
             if not (probe.path / "cgroup.kill").exists() and not (probe.path / "cgroup.freeze").exists():
                 return Containment(state_dir, None, "the kernel has neither cgroup.kill nor cgroup.freeze")
             probe.join()   # the way every spawn will: step in, then back home
+            inside = True
             _write_pid0(parent / "cgroup.procs")
+            inside = False
         finally:
-            probe.kill()
-            probe.remove()
+            if not inside:   # a cgroup that holds us is never killed
+                probe.kill()
+                probe.remove()
         return Containment(state_dir, parent)
     except OSError as e:
         return Containment(state_dir, None, f"cannot use cgroup v2: {e.strerror or e}")
@@ -266,15 +270,40 @@ def _write_record(state_dir: Path, parent: Path) -> None:
     write_json_atomic(state_dir / RECORD, {"parent": str(parent)})
 
 
+def _recorded_parent(state_dir: Path) -> Optional[Path]:
+    try:
+        parent = Path(json.loads((state_dir / RECORD).read_text())["parent"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return parent if parent.is_absolute() else None
+
+
+def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
+    """Kill and remove every run cgroup of this ring: where the record says they
+    live, and under ``also`` (the driver's own cgroup). Only for a caller that
+    holds the ring's lock with no other driver alive (the driver at start-up):
+    every such cgroup is then a dead driver's, e.g. one whose row an operator
+    closed before that driver was killed. Returns how many were removed."""
+    prefix = ring_prefix(state_dir) + "-run-"
+    gone = 0
+    for parent in {p for p in (_recorded_parent(state_dir), also) if p is not None}:
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+        except OSError:
+            continue
+        for name in names:
+            cg = RunCgroup(parent / name)
+            cg.kill()
+            gone += cg.remove()
+    return gone
+
+
 def kill_recorded(state_dir: Path, run_id: int) -> int:
     """The reaper's part: kill everything in ``run_id``'s cgroup (the run of a
     dead driver), found where the record says this ring's run cgroups live, and
     remove it. Returns how many processes were in it."""
-    try:
-        parent = Path(json.loads((state_dir / RECORD).read_text())["parent"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    if not parent.is_absolute():
+    parent = _recorded_parent(state_dir)
+    if parent is None:
         return 0
     cg = RunCgroup(parent / f"{ring_prefix(state_dir)}-run-{run_id}")
     if not cg.path.is_dir():

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Set
 
-from . import alerts, metrics, proctree, safefile, schedule, transitions
+from . import alerts, cgroup, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError
@@ -683,6 +683,9 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         env.close()
         return EX_UNAVAILABLE if config.ring.journal else EX_CONFIG
     proctree.set_child_subreaper()
+    swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
+    if swept:
+        logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
     try:
         driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
                         agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)

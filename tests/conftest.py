@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional
 import psutil
 import pytest
 
+from ringd import cgroup
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A suite started in the background by a non-interactive shell (`pytest &`, CI
@@ -230,6 +232,7 @@ class Ring:
             for stream in (p.stdout, p.stderr):
                 if stream:
                     stream.close()
+        cgroup.sweep(self.state)   # run cgroups of a driver the test killed
 
     # --- journal ---------------------------------------------------------------
     def rows(self, sql: str = "SELECT * FROM runs ORDER BY id", *params) -> List[sqlite3.Row]:

@@ -187,3 +187,31 @@ def test_a_driver_that_cannot_step_back_out_never_kills_the_cgroup_it_is_in(cont
         cg = cgroup.RunCgroup(Path(out["cg"]))
         cg.kill()
         cg.remove()
+
+
+STRANDED_PROBE = r"""
+import errno, json, os, sys
+from pathlib import Path
+from ringd import cgroup
+real = cgroup._write_pid0
+
+def home_refuses(procs):
+    if not procs.parent.name.startswith("ring-"):   # our own cgroup, not a ring's
+        raise OSError(errno.EBUSY, "Device or resource busy")
+    real(procs)
+cgroup._write_pid0 = home_refuses
+c = cgroup.detect(Path(sys.argv[1]))
+print(json.dumps({"kind": c.kind, "reason": c.reason}))
+"""
+
+
+def test_start_up_never_kills_the_probe_cgroup_it_could_not_leave(containment, tmp_path):
+    """detect() steps into a probe cgroup and back out; should it fail to get
+    out, the probe is left alone (killing it would kill the driver) and the
+    driver runs with the subreaper rule."""
+    import json
+    proc = subprocess.run([sys.executable, "-c", STRANDED_PROBE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, f"the driver killed itself: exit {proc.returncode} {proc.stderr[-500:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["kind"] == "subreaper" and "busy" in out["reason"].lower(), out

@@ -65,3 +65,27 @@ def test_a_dead_drivers_escapee_without_its_environment_is_reaped_via_its_cgroup
     ring.cli("status", "--json")
     wait_until(lambda: not _alive(escapee), timeout=10, message="escapee killed by the reaper")
     assert ring.rows("SELECT status FROM runs")[0]["status"] == "interrupted"
+
+
+def test_a_starting_driver_removes_every_run_cgroup_a_dead_driver_left(ring, tmp_path):
+    """Holding the lock with no other driver alive, every run cgroup of this ring
+    is a dead driver's - also one whose row is no longer running (an operator
+    closed it), which no reaper looks for: the driver kills what is in it and
+    removes it at start-up."""
+    c = cgroup.detect(ring.state)
+    if c.kind != "cgroup":
+        pytest.skip("no writable cgroup2 here")
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    left = c.create(987654)   # writes the record, as a driver's first run does
+    import subprocess
+    child, held_by = c.spawn_into(left, lambda: subprocess.Popen(["sleep", "300"], start_new_session=True))
+    try:
+        assert held_by is left and child.pid in left.pids()
+        ring.start_driver()
+        wait_until(lambda: not left.path.exists(), timeout=20, message="the stale run cgroup removed")
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
