@@ -158,8 +158,6 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
             text += f": {clean}"
         _, roster, _ = roster_view(config, state_dir)
         line = dict(roster).get(row.agent) if roster else None
-        now = time.time()
-
         closed = transitions.close_row(writer, row, "interrupted", source="operator", now=time.time(),
                                        ring=config.ring, line=line, reason=text)
         after = writer.run(row.id)

@@ -25,9 +25,9 @@ import socket
 import stat
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
 PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence
 
 _MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
 
@@ -42,7 +42,7 @@ def check_cron(expr: object) -> str:
     from cronsim import CronSim, CronSimError
 
     if not isinstance(expr, str):
-        raise ScheduleError(f"must be a cron expression in quotes, e.g. \"0 0 * * *\"")
+        raise ScheduleError("must be a cron expression in quotes, e.g. \"0 0 * * *\"")
     fields = expr.split()
     if len(fields) != 5:
         # cronsim also takes a sixth (seconds) field; SPEC says five-field cron
