@@ -207,12 +207,11 @@ class NotifySocket:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             path: Optional[Path] = state_dir / f"{SOCKET_PREFIX}{run_id}.sock"
             if len(os.fsencode(str(path))) <= _SUN_PATH_MAX:
-                old = os.umask(0o177)   # born 0600: no window in which others could connect
+                old = os.umask(0o177)   # born 0600 (bind applies the umask): no window, no chmod
                 try:
                     sock.bind(str(path))
                 finally:
                     os.umask(old)
-                os.chmod(path, 0o600)
                 env = str(path)
             else:
                 path = None
