@@ -29,6 +29,7 @@ from .journal import JournalError
 from .transitions import close_row
 
 LEADER, STANDBY = "leader", "standby"
+KILL_SETTLE = 10.0   # s: at most this long a regained leadership waits for its watchdog's kill to end
 
 
 class Leader:
@@ -48,6 +49,7 @@ class Leader:
         self._cond = threading.Condition()
         self._agent: Optional[tuple] = None   # (pid, start ticks, state key, run id) of the run in flight
         self.killed_pid: Optional[int] = None  # the agent the watchdog killed (its run is not recorded)
+        self._killing = False   # the watchdog is killing a run's processes right now
         threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
 
     def guard(self, pid: Optional[int], start_ticks: Optional[int], state_key: str = "",
@@ -77,8 +79,14 @@ class Leader:
                 # Stop leading and recording now (the loop sees it when it returns).
                 self.leading = False
                 self.killed_pid = pid
+                self._killing = True
                 self.journal.stop_recording()
-            self._kill_run(pid, ticks, state_key, run_id, cgroup)
+            try:
+                self._kill_run(pid, ticks, state_key, run_id, cgroup)
+            finally:
+                with self._cond:
+                    self._killing = False
+                    self._cond.notify_all()
 
     def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int, cgroup=None) -> None:
         """SIGKILL the run's cgroup (everything in it, atomically), its group and
@@ -173,6 +181,10 @@ class Leader:
         box is down)."""
         if not self.took_over:
             return
+        # Our own watchdog may still be killing what the last run left (it walks
+        # all our descendants): nothing new may start before it is done.
+        with self._cond:
+            self._cond.wait_for(lambda: not self._killing, timeout=KILL_SETTLE)
         row = self.journal.running_row()
         if row is None:
             self.took_over = False

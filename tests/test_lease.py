@@ -1,4 +1,5 @@
-"""The lease's decisions, pure: no database, no processes, microseconds each."""
+"""The lease's decisions, pure: no database, no processes, microseconds each;
+and the leader's watchdog hand-over, with a stand-in journal."""
 from ringd.lease import (RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host, holder_name,
                          must_stop)
 
@@ -64,3 +65,41 @@ def test_beats_come_at_least_twice_per_half_ttl():
 def test_holder_names_host_pid_and_start_ticks():
     assert ME == "box-a pid=100 start=555"
     assert holder_host(None) is None
+
+
+def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
+    """The watchdog kills the stuck run by walking all of the driver's
+    descendants; if the driver regains the lease meanwhile (its renewal landed
+    late), nothing may start before that kill is over - it would kill the new
+    run's agent too (seen under load: the next run `failed (signal 9)` after 20 ms)."""
+    import threading
+
+    from ringd import lease as leaselib
+    from ringd.leader import Leader
+
+    class NoRunning:
+        def running_row(self):
+            return None
+
+        def stop_recording(self):
+            pass
+
+    release = threading.Event()
+    killing = threading.Event()
+    leader = Leader(NoRunning(), ttl=2.0, log=lambda m: None, host="h")
+
+    def slow_kill(*args):
+        killing.set()
+        release.wait(10)
+    leader._kill_run = slow_kill
+    with leader._cond:   # a run in flight, the last renewal long ago: the watchdog fires
+        leader.leading, leader.renew_sent_at = True, leaselib.clock() - 10
+        leader._agent = (12345, None, "key", 7, None)
+        leader._cond.notify()
+    assert killing.wait(5), "the watchdog did not fire"
+    leader.took_over = True          # the driver regained the lease meanwhile
+    settled = threading.Event()
+    threading.Thread(target=lambda: (leader.settle_takeover(None), settled.set()), daemon=True).start()
+    assert not settled.wait(0.3), "a new run could start while the watchdog still kills"
+    release.set()
+    assert settled.wait(5)
