@@ -41,7 +41,8 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from bench_lap import ringd_env, write_private   # the same harness helpers (this script's folder)
+
 FLOOD_HEARTBEAT = 0.5
 WATCHDOG = 0.5
 LATENCY_GOAL = 0.050
@@ -76,24 +77,6 @@ SILENT_AGENT = textwrap.dedent("""\
     while True:
         time.sleep(3600)
     """)
-
-
-def ringd_env():
-    env = dict(os.environ)
-    for k in ("NOTIFY_SOCKET", "RING_STATE", "RING_CONFIG"):
-        env.pop(k, None)
-    probe = subprocess.run([sys.executable, "-c", "import ringd"], env=env, cwd="/",
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if probe.returncode != 0:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
-def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
 
 
 def make_ring(root: Path, config: str, roster: str):
