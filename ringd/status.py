@@ -27,7 +27,7 @@ from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
-from .journal import NEXT_KEY, Journal, JournalError, RunRow, journal_path
+from .journal import Journal, JournalError, RunRow, journal_path
 from .notify import read_notes
 
 WATCHER_FILE = "ringwatch.json"
@@ -375,8 +375,8 @@ def read_journal_view(reader: Journal) -> Dict[str, Any]:
     with reader.snapshot() as tx:
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
-        next_requested = tx.meta(NEXT_KEY)
-    ring_paused, paused_agents = reader.pauses()
+        controls = tx.controls()   # read as the driver reads them, in the same snapshot
+    ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
         row = asdict(st)
