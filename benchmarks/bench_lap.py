@@ -26,8 +26,9 @@ put on PYTHONPATH so ``python -m ringd`` still works):
    RSS < 25 MB) and context switches (to show it sleeps rather than spins).
 
 Always exits 0 (unless the harness itself breaks); a missed goal prints MISS.
-The ringd laps run on one state dir after an untimed warm-up lap, so each timed
-lap is a steady-state lap (journal, log folders exist). Processes started here are killed by pid only.
+The ringd laps run on one state dir after KEEP_LOGS untimed warm-up laps, so
+each timed lap is a steady-state lap (journal exists, every log folder is full:
+each run's log takes the place of the oldest). Processes started here are killed by pid only.
 """
 
 import argparse
@@ -59,11 +60,16 @@ IDLE_CPU_GOAL = 0.05      # percent of one CPU
 IDLE_RSS_GOAL = 25.0      # MB (MiB)
 HEARTBEAT_INTERVAL = 10   # s, as in CONFIG below
 
-CONFIG = """\
+# keep_logs 5: the untimed warm-up laps fill every agent's log folder, so each
+# timed hop pays its share of log pruning, as on a ring that has run for days
+# (with the default of 50, a benchmark's 20 laps would never prune a log).
+KEEP_LOGS = 5
+CONFIG = f"""\
 ring:
   run_budget: 3600
   stall_threshold: 4200
   heartbeat_interval: 10
+  keep_logs: {KEEP_LOGS}
 """
 
 
@@ -175,9 +181,10 @@ def time_bash_loop(n: int) -> float:
 def bench_laps(root: Path, reps: int, n: int, env) -> dict:
     results = {"ringd_wall": [], "ringd_lap": [], "ringd_running": [], "python": [], "bash": []}
     state, config = make_ring(root, "lap", [f"a{i:03d} /bin/true" for i in range(n)])
-    # untimed warm-up lap: journal, log folders and page cache exist, as on a ring
-    # that has been running; every timed lap is then a steady-state lap
-    ringd_once(state, config, env)
+    # untimed warm-up laps: journal, full log folders (KEEP_LOGS) and page cache
+    # exist, as on a ring that has been running; every timed lap is a steady-state lap
+    for _ in range(KEEP_LOGS):
+        ringd_once(state, config, env)
     runners = [
         ("ringd", lambda r: time_ringd_lap(state, config, n, env)),
         ("ringd_running", lambda r: time_ringd_running(state, config, n, env)),
@@ -228,7 +235,8 @@ def count_statements(root: Path, n: int, env) -> dict:
     counted apart) and commits. Upkeep that is not per hop (the metrics file,
     refreshed at most once a second, reads a few summary rows) is shown apart."""
     state, config = make_ring(root, "count", [f"a{i:03d} /bin/true" for i in range(n)])
-    ringd_once(state, config, env)   # warm-up lap: a steady-state ring
+    for _ in range(KEEP_LOGS):   # warm-up laps: a steady-state ring
+        ringd_once(state, config, env)
     proc = subprocess.run([sys.executable, "-c", COUNT_SQL, str(state), str(config)], env=env,
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:

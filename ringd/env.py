@@ -67,6 +67,7 @@ class RealEnv:
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
         self._sweep_sockets = True   # a dead driver's notify sockets go before our first run's
+        self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once here), else the subreaper rule alone - said once.
@@ -185,12 +186,24 @@ class RealEnv:
     def notify(self, message: str) -> None:
         self.notifier.notify(message)
 
-    def open_run_log(self, agent: str, run_id: int) -> Tuple[int, str]:
+    def open_run_log(self, agent: str, run_id: int, keep: int = 0) -> Tuple[int, str]:
         """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
-        local user planted in the state dir."""
-        fd = safefile.open_file(self.state_dir, ("logs", agent), f"{run_id}.log",
-                                os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        return fd, str(self.state_dir / "logs" / agent / f"{run_id}.log")
+        local user planted in the state dir. When the agent already has ``keep``
+        logs, the oldest (due to be pruned) becomes this one (safefile.reuse_file)."""
+        dfd = safefile.open_dir(self.state_dir, ("logs", agent))
+        try:
+            fd, name = None, f"{run_id}.log"
+            index = self._log_index(agent) if keep > 0 else None
+            if index is not None and len(index.ids) >= keep:
+                fd = safefile.reuse_file(dfd, f"{index.ids[0]}.log", name)
+                if fd is not None:
+                    index.ids.popleft()
+            if fd is None:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        return fd, str(self.state_dir / "logs" / agent / name)
 
     def remove_run_log(self, agent: str, run_id: int) -> None:
         """A run log made for a row that was never committed (best effort)."""
@@ -210,9 +223,7 @@ class RealEnv:
     def keep_logs(self, agent: str, run_id: int, keep: int) -> None:
         """Keep the newest ``keep`` run logs of an agent. The directory is listed
         once per agent; after that each run costs at most one unlink."""
-        index = self._logs.get(agent)
-        if index is None:
-            index = self._logs[agent] = LogIndex(deque(safefile.run_log_ids(self.state_dir / "logs" / agent)))
+        index = self._log_index(agent)
         if not index.ids or index.ids[-1] != run_id:
             index.ids.append(run_id)
         while len(index.ids) > max(keep, 0):
@@ -222,23 +233,47 @@ class RealEnv:
             except OSError:
                 pass
 
+    def _log_index(self, agent: str) -> LogIndex:
+        index = self._logs.get(agent)
+        if index is None:
+            index = self._logs[agent] = LogIndex(deque(safefile.run_log_ids(self.state_dir / "logs" / agent)))
+        return index
+
     @staticmethod
     def errno_reason(e: OSError) -> str:
         return proctree.errno_reason(e)
 
     def close(self) -> None:
         self.wakeups.close()
+        parked, self._parked_notify = self._parked_notify, None
+        if parked is not None:
+            from .notify import IDLE_SOCKET
+            parked.sock.close()
+            try:
+                os.unlink(self.state_dir / IDLE_SOCKET)
+            except OSError:
+                pass
 
     # --- the run's notify socket (ringd.notify) ----------------------------------------
     def open_notify(self, run_id: int):
         from .notify import NotifySocket
+        parked, self._parked_notify = self._parked_notify, None
+        if parked is not None:
+            sock = parked.reuse(self.state_dir, run_id)
+            if sock is not None:
+                return sock
+            self._sweep_sockets = True   # whatever replaced the parked file goes too
         sock = NotifySocket.open(self.state_dir, run_id, sweep=self._sweep_sockets)
         self._sweep_sockets = False   # once per driver, then only after a close that left one behind
         return sock
 
     def close_notify(self, sock) -> None:
+        """The run's socket file is gone from its path: parked for the next run
+        (NotifySocket.park), else closed and unlinked."""
         from .notify import remove_notes
-        if not sock.close():
+        if sock.park(self.state_dir):
+            self._parked_notify = sock
+        elif not sock.close():
             self._sweep_sockets = True
         if self._notes_written:
             remove_notes(self.state_dir)

@@ -102,7 +102,8 @@ class Hop:
         :meth:`run`. :meth:`discard` undoes it if the row is never committed."""
         self.prepared = True
         try:
-            self._log_fd, self.log_path = self.env.open_run_log(self.agent.name, self.run_id)
+            self._log_fd, self.log_path = self.env.open_run_log(self.agent.name, self.run_id,
+                                                                self.host.config.ring.keep_logs)
         except OSError as e:
             self._log_error = e
             return

@@ -35,6 +35,7 @@ DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves t
 NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
 NOTES_FILE = "notify.json"
 SOCKET_PREFIX = "notify-"
+IDLE_SOCKET = SOCKET_PREFIX + "idle.sock"   # a parked socket between runs (swept like the others)
 _MAX_FDS = 8               # fds accepted in one datagram's ancillary data (then closed)
 _UCRED = struct.Struct("3i")
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
@@ -186,11 +187,13 @@ class Heard:
 class NotifySocket:
     """The notify socket of one run. ``env`` is what to put in NOTIFY_SOCKET."""
 
-    def __init__(self, sock: socket.socket, path: Optional[Path], env: str, members: RunMembers):
+    def __init__(self, sock: socket.socket, path: Optional[Path], env: str, members: RunMembers,
+                 ident: Optional[Tuple[int, int]] = None):
         self.sock = sock
         self.path = path
         self.env = env
         self.members = members
+        self.ident = ident   # (st_dev, st_ino) of the socket file we bound: renames must find it
 
     @classmethod
     def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None,
@@ -213,16 +216,59 @@ class NotifySocket:
                 finally:
                     os.umask(old)
                 env = str(path)
+                st = os.lstat(path)
+                ident: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
             else:
                 path = None
                 name = f"ring-notify-{os.getpid()}-{run_id}-{os.urandom(6).hex()}"
                 sock.bind("\0" + name)
                 env = "@" + name
+                ident = None
         except BaseException:
             sock.close()
             raise
         members = RunMembers(state_key or str(state_dir), run_id)
-        return cls(sock, path, env, members)
+        return cls(sock, path, env, members, ident)
+
+    def park(self, state_dir: Path) -> bool:
+        """The run has ended: its socket file leaves its path (renamed to
+        :data:`IDLE_SOCKET`) and the bound socket is kept for the next run
+        (:meth:`reuse`), instead of being closed, unlinked and bound again.
+        A rename costs no inode; on a file system that avoids reusing recently
+        freed inodes (ext4 without a journal) every fresh bind scans for one.
+        False (nothing parked) for an abstract socket or when the rename fails."""
+        if self.path is None or self.ident is None:
+            return False
+        try:
+            os.rename(self.path, state_dir / IDLE_SOCKET)
+        except OSError:
+            return False
+        self.path = None
+        return True
+
+    def reuse(self, state_dir: Path, run_id: int, state_key: Optional[str] = None) -> Optional["NotifySocket"]:
+        """A parked socket as ``run_id``'s (its file renamed to the run's path,
+        anything still queued from earlier runs dropped); None (and the
+        parked socket closed) when the file at the idle path is not the one we
+        bound - it was removed or replaced: the caller binds a fresh socket."""
+        idle = state_dir / IDLE_SOCKET
+        path = state_dir / f"{SOCKET_PREFIX}{run_id}.sock"
+        try:
+            st = os.lstat(idle)
+            if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode):
+                raise FileNotFoundError(idle)
+            os.rename(idle, path)
+        except OSError:
+            self.sock.close()
+            return None
+        while True:   # datagrams of an earlier run (its processes are gone): never heard
+            try:
+                _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+            except OSError:
+                break
+            _sender_and_close_fds(anc)
+        members = RunMembers(state_key or str(state_dir), run_id)
+        return NotifySocket(self.sock, path, str(path), members, self.ident)
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -322,12 +322,16 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
             victims = run_descendants(exclude=keep, dead=dead)
         else:
             victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
+        if not victims:
+            # the walk lists zombies too: none of the run's is left to collect
+            # (helpers are collected on their SIGCHLD)
+            return killed
         for p in victims:
             start = procid.start_ticks(p.pid)
             if start is not None and signal_process(p.pid, start, signal.SIGKILL):
                 killed += 1
         reap_zombie_children(keep)
-        if not victims or time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:
             return killed
         time.sleep(0.01)
 

@@ -58,6 +58,45 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
         os.close(dfd)
 
 
+def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
+    """Open ``new`` (in ``dir_fd``) as the inode of ``old``, a file due to be
+    deleted, emptied and mode 0600: a rename that allocates no inode, where a
+    fresh file would (on ext4 without a journal each allocation scans past the
+    inodes freed in the last 30 s). ``old`` is used only if it is a regular
+    file of ours with one link (an agent can write into its log dir: a
+    symlink, a FIFO, a hard link to another file are never opened through, and
+    are left to be pruned); then None, and the caller creates ``new`` afresh.
+    Like O_EXCL, raises FileExistsError if ``new`` already exists."""
+    try:
+        fd = os.open(old, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            os.close(fd)
+            return None
+        try:   # link the very inode checked (by its descriptor), never a name swapped meanwhile
+            os.link(f"/proc/self/fd/{fd}", new, dst_dir_fd=dir_fd, follow_symlinks=True)
+        except FileExistsError:
+            raise
+        except OSError:   # no /proc (not Linux), a file system without hard links
+            os.close(fd)
+            return None
+        try:
+            os.unlink(old, dir_fd=dir_fd)
+        except OSError:
+            pass
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def run_log_ids(folder: Path) -> List[int]:
     """Run ids of the run logs in ``folder`` (an agent's log dir), ascending:
     regular files named exactly so; everything else there is ignored (a

@@ -138,7 +138,7 @@ class FakeEnv:
     def notify(self, message):
         self.notes.append(message)
 
-    def open_run_log(self, agent, run_id):
+    def open_run_log(self, agent, run_id, keep=0):
         return -1, f"/fake/logs/{agent}/{run_id}.log"
 
     def remove_run_log(self, agent, run_id):

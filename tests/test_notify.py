@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ringd.notify import (MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
+from ringd.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
                           clean_phase, meaning, parse_datagram, read_notes, send, write_notes)
 
 from conftest import REPO, wait_until
@@ -141,6 +141,48 @@ def test_a_socket_left_by_a_dead_driver_is_replaced(tmp_path):
         assert not (tmp_path / "notify-4.sock").exists() and (tmp_path / "notify-keep.txt").exists()
     finally:
         ns.close()
+
+
+def test_a_parked_socket_is_the_next_runs_and_hears_nothing_of_the_last(tmp_path):
+    """Between runs the socket file is renamed aside (no inode allocated per
+    run); the next run's path is the same bound socket, with nothing queued."""
+    ns = NotifySocket.open(tmp_path, 5)
+    ino = os.lstat(ns.env).st_ino
+    assert ns.park(tmp_path)
+    idle = tmp_path / IDLE_SOCKET
+    assert not (tmp_path / "notify-5.sock").exists() and idle.exists()   # run 5's path is gone
+    _raw_send(str(idle), b"STATUS=from run 5")     # queued between runs: never heard
+    nxt = ns.reuse(tmp_path, 6)
+    try:
+        assert nxt is not None and nxt.env == str(tmp_path / "notify-6.sock") and not idle.exists()
+        st = os.lstat(nxt.env)
+        assert st.st_ino == ino and stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        nxt.set_agent(os.getpid())
+        _raw_send(nxt.env, b"STATUS=run 6")
+        heard = nxt.drain()
+        assert (heard.phase, heard.accepted, heard.dropped) == ("run 6", 1, 0)
+    finally:
+        nxt.close()
+    assert not os.path.exists(tmp_path / "notify-6.sock")
+
+
+@pytest.mark.parametrize("tamper", ["removed", "replaced"])
+def test_a_parked_socket_whose_file_was_tampered_with_is_not_reused(tmp_path, tamper):
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.park(tmp_path)
+    idle = tmp_path / IDLE_SOCKET
+    idle.unlink()
+    other = None
+    if tamper == "replaced":   # someone else's socket at the idle path
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        other.bind(str(idle))
+    try:
+        assert ns.reuse(tmp_path, 6) is None
+        assert ns.sock.fileno() == -1                  # the parked socket is closed
+        assert not (tmp_path / "notify-6.sock").exists()
+    finally:
+        if other is not None:
+            other.close()
 
 
 def test_a_too_long_state_dir_gets_an_abstract_socket(tmp_path):

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from conftest import processes_of, wait_until
+from ringd import safefile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -285,6 +286,94 @@ def test_symlink_planted_at_the_next_run_log_is_not_followed(ring, victim):
     code, err = finish(ring.start_driver("--once"))   # the ring goes on
     assert code == 0, err
     assert ring.runs()[-1]["status"] == "ok"
+
+
+# a log due for pruning becomes the next run's (safefile.reuse_file): only a plain file of ours
+
+def _dir_fd(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def test_a_pruned_log_becomes_the_next_run_log_emptied_and_private(tmp_path):
+    old = tmp_path / "1.log"
+    old.write_text("run 1 said a lot\n")
+    old.chmod(0o644)
+    ino = old.stat().st_ino
+    dfd = _dir_fd(tmp_path)
+    try:
+        fd = safefile.reuse_file(dfd, "1.log", "7.log")
+    finally:
+        os.close(dfd)
+    assert fd is not None
+    try:
+        os.write(fd, b"run 7\n")
+    finally:
+        os.close(fd)
+    new = tmp_path / "7.log"
+    st = new.stat()
+    assert (st.st_ino, st.st_nlink, stat.S_IMODE(st.st_mode)) == (ino, 1, 0o600)   # no inode allocated
+    assert new.read_text() == "run 7\n" and not old.exists()
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo", "directory"])
+def test_a_planted_old_log_is_never_reused(tmp_path, victim, plant):
+    vdir, precious = victim
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    old = logs / "1.log"
+    if plant == "symlink":
+        os.symlink(precious, old)
+    elif plant == "hardlink":
+        os.link(precious, old)
+    elif plant == "fifo":
+        os.mkfifo(old)           # no reader: an open for writing would block without O_NONBLOCK
+    else:
+        old.mkdir()
+    dfd = _dir_fd(logs)
+    try:
+        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
+    finally:
+        os.close(dfd)
+    assert not (logs / "7.log").exists() and os.path.lexists(old)   # left to be pruned
+    assert precious.read_text() == "precious\n" and os.stat(precious).st_mtime == 1_000_000_000
+
+
+def test_reusing_a_log_refuses_a_file_already_at_the_new_name(tmp_path):
+    (tmp_path / "1.log").write_text("old\n")
+    os.symlink("/etc/passwd", tmp_path / "7.log")
+    dfd = _dir_fd(tmp_path)
+    try:
+        with pytest.raises(FileExistsError):
+            safefile.reuse_file(dfd, "1.log", "7.log")
+    finally:
+        os.close(dfd)
+    assert (tmp_path / "1.log").read_text() == "old\n"
+
+
+def test_an_agent_that_swaps_its_oldest_log_for_a_symlink_writes_nothing_through_it(ring, victim):
+    """The driver knows its logs from one listing; run 3 swaps 2.log (the
+    oldest, due for reuse by run 4) for a symlink to a victim file."""
+    vdir, precious = victim
+    ring.write_config(ring={"keep_logs": 2})
+    ring.agent("a", f"""
+        echo run $RING_RUN_ID
+        if [ "$RING_RUN_ID" = 3 ]; then rm "$RING_STATE/logs/a/2.log"; ln -s {precious} "$RING_STATE/logs/a/2.log"; fi
+        if [ "$RING_RUN_ID" -ge 4 ]; then sleep 30; fi
+        """)
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    logs = ring.state / "logs" / "a"
+    try:
+        wait_until(lambda: (logs / "4.log").exists() and (logs / "4.log").read_text() == "run 4\n",
+                   timeout=30, message="run 4 started and wrote its log")
+        assert sorted(os.listdir(logs)) == ["2.log", "3.log", "4.log"] and (logs / "2.log").is_symlink()
+        assert not (logs / "4.log").is_symlink()
+        _untouched(vdir, precious)
+    finally:
+        drv.send_signal(signal.SIGTERM)
+        finish(drv)
+    assert sorted(os.listdir(logs)) == ["3.log", "4.log"]      # the symlink is pruned, never followed
+    _untouched(vdir, precious)
 
 
 def test_symlinked_heartbeat_and_journal_are_never_written_through(ring, victim):
