@@ -472,7 +472,10 @@ class Driver:
             undo.pop_all()   # committed: the run's files are its own
         if pending is not None:
             self.pending = None
-            self.after_run(pending.done(closed))
+            if hop is not None:   # said and alerted once the next agent is started (Hop.after_start)
+                hop.after_start = lambda: self.after_run(pending.done(closed))
+            else:
+                self.after_run(pending.done(closed))
         if controls.ring_paused:
             return self.wait_paused(limit)
         if self.paused_said:
@@ -642,6 +645,7 @@ class Driver:
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
                logger: Callable[[str], None] = log) -> int:
     """``ringd run``: returns the process exit code. Errors are one line on stderr."""
+    proctree.close_on_exec_all()   # nothing we inherited reaches an agent (proctree.spawn)
     try:
         config = load_config(config_path)
         for w in config.warnings:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,7 +33,6 @@ class Child:
     group stays safe."""
     pid: int
     pidfd: Optional[int]
-    popen: Optional[subprocess.Popen] = None
     cgroup: Optional[cgroup.RunCgroup] = None   # its run's cgroup, when the driver can make one
     cpu_seconds: Optional[float] = None          # that cgroup's CPU time, read as the run ends
     start_time: Optional[int] = None     # boot-relative start ticks (procid), read when first needed
@@ -120,9 +117,7 @@ class RealEnv:
                 raise
             if cg is None:
                 self.log(f"containment: subreaper rule only from now on ({self.containment.stranded})")
-        started.popen.returncode = 0   # we reap it ourselves (os.waitpid below), never Popen
-        return Child(pid=started.pid, pidfd=started.pidfd, popen=started.popen, cgroup=cg,
-                     start_time=started.start_time)
+        return Child(pid=started.pid, pidfd=started.pidfd, cgroup=cg)   # start ticks: read when needed
 
     def start_time(self, child: Child) -> Optional[int]:
         if child.start_time is None:
@@ -293,10 +288,9 @@ def _exec_with_pid(argv: Sequence[str], cwd: Optional[str], env: Mapping[str, st
     the driver has a thread - the many-host lease watchdog.) A program that
     cannot be run is refused here, so it still ends ``error``, not ``failed``."""
     prog = argv[0]
-    if "/" in prog:
-        path = prog if os.path.isabs(prog) else os.path.join(cwd or ".", prog)
-    else:
-        path = shutil.which(prog, path=env.get("PATH", os.defpath)) or ""
+    if "/" in prog and not os.path.isabs(prog):
+        prog = os.path.join(cwd or ".", prog)
+    path = proctree.executable(prog, env)
     if not os.path.isfile(path):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
     if not os.access(path, os.X_OK):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol, Set, Union
+from typing import Callable, Optional, Protocol, Set, Union
 
 from . import runstate, transitions
 from .config import Config
@@ -88,6 +88,9 @@ class Hop:
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
         self._run_env: Optional[dict] = None
+        # the driver's follow-up of the previous run's end (its log line, alerts):
+        # done once this agent is started, while it execs on another core
+        self.after_start: Optional[Callable[[], None]] = None
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -122,11 +125,23 @@ class Hop:
     def run(self) -> "Union[Pending, HopResult]":
         """Run the agent to its end. Returns that end for the driver to commit
         (a HopResult when nothing may be recorded: leadership lost)."""
+        try:
+            return self._run()
+        finally:
+            self._started()
+
+    def _started(self) -> None:
+        hook, self.after_start = self.after_start, None
+        if hook is not None:
+            hook()
+
+    def _run(self) -> "Union[Pending, HopResult]":
         env, host, name = self.env, self.host, self.agent.name
         if not self.prepared:
             self.prepare()
         if self._log_error is not None:
             from .env import log_open_reason
+            self._started()
             return self._close_error(f"cannot open run log logs/{name}/{self.run_id}.log: "
                                      f"{log_open_reason(self._log_error)}")
         log_fd, run_env, self._log_fd = self._log_fd, self._run_env, None
@@ -138,9 +153,11 @@ class Hop:
                                   pid_var="WATCHDOG_PID" if self.watchdog else None, run_id=self.run_id)
             except OSError as e:
                 env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
+                self._started()
                 return self._close_error(f"cannot start: {env.errno_reason(e)}")
             finally:
                 env.close_fd(log_fd)
+            self._started()
             self.pid = child.pid
             self.child = child
             if self.notify is not None:

@@ -95,7 +95,6 @@ class DriverProc:
             if pid == 0:
                 return None
             self.status = status
-            self.child.popen.returncode = _returncode(status)  # Popen must not wait again
             self.close()
         return self.status
 

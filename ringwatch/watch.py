@@ -77,6 +77,7 @@ class Watcher:
 
     # --- entry point -----------------------------------------------------------
     def run(self) -> int:
+        proctree.close_on_exec_all()   # nothing we inherited reaches the driver we start
         state.prepare_state_dir(self.state_dir)
         lock = state.WatchLock(self.state_dir)
         lock.acquire()

@@ -93,6 +93,15 @@ def _spawn_in(containment, cg: cgroup.RunCgroup, script: str, tmp_path: Path) ->
     return child
 
 
+def _collect(child: proctree.Child) -> None:
+    """Bounded wait for our killed child's exit, then reap it (unless already reaped)."""
+    assert proctree.wait_exit(child.pidfd, 10), f"pid {child.pid} did not exit"
+    try:
+        os.waitpid(child.pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(containment, tmp_path):
     cg = containment.create(41)
     assert cg is not None and cg.path.is_dir()
@@ -110,7 +119,7 @@ def test_a_run_cgroup_holds_everything_the_agent_forks_and_cgroup_kill_ends_it(c
     assert len(escaped) == 2
     assert set(escaped) | {child.pid} <= set(cg.pids()), "everything it forked is in its cgroup"
     cpu = containment.finish(cg, reap=lambda: proctree.reap_zombie_children())
-    child.popen.wait(timeout=10)
+    _collect(child)
     child.close()
     for pid in escaped + [child.pid]:
         wait_until(lambda: _gone(pid), 10, message=f"pid {pid} killed")
@@ -126,7 +135,7 @@ def test_the_agent_is_in_its_cgroup_before_it_can_fork(containment, tmp_path):
     line = [x for x in (tmp_path / "cg.txt").read_text().splitlines() if x.startswith("0::")][0]
     assert line.endswith(f"/{containment.prefix}-run-42"), line   # its first command already ran inside
     containment.finish(cg, reap=lambda: proctree.reap_zombie_children())
-    child.popen.wait(timeout=10)
+    _collect(child)
     child.close()
 
 
@@ -139,7 +148,7 @@ def test_a_reaper_kills_the_run_cgroup_of_a_dead_driver(containment, tmp_path):
     # another process (a reaper: `ringd status`, the next driver) knows only the state dir and run id
     assert cgroup.kill_recorded(tmp_path, 99) == 0, "another run's record is not this run's"
     assert cgroup.kill_recorded(tmp_path, 43) == 2
-    child.popen.wait(timeout=10)
+    _collect(child)
     child.close()
     wait_until(lambda: _gone(escaped), 10, message="escapee killed")
     assert not cg.path.exists()

@@ -182,12 +182,25 @@ def test_agents_inherit_no_lock_journal_or_notify_socket(ring, tmp_path, notify_
     _probe_agent(ring, out)
     path, sock = notify_socket
     env = dict(ring.env, NOTIFY_SOCKET=path, WATCHDOG_USEC="60000000", WATCHDOG_PID=str(os.getpid()))
+    # the daemon inherits an open descriptor from whoever starts it (a shell, a
+    # supervisor): it is marked close-on-exec at start-up, so no agent gets it
+    inherited_r, inherited_w = os.pipe()
+    os.set_inheritable(inherited_w, True)
+    passed = {"pass_fds": (inherited_w,)}
+    try:
+        if under == "driver":
+            started = ring.start_driver("--once", env=env, **passed)
+        else:
+            started = ring.start_watcher(env=env, **passed)
+    finally:
+        os.close(inherited_r)
+        os.close(inherited_w)
     if under == "driver":
-        code, err = finish(ring.start_driver("--once", env=env))
+        code, err = finish(started)
         assert code == 0, err
         assert "READY=1" in _received(sock), "the driver itself must speak to systemd"
     else:
-        w = ring.start_watcher(env=env)
+        w = started
         wait_until(lambda: len(list(out.glob("*-grandchild.json"))) >= 2, 30, message="two probe runs")
         w.send_signal(signal.SIGTERM)
         code, err = finish(w)

@@ -1,0 +1,129 @@
+"""proctree.spawn: one posix_spawn that gives the child exactly what Popen
+did (its own session, stdin /dev/null, stdout and stderr to the log, its cwd
+and umask, default SIGPIPE/SIGXFSZ, no descriptor of ours) and leaves the
+spawning process's own cwd and umask as they were. Real processes."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+
+import pytest
+
+from ringd import proctree
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
+
+PROBE = r"""
+import json, os, signal, sys
+print(json.dumps({"cwd": os.getcwd(), "umask": os.umask(0), "sid": os.getsid(0), "pid": os.getpid(),
+                  "fds": sorted(int(n) for n in os.listdir("/proc/self/fd")),
+                  "stdin": os.readlink("/proc/self/fd/0"), "env": os.environ.get("ONLY")}), flush=True)
+print("to stderr", file=sys.stderr)
+"""
+
+
+def _mask(status: str, field: str) -> set:
+    """Signal numbers set in a /proc/<pid>/status mask (SigIgn, SigBlk)."""
+    bits = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith(field + ":")), 16)
+    return {n for n in range(1, 65) if bits >> (n - 1) & 1}
+
+
+def _run(tmp_path, argv, **kw):
+    log = tmp_path / "out.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        child = proctree.spawn(argv, stdout_fd=fd, **kw)
+    finally:
+        os.close(fd)
+    try:
+        assert proctree.wait_exit(child.pidfd, 20), "child did not exit"
+        _, status = os.waitpid(child.pid, 0)
+    finally:
+        child.close()
+    return child, os.waitstatus_to_exitcode(status), log.read_text()
+
+
+def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_path):
+    import json
+    proctree.close_on_exec_all()   # as a daemon does at start-up (this test process inherited some)
+    work = tmp_path / "work"
+    work.mkdir()
+    mine = os.open(tmp_path / "held", os.O_WRONLY | os.O_CREAT, 0o600)   # ours, close-on-exec
+    before_cwd, before_umask = os.getcwd(), os.umask(0o022)
+    os.umask(before_umask)
+    try:
+        child, code, out = _run(tmp_path, [sys.executable, "-c", PROBE], cwd=str(work),
+                                env={"ONLY": "this", "PATH": os.environ["PATH"]}, umask=0o027)
+    finally:
+        os.close(mine)
+    assert code == 0, out
+    doc = json.loads(out.splitlines()[0])
+    assert out.splitlines()[1] == "to stderr"                       # stderr to the same log
+    assert doc["cwd"] == str(work) and doc["umask"] == 0o027
+    assert doc["sid"] == doc["pid"] == child.pid                    # leads its own session
+    assert doc["stdin"] == "/dev/null" and doc["env"] == "this"
+    assert [fd for fd in doc["fds"] if fd > 2] in ([], [3]), doc["fds"]   # 3: the probe's own listdir
+    assert (os.getcwd(), os.umask(before_umask)) == (before_cwd, before_umask)   # ours, unchanged
+    # Python (this process) ignores SIGPIPE and SIGXFSZ; a program it starts must not
+    assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+    _, code, status = _run(tmp_path, ["cat", "/proc/self/status"], cwd=None, env={"PATH": os.environ["PATH"]})
+    assert code == 0 and not _mask(status, "SigIgn") & {int(signal.SIGPIPE), int(signal.SIGXFSZ)}, status
+    assert not _mask(status, "SigBlk"), "nothing blocked"
+
+
+def test_a_missing_cwd_or_program_is_an_oserror_and_changes_nothing_of_ours(tmp_path):
+    before = os.getcwd()
+    with pytest.raises(FileNotFoundError):
+        _run(tmp_path, ["/bin/true"], cwd=str(tmp_path / "gone"), env={})
+    with pytest.raises(FileNotFoundError):
+        _run(tmp_path, [str(tmp_path / "nope")], cwd=str(tmp_path), env={})
+    with pytest.raises(FileNotFoundError):
+        _run(tmp_path, ["no-such-program-anywhere"], cwd=str(tmp_path), env={"PATH": "/bin:/usr/bin"})
+    assert os.getcwd() == before
+
+
+def test_a_bare_name_is_found_on_the_childs_path_as_execvp_would(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "tool").write_text("#!/bin/sh\necho from a\n")          # not executable: skipped
+    (b / "tool").write_text("#!/bin/sh\necho from b\n")
+    os.chmod(b / "tool", 0o700)
+    env = {"PATH": f"{a}:{b}"}
+    assert proctree.executable("tool", env) == str(b / "tool")
+    _, code, out = _run(tmp_path, ["tool"], cwd=str(tmp_path), env=env)
+    assert (code, out) == (0, "from b\n")
+    os.chmod(b / "tool", 0o600)   # now no match is executable: exec's own EACCES
+    with pytest.raises(PermissionError):
+        _run(tmp_path, ["tool"], cwd=str(tmp_path), env=env)
+    assert proctree.executable("./tool", env) == "./tool"          # a path is taken as given
+
+
+def test_close_on_exec_all_marks_every_inherited_descriptor(tmp_path):
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        proctree.close_on_exec_all()
+        assert not os.get_inheritable(w)
+        assert all(os.get_inheritable(fd) for fd in (0, 1, 2) if _open(fd))   # ours to hand on
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _open(fd: int) -> bool:
+    try:
+        return stat.S_IFMT(os.fstat(fd).st_mode) >= 0
+    except OSError:
+        return False
+
+
+def test_signals_held_starts_the_child_with_them_blocked(tmp_path):
+    _, code, status = _run(tmp_path, ["cat", "/proc/self/status"], cwd=None, env={"PATH": os.environ["PATH"]},
+                           signals_held=True)
+    assert code == 0, status
+    blocked = _mask(status, "SigBlk")
+    assert {int(signal.SIGTERM), int(signal.SIGHUP), int(signal.SIGINT), int(signal.SIGUSR1)} <= blocked
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}   # ours unblocked again
