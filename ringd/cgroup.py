@@ -43,22 +43,26 @@ _MOUNTINFO = "/proc/self/mountinfo"
 class RunCgroup:
     """One run's cgroup."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: "Path | str"):
+        self.dir = os.fspath(path)   # a str: the hop's path operations are f-strings, not pathlib
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
 
     def join(self) -> None:
         """Move the calling process (all its threads) into this cgroup."""
-        _write_pid0(self.path / "cgroup.procs")
+        _write_pid0(f"{self.dir}/cgroup.procs")
 
     def pids(self) -> List[int]:
         try:
-            return [int(x) for x in read_small(f"{self.path}/cgroup.procs").split()]
+            return [int(x) for x in read_small(f"{self.dir}/cgroup.procs").split()]
         except (OSError, ValueError):
             return []
 
     def populated(self) -> bool:
         try:
-            for line in read_small(f"{self.path}/cgroup.events").splitlines():
+            for line in read_small(f"{self.dir}/cgroup.events").splitlines():
                 if line.startswith(b"populated "):
                     return line.split()[1] != b"0"
         except OSError:
@@ -82,7 +86,7 @@ class RunCgroup:
     def signal_kill(self) -> None:
         """SIGKILL everything in the cgroup now, without waiting."""
         try:
-            _write_small(f"{self.path}/cgroup.kill", b"1")
+            _write_small(f"{self.dir}/cgroup.kill", b"1")
         except OSError:
             self._freeze_and_kill()   # a kernel before 5.14: no cgroup.kill
 
@@ -106,7 +110,7 @@ class RunCgroup:
     def cpu_seconds(self) -> Optional[float]:
         """CPU time (user + system) of everything that ran in the cgroup."""
         try:
-            for line in read_small(f"{self.path}/cpu.stat").splitlines():
+            for line in read_small(f"{self.dir}/cpu.stat").splitlines():
                 if line.startswith(b"usage_usec "):
                     return int(line.split()[1]) / 1e6
         except (OSError, ValueError):
@@ -119,7 +123,7 @@ class RunCgroup:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                os.rmdir(self.path)
+                os.rmdir(self.dir)
                 return True
             except FileNotFoundError:
                 return True
@@ -151,12 +155,12 @@ class Containment:
         The record for a later reaper is written first."""
         if self.parent is None:
             return None
-        cg = RunCgroup(self.parent / f"{self.prefix}-run-{run_id}")
+        cg = RunCgroup(f"{self.parent}/{self.prefix}-run-{run_id}")
         try:
             if not self.recorded:
                 _write_record(self.state_dir, self.parent)
                 self.recorded = True
-            os.mkdir(cg.path)
+            os.mkdir(cg.dir)
         except FileExistsError:
             pass   # a dead driver's cgroup of the same run id: reused, it is ours
         except OSError:
@@ -175,9 +179,9 @@ class Containment:
             result = spawn()
         finally:
             try:
-                _write_pid0(self.parent / "cgroup.procs")
+                _write_pid0(f"{self.parent}/cgroup.procs")
             except OSError as e:
-                self.stranded = f"cannot leave {cg.path}: {e.strerror or e}"
+                self.stranded = f"cannot leave {cg.dir}: {e.strerror or e}"
                 self.parent, self.reason = None, self.stranded
         return result, (None if self.stranded else cg)
 
@@ -215,7 +219,7 @@ def detect(state_dir: Path) -> Containment:
                 return Containment(state_dir, None, "the kernel has neither cgroup.kill nor cgroup.freeze")
             probe.join()   # the way every spawn will: step in, then back home
             inside = True
-            _write_pid0(parent / "cgroup.procs")
+            _write_pid0(f"{parent}/cgroup.procs")
             inside = False
         finally:
             if not inside:   # a cgroup that holds us is never killed
@@ -226,7 +230,7 @@ def detect(state_dir: Path) -> Containment:
         return Containment(state_dir, None, f"cannot use cgroup v2: {e.strerror or e}")
 
 
-def _write_pid0(procs: Path) -> None:
+def _write_pid0(procs: str) -> None:
     _write_small(procs, b"0")   # "0": the writer itself
 
 

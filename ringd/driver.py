@@ -130,7 +130,7 @@ class Driver:
         self.lock = lock
         self.once = once
         self.agent_umask = agent_umask
-        self.base_env = dict(base_env or {})
+        self.base_env = proctree.clean_env(base_env or {}, {})   # once: each run adds its RING_* (hop.agent_env)
         self.leader = leader   # leader.Leader of a many-host ring (None: SQLite, the lock makes us leader)
         self.log = env.log
         # what signals asked for

@@ -198,7 +198,7 @@ class RealEnv:
                              dir_fd=dfd)
         finally:
             os.close(dfd)
-        return fd, str(self.state_dir / "logs" / agent / name)
+        return fd, f"{self.state_dir}/logs/{agent}/{name}"
 
     def remove_run_log(self, agent: str, run_id: int) -> None:
         """A run log made for a row that was never committed (best effort)."""

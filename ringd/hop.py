@@ -25,7 +25,6 @@ from . import runstate, transitions
 from .config import Config
 from .journal import Journal, JournalError
 from .policy import Requests
-from .proctree import clean_env
 from .roster import Agent, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick
 
@@ -40,7 +39,7 @@ class Host(Protocol):
     state_key: str
     roster_dir: Path
     agent_umask: int
-    base_env: dict
+    base_env: dict        # the driver's environment, cleaned (proctree.clean_env)
     stop_requested: bool
     stop_reason: str
     next_beat: float
@@ -62,10 +61,11 @@ class HopResult:
 
 
 def agent_env(base, agent: str, run_id: int, budget: float, deadline: float, state_key: str) -> dict:
-    """The environment of a run: ours, minus systemd's notify/watchdog variables
-    (an agent must never speak to systemd as the driver), plus the run's own."""
-    return clean_env(base, {"RING_AGENT": agent, "RING_RUN_ID": str(run_id), "RING_RUN_BUDGET": f"{budget:g}",
-                            "RING_DEADLINE": f"{deadline:.3f}", "RING_STATE": state_key})
+    """The environment of a run: the driver's ``base_env`` (ours, cleaned once
+    of systemd's notify/watchdog variables by proctree.clean_env: an agent must
+    never speak to systemd as the driver), plus the run's own."""
+    return {**base, "RING_AGENT": agent, "RING_RUN_ID": str(run_id), "RING_RUN_BUDGET": f"{budget:g}",
+            "RING_DEADLINE": f"{deadline:.3f}", "RING_STATE": state_key}
 
 
 class Hop:

@@ -187,7 +187,7 @@ class Heard:
 class NotifySocket:
     """The notify socket of one run. ``env`` is what to put in NOTIFY_SOCKET."""
 
-    def __init__(self, sock: socket.socket, path: Optional[Path], env: str, members: RunMembers,
+    def __init__(self, sock: socket.socket, path: Optional[str], env: str, members: RunMembers,
                  ident: Optional[Tuple[int, int]] = None):
         self.sock = sock
         self.path = path
@@ -208,14 +208,14 @@ class NotifySocket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            path: Optional[Path] = state_dir / f"{SOCKET_PREFIX}{run_id}.sock"
-            if len(os.fsencode(str(path))) <= _SUN_PATH_MAX:
+            path: Optional[str] = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
+            if len(os.fsencode(path)) <= _SUN_PATH_MAX:
                 old = os.umask(0o177)   # born 0600 (bind applies the umask): no window, no chmod
                 try:
-                    sock.bind(str(path))
+                    sock.bind(path)
                 finally:
                     os.umask(old)
-                env = str(path)
+                env = path
                 st = os.lstat(path)
                 ident: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
             else:
@@ -240,7 +240,7 @@ class NotifySocket:
         if self.path is None or self.ident is None:
             return False
         try:
-            os.rename(self.path, state_dir / IDLE_SOCKET)
+            os.rename(self.path, f"{state_dir}/{IDLE_SOCKET}")
         except OSError:
             return False
         self.path = None
@@ -251,8 +251,8 @@ class NotifySocket:
         anything still queued from earlier runs dropped); None (and the
         parked socket closed) when the file at the idle path is not the one we
         bound - it was removed or replaced: the caller binds a fresh socket."""
-        idle = state_dir / IDLE_SOCKET
-        path = state_dir / f"{SOCKET_PREFIX}{run_id}.sock"
+        idle = f"{state_dir}/{IDLE_SOCKET}"
+        path = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
         try:
             st = os.lstat(idle)
             if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode):
@@ -268,7 +268,7 @@ class NotifySocket:
                 break
             _sender_and_close_fds(anc)
         members = RunMembers(state_key or str(state_dir), run_id)
-        return NotifySocket(self.sock, path, str(path), members, self.ident)
+        return NotifySocket(self.sock, path, path, members, self.ident)
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -205,7 +205,7 @@ from ringd import cgroup
 real = cgroup._write_pid0
 
 def home_refuses(procs):
-    if not procs.parent.name.startswith("ring-"):   # our own cgroup, not a ring's
+    if not os.path.basename(os.path.dirname(procs)).startswith("ring-"):   # our own cgroup, not a ring's
         raise OSError(errno.EBUSY, "Device or resource busy")
     real(procs)
 cgroup._write_pid0 = home_refuses
