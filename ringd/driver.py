@@ -161,11 +161,13 @@ class Driver:
         self._view = RingView(None, None, [], [], [])
 
     # --- hearing and beating ------------------------------------------------------------
-    def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests:
-        """Turn signals into the driver's flags (and reap exited helpers, but ``keep``)."""
+    def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests:
+        """Turn signals into the driver's flags (and reap exited children but
+        ``keep``; when the agent has exited, its end's tree kill collects the
+        run's, and only alert helpers are left to reap here)."""
         req = requests_from(sigs)
         if req.children:
-            self.env.reap_helpers(keep)
+            self.env.reap_helpers(keep, helpers_only=agent_exited)
         if req.reload:
             self.reload_requested = True
         if req.stop and not self.stop_requested:

@@ -168,8 +168,12 @@ class RealEnv:
         child.close()
 
     @staticmethod
-    def reap_helpers(keep: Iterable[int] = ()) -> None:
-        """Collect exited children other than ``keep`` (alert helpers, orphans re-parented to us)."""
+    def reap_helpers(keep: Iterable[int] = (), helpers_only: bool = False) -> None:
+        """Collect exited children other than ``keep`` (alert helpers, orphans
+        re-parented to us). ``helpers_only``: nothing to do unless we started
+        helpers (the run's own orphans are collected by its tree kill)."""
+        if helpers_only and not proctree.has_helpers():
+            return
         proctree.reap_zombie_children(keep)
 
     # --- files -------------------------------------------------------------------------

@@ -48,7 +48,7 @@ class Host(Protocol):
     def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
              run_started_at: Optional[float] = None) -> None: ...
 
-    def absorb(self, sigs: Set[int], keep: tuple = ()) -> Requests: ...
+    def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests: ...
 
 
 @dataclass(frozen=True)
@@ -257,12 +257,13 @@ class Hop:
             events = []
             if notify_fd is not None and notify_fd in ready:
                 events += self._hear(now)
+            ended = None
             if child.pidfd is None or child.pidfd in ready:
                 ended = env.exit_status(child)
                 if ended is not None:
                     events.append(Exited(*ended))   # an exit seen with anything else is the agent's own ending
             if sigs:
-                req = host.absorb(sigs, keep=(child.pid,))
+                req = host.absorb(sigs, keep=(child.pid,), agent_exited=ended is not None)
                 if req.wake and self._skip_requested():
                     events.append(Skip())
             if host.stop_requested and not stop_sent:

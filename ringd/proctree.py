@@ -268,6 +268,11 @@ def register_helper(pid: int) -> None:
         del _helpers[old]
 
 
+def has_helpers() -> bool:
+    """Have we started helpers that may still need reaping?"""
+    return bool(_helpers)
+
+
 def _live_helpers() -> Set[int]:
     return {h for h, t in _helpers.items() if procid.same_process(h, t)}
 

@@ -128,7 +128,7 @@ class FakeEnv:
                 self.pending.append((self.t, sig))
                 self.after_run.remove((n, sig))
 
-    def reap_helpers(self, keep=()):
+    def reap_helpers(self, keep=(), helpers_only=False):
         pass
 
     # files
