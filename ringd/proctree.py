@@ -145,14 +145,19 @@ def _cwd_and_umask(cwd: Optional[str], umask: int):
     try:
         yield
     finally:
+        # never raises: an error here would lose a child that has started
         if old_umask is not None:
             os.umask(old_umask)
         if cwd is not None:
-            if home is not None:
+            try:
+                if home is None:
+                    raise FileNotFoundError
                 os.fchdir(home)
-                os.close(home)
-            else:
+            except OSError:
                 os.chdir("/")
+            finally:
+                if home is not None:
+                    os.close(home)
 
 
 def close_on_exec_all() -> None:

@@ -58,6 +58,11 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
         os.close(dfd)
 
 
+# A bigger log is pruned (unlinked) after the next run has started instead: freeing
+# its blocks must not delay that start, as emptying it in place would.
+REUSE_MAX_BYTES = 1 << 20
+
+
 def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
     """Open ``new`` (in ``dir_fd``) as the inode of ``old``, a file due to be
     deleted, emptied and mode 0600: a rename that allocates no inode, where a
@@ -65,7 +70,8 @@ def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
     inodes freed in the last 30 s). ``old`` is used only if it is a regular
     file of ours with one link (an agent can write into its log dir: a
     symlink, a FIFO, a hard link to another file are never opened through, and
-    are left to be pruned); then None, and the caller creates ``new`` afresh.
+    are left to be pruned), and no bigger than REUSE_MAX_BYTES; else None, and
+    the caller creates ``new`` afresh.
     Like O_EXCL, raises FileExistsError if ``new`` already exists."""
     try:
         fd = os.open(old, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -73,7 +79,8 @@ def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid()
+                or st.st_size > REUSE_MAX_BYTES):
             os.close(fd)
             return None
         try:   # link the very inode checked (by its descriptor), never a name swapped meanwhile

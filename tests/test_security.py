@@ -328,6 +328,18 @@ def test_a_pruned_log_becomes_the_next_run_log_emptied_and_private(tmp_path):
     assert new.read_text() == "run 7\n" and not old.exists()
 
 
+def test_a_big_old_log_is_left_to_be_pruned_after_the_next_start(tmp_path):
+    old = tmp_path / "1.log"
+    with open(old, "wb") as f:
+        f.truncate(safefile.REUSE_MAX_BYTES + 1)   # emptying it would free its blocks before the start
+    dfd = _dir_fd(tmp_path)
+    try:
+        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
+    finally:
+        os.close(dfd)
+    assert old.stat().st_size == safefile.REUSE_MAX_BYTES + 1 and not (tmp_path / "7.log").exists()
+
+
 @pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo", "directory"])
 def test_a_planted_old_log_is_never_reused(tmp_path, victim, plant):
     vdir, precious = victim
