@@ -253,3 +253,23 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
     assert seen[1] == [], f"files of the uncommitted run were left: {seen[1]}"
     assert (tmp_path / "logs" / "a" / f"{row.id}.log").exists()
     assert not (tmp_path / IDLE_SOCKET).exists()   # the driver's close removes it
+
+
+def test_the_last_runs_end_is_said_before_the_next_start_and_after_its_spawn(tmp_path):
+    """The previous run's log line (and alerts) are done once the next agent is
+    spawned (Hop.after_start), yet the log still reads in order."""
+    d, env, j = make(tmp_path, "abc", once=True, default=Behaviour(runs_for=0.5))
+    spawned_before_said = []
+    real_spawn = env.spawn
+
+    def spawn(*a, **k):
+        child = real_spawn(*a, **k)
+        spawned_before_said.append((k.get("run_id"), len([m for _, m in env.logs if " ok " in f"{m} "])))
+        return child
+    env.spawn = spawn
+    assert d.run() == 0
+    said = [m for _, m in env.logs if m.startswith("run ")]
+    assert [m.split(":")[0] for m in said] == ["run 1", "run 1", "run 2", "run 2", "run 3", "run 3"]
+    assert [("started" in m, "ok" in m) for m in said] == [(True, False), (False, True)] * 3
+    # run 2 was spawned before run 1's end was said; run 3 before run 2's
+    assert spawned_before_said == [(1, 0), (2, 0), (3, 1)]
