@@ -91,6 +91,7 @@ class Hop:
         # the driver's follow-up of the previous run's end (its log line, alerts):
         # done once this agent is started, while it execs on another core
         self.after_start: Optional[Callable[[], None]] = None
+        self._hook_error: Optional[Exception] = None
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -126,14 +127,20 @@ class Hop:
         """Run the agent to its end. Returns that end for the driver to commit
         (a HopResult when nothing may be recorded: leadership lost)."""
         try:
-            return self._run()
+            end = self._run()
         finally:
             self._started()
+        if self._hook_error is not None:   # only now: the agent was supervised to its end first
+            raise self._hook_error
+        return end
 
     def _started(self) -> None:
         hook, self.after_start = self.after_start, None
         if hook is not None:
-            hook()
+            try:
+                hook()
+            except Exception as e:   # noqa: BLE001 - re-raised by run() once the run is over
+                self._hook_error = e
 
     def _run(self) -> "Union[Pending, HopResult]":
         env, host, name = self.env, self.host, self.agent.name

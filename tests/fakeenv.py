@@ -47,6 +47,7 @@ class FakeEnv:
         self.beats: List[Tuple[float, dict]] = []
         self.notes: List[str] = []
         self.waits = 0
+        self.reaped: List[int] = []
         self.pid, self.pid_start, self.started_at = 4242, 1.0, WALL0
         self._pids = itertools.count(1000)
         self.hooks: List[Tuple[float, Callable[[], None]]] = []   # run at a time (e.g. edit the roster)
@@ -123,6 +124,7 @@ class FakeEnv:
         return 0
 
     def reap(self, child):
+        self.reaped.append(child.pid)
         for n, sig in list(self.after_run):
             if n == len(self.children):   # delivered between this run and the next
                 self.pending.append((self.t, sig))

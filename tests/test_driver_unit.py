@@ -273,3 +273,23 @@ def test_the_last_runs_end_is_said_before_the_next_start_and_after_its_spawn(tmp
     assert [("started" in m, "ok" in m) for m in said] == [(True, False), (False, True)] * 3
     # run 2 was spawned before run 1's end was said; run 3 before run 2's
     assert spawned_before_said == [(1, 0), (2, 0), (3, 1)]
+
+
+def test_a_follow_up_that_raises_after_the_spawn_never_leaves_the_agent_unsupervised(tmp_path):
+    """The last run's follow-up (log line, alerts) runs once the next agent is
+    started; if it raises, that agent is still supervised to its end (reaped)
+    before the error surfaces, never left running without a driver."""
+    d, env, j = make(tmp_path, "ab", once=True, default=Behaviour(runs_for=0.5))
+    real = d.after_run
+    calls = []
+
+    def after_run(result):
+        calls.append(result.run_id)
+        if len(calls) == 1:
+            raise RuntimeError("stderr is gone")
+        real(result)
+    d.after_run = after_run
+    with pytest.raises(RuntimeError, match="stderr is gone"):
+        d.run()
+    assert len(env.children) == 2 and env.children[1].exit_at <= env.t   # run 2's agent ran to its end
+    assert env.reaped == [c.pid for c in env.children]                    # and was reaped
