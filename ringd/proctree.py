@@ -93,10 +93,11 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     ``signals_held``: it starts with SIGTERM/SIGINT/SIGHUP/SIGUSR1 blocked (a
     daemon of ours, which unblocks them once it can handle them: earlysig).
     Raises OSError if it cannot be started (not found, not executable ...)."""
-    path = executable(argv[0], env)
     actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                (os.POSIX_SPAWN_DUP2, stdout_fd, 1), (os.POSIX_SPAWN_DUP2, stdout_fd, 2)]
     with earlysig.held() if signals_held else contextlib.nullcontext(), _cwd_and_umask(cwd, umask):
+        # looked up in the child's cwd, as exec in a child that chdir'ed would
+        path = executable(argv[0], env)
         pid = os.posix_spawn(path, list(argv), env, file_actions=actions, setsid=True,
                              setsigdef=_DEFAULT_SIGNALS)
     pidfd = None

@@ -99,6 +99,10 @@ def test_a_bare_name_is_found_on_the_childs_path_as_execvp_would(tmp_path):
     with pytest.raises(PermissionError):
         _run(tmp_path, ["tool"], cwd=str(tmp_path), env=env)
     assert proctree.executable("./tool", env) == "./tool"          # a path is taken as given
+    # a relative PATH entry is the child's, not ours: found from its cwd
+    os.chmod(b / "tool", 0o700)
+    _, code, out = _run(tmp_path, ["tool"], cwd=str(tmp_path), env={"PATH": "b"})
+    assert (code, out) == (0, "from b\n")
 
 
 def test_close_on_exec_all_marks_every_inherited_descriptor(tmp_path):
