@@ -100,10 +100,11 @@ class Hop:
     def prepare(self) -> None:
         """Make the run's files: its log and its notify socket. The driver calls
         this inside the transaction that writes the run's row, before the
-        commit: a file created just after an fsync waits for the file system's
-        journal (about 0.4 ms per file on this box's ext4), one created before
-        it rides in the same flush. A log that cannot be opened is reported by
-        :meth:`run`. :meth:`discard` undoes it if the row is never committed."""
+        commit, so their directory entries ride in the same flush. Neither
+        allocates an inode on a ring that has turned a lap (the socket is the
+        last run's, parked; the log the agent's oldest, due for pruning): see
+        the README's "what a hop costs". A log that cannot be opened is reported
+        by :meth:`run`. :meth:`discard` undoes it if the row is never committed."""
         self.prepared = True
         try:
             self._log_fd, self.log_path = self.env.open_run_log(self.agent.name, self.run_id,
