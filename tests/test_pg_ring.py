@@ -152,7 +152,9 @@ def agent_pid(dsn):
 def test_failover_after_the_leader_box_dies(hosts):
     a, b, dsn, sampler = hosts
     for n in ("one", "two", "three"):
-        a.agent(n, "sleep 1.2\n")
+        # long enough that the run read below is still in flight when the "box dies",
+        # however loaded the box (1.2 s was not, beside two busy loops)
+        a.agent(n, "sleep 3\n")
     roster_both(a, b, *(f"{n} {a.agents_dir}/{n}.sh" for n in ("one", "two", "three")))
     da = a.start_driver()
     wait_until(lambda: role(a) == "leader" and agent_pid(dsn), timeout=15, message="A leads and runs")
@@ -169,8 +171,11 @@ def test_failover_after_the_leader_box_dies(hosts):
     assert "standby on" in text and f"pid={da.pid}" in text
     wait_until(lambda: 'ring_driver_role{role="standby"} 1' in _read(b.state / "metrics.prom"),
                timeout=5, message="B's metrics say standby")
-    # a run in flight whose pid is recorded (a run records it 0.1 s after its start)
-    row = wait_until(lambda: agent_pid(dsn) and running_row(dsn), timeout=10, message="a run in flight")
+    # a run that has just started, its pid recorded (0.1 s after its start): it is
+    # still in flight when its box dies below, however loaded this box is
+    seen = wait_until(lambda: agent_pid(dsn) and running_row(dsn), timeout=10, message="a run in flight")
+    row = wait_until(lambda: (r := running_row(dsn)) and r["pid"] and r["id"] > seen["id"] and r,
+                     timeout=10, message="the next run in flight")
     # The box of A dies: its driver and its agent at once.
     os.kill(da.pid, signal.SIGKILL)
     os.killpg(row["pid"], signal.SIGKILL)
