@@ -198,8 +198,7 @@ class RealEnv:
                 if fd is not None:
                     index.ids.popleft()
             if fd is None:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                             dir_fd=dfd)
+                fd = safefile.open_in(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         finally:
             os.close(dfd)
         return fd, f"{self.state_dir}/logs/{agent}/{name}"
@@ -246,12 +245,7 @@ class RealEnv:
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None
         if parked is not None:
-            from .notify import IDLE_SOCKET
-            parked.sock.close()
-            try:
-                os.unlink(self.state_dir / IDLE_SOCKET)
-            except OSError:
-                pass
+            parked.close()   # and its idle file
 
     # --- the run's notify socket (ringd.notify) ----------------------------------------
     def open_notify(self, run_id: int):

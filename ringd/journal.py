@@ -19,7 +19,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional
 
 from .records import TERMINAL, AgentState, Controls, RunRow
 from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
@@ -483,11 +483,6 @@ class Journal:
                      "ring" if name is None else f"agent={name}", now)
         return True
 
-    def pauses(self) -> Tuple[bool, List[str]]:
-        """(the ring is paused, the agents paused one by one)."""
-        c = self._read(lambda tx: tx.controls())
-        return c.ring_paused, sorted(c.paused)
-
     def request_next(self, name: str) -> Optional[str]:
         """Operator: ``name`` takes the very next turn, once. Returns the request it replaced."""
         with self.transaction() as tx:
@@ -495,12 +490,6 @@ class Journal:
             tx.set_meta(NEXT_KEY, name)
             tx.event(None, "next-requested", "operator", f"agent={name}", time.time())
         return before
-
-    def take_next(self) -> Optional[str]:
-        """The agent an operator asked to run next, consuming the request (the
-        driver does the same inside its turn's transaction)."""
-        with self.transaction() as tx:
-            return tx.take_next(tx.controls())
 
     # --- retention ----------------------------------------------------------------------
     def prune(self, keep: int, batch: int = PRUNE_BATCH) -> int:

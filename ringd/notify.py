@@ -239,11 +239,12 @@ class NotifySocket:
         False (nothing parked) for an abstract socket or when the rename fails."""
         if self.path is None or self.ident is None:
             return False
+        idle = f"{state_dir}/{IDLE_SOCKET}"
         try:
-            os.rename(self.path, f"{state_dir}/{IDLE_SOCKET}")
+            os.rename(self.path, idle)
         except OSError:
             return False
-        self.path = None
+        self.path = idle   # what close() removes, if it is never reused
         return True
 
     def reuse(self, state_dir: Path, run_id: int, state_key: Optional[str] = None) -> Optional["NotifySocket"]:
@@ -251,9 +252,11 @@ class NotifySocket:
         anything still queued from earlier runs dropped); None (and the
         parked socket closed) when the file at the idle path is not the one we
         bound - it was removed or replaced: the caller binds a fresh socket."""
-        idle = f"{state_dir}/{IDLE_SOCKET}"
+        idle = self.path
         path = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
         try:
+            if idle is None:
+                raise FileNotFoundError(path)
             st = os.lstat(idle)
             if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode):
                 raise FileNotFoundError(idle)
@@ -306,7 +309,9 @@ class NotifySocket:
         self.sock.close()
         if self.path is not None:
             try:
-                os.unlink(self.path)
+                st = os.lstat(self.path)
+                if self.ident is None or (st.st_dev, st.st_ino) == self.ident:   # never a file put in its place
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass
             except OSError:

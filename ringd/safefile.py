@@ -53,9 +53,14 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
     """Open ``state_dir/parts.../name`` with ``flags`` (plus O_NOFOLLOW, O_CLOEXEC), 0600."""
     dfd = open_dir(state_dir, parts)
     try:
-        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        return open_in(dfd, name, flags)
     finally:
         os.close(dfd)
+
+
+def open_in(dir_fd: int, name: str, flags: int) -> int:
+    """Open ``name`` in the directory ``dir_fd`` with ``flags`` (plus O_NOFOLLOW, O_CLOEXEC), 0600."""
+    return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
 
 
 # A bigger log is pruned (unlinked) after the next run has started instead: freeing

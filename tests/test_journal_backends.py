@@ -210,13 +210,26 @@ def test_both_schemas_have_the_same_tables_and_columns(tmp_path, pg_cluster):
 def test_operator_controls_and_retention(backend):
     """pause/next (kept in meta) and prune behave alike on both backends."""
     j = backend.journal
-    assert j.pauses() == (False, [])
+
+    class Reads:   # the controls as the driver's turn reads and takes them
+        @staticmethod
+        def pauses():
+            with j.transaction() as tx:
+                c = tx.controls()
+            return c.ring_paused, sorted(c.paused)
+
+        @staticmethod
+        def take_next():
+            with j.transaction() as tx:
+                return tx.take_next(tx.controls())
+
+    assert Reads.pauses() == (False, [])
     assert j.set_paused(None, True) and not j.set_paused(None, True)
     assert j.set_paused("b", True)
-    assert j.pauses() == (True, ["b"])
-    assert j.set_paused(None, False) and j.pauses() == (False, ["b"])
+    assert Reads.pauses() == (True, ["b"])
+    assert j.set_paused(None, False) and Reads.pauses() == (False, ["b"])
     assert j.request_next("a") is None and j.request_next("b") == "a"
-    assert j.take_next() == "b" and j.take_next() is None
+    assert Reads.take_next() == "b" and Reads.take_next() is None
     for i in range(12):
         rid = start(j, "a" if i % 2 else "b", i % 2)
         with j.transaction() as tx:
