@@ -300,3 +300,20 @@ def test_ringd_notify_imports_no_rich_journal_or_psutil():
     heavy = {m for m in modules if m.split(".")[0] in ("rich", "psutil", "sqlite3", "yaml")
              or m in ("ringd.journal", "ringd.status", "ringd.render")}
     assert not heavy, heavy
+
+
+def test_closing_a_parked_socket_removes_its_idle_file_and_never_a_replacement(tmp_path):
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.park(tmp_path)
+    idle = tmp_path / IDLE_SOCKET
+    assert ns.close() and not idle.exists()            # the driver's stop removes it
+    ns = NotifySocket.open(tmp_path, 6)
+    assert ns.park(tmp_path)
+    idle.unlink()
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    other.bind(str(idle))                               # someone else's file in its place
+    try:
+        ns.close()
+        assert idle.exists()
+    finally:
+        other.close()
