@@ -469,7 +469,7 @@ class Driver:
                             if plan.scheduled:
                                 schedule.record_start(tx, agent.name, now)
                             hop = Hop(self, agent, plan.index, started, now)
-                            hop.prepare()   # its files are made before this commit (see Hop.prepare)
+                            hop.prepare_meanwhile()   # its files are made while this commit waits (Hop.prepare)
                             undo.callback(hop.discard)
             undo.pop_all()   # committed: the run's files are its own
         if pending is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from . import cgroup, logline, proctree, safefile
+from . import cgroup, logline, meanwhile, proctree, safefile
 from .heartbeat import Heartbeat, Notifier
 from .procid import start_ticks
 from .wakeup import Wakeups
@@ -66,6 +66,7 @@ class RealEnv:
         self._sweep_sockets = True   # a dead driver's notify sockets go before our first run's
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
+        self._helper = meanwhile.Helper()
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once here), else the subreaper rule alone - said once.
         self.containment = cgroup.detect(state_dir)
@@ -95,28 +96,43 @@ class RealEnv:
         return self.wakeups.drain()
 
     # --- the agent ---------------------------------------------------------------------
-    def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-              umask: int, pid_var: Optional[str] = None, run_id: Optional[int] = None) -> Child:
-        """Start ``argv`` in its own session (and run ``run_id``'s cgroup, which
-        the child joins before exec). Raises OSError if it cannot be started.
-        ``pid_var``: also give the child that variable set to its own pid
-        (``WATCHDOG_PID``, as systemd does)."""
-        if pid_var:
-            argv = _exec_with_pid(argv, cwd, env, pid_var)
-        cg = self.containment.create(run_id) if run_id is not None else None
+    def make_cgroup(self, run_id: int) -> Optional[cgroup.RunCgroup]:
+        """The run's cgroup, made before its spawn (None: the subreaper rule alone
+        contains the run)."""
+        return self.containment.create(run_id)
 
+    def remove_cgroup(self, cg: Optional[cgroup.RunCgroup]) -> None:
+        """A cgroup made for a run that never started."""
+        if cg is not None:
+            self.containment.finish(cg)
+
+    def meanwhile(self, fn) -> meanwhile.Job:
+        """Run ``fn`` on the helper thread while this thread waits on I/O (see
+        ringd.meanwhile); collect it with ``.result()`` before anything else."""
+        return self._helper.start(fn)
+
+    def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
+              umask: int, pid_var: Optional[str] = None, run_cgroup: Optional[cgroup.RunCgroup] = None) -> Child:
+        """Start ``argv`` in its own session (and in ``run_cgroup``, made by
+        :meth:`make_cgroup`: the child is born in it). Raises OSError if it cannot
+        be started. ``pid_var``: also give the child that variable set to its own
+        pid (``WATCHDOG_PID``, as systemd does)."""
         def start() -> proctree.Child:
             return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask)
-        if cg is None:
-            started = start()
-        else:
-            try:
-                started, cg = self.containment.spawn_into(cg, start)
-            except OSError:
-                self.containment.finish(cg)
-                raise
+        cg = run_cgroup
+        try:
+            if pid_var:
+                argv = _exec_with_pid(argv, cwd, env, pid_var)
             if cg is None:
-                self.log(f"containment: subreaper rule only from now on ({self.containment.stranded})")
+                started = start()
+            else:
+                started, cg = self.containment.spawn_into(cg, start)
+        except OSError:
+            if not self.containment.stranded:   # a cgroup that holds us is never killed
+                self.remove_cgroup(run_cgroup)
+            raise
+        if run_cgroup is not None and cg is None:
+            self.log(f"containment: subreaper rule only from now on ({self.containment.stranded})")
         return Child(pid=started.pid, pidfd=started.pidfd, cgroup=cg)   # start ticks: read when needed
 
     def start_time(self, child: Child) -> Optional[int]:
@@ -242,6 +258,7 @@ class RealEnv:
         return proctree.errno_reason(e)
 
     def close(self) -> None:
+        self._helper.close()
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None
         if parked is not None:

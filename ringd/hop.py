@@ -85,8 +85,11 @@ class Hop:
         self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
         self.notes = None    # what the agent said, as published for status (ringd.notify.Notes)
         self.prepared = False
+        self.cgroup = None   # the run's cgroup until the spawn hands it to the child
+        self._preparing = None   # prepare() on the driver's helper thread (ringd.meanwhile.Job)
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
+        self._notify_error: Optional[OSError] = None
         self._run_env: Optional[dict] = None
         # the driver's follow-up of the previous run's end (its log line, alerts):
         # done once this agent is started, while it execs on another core
@@ -98,31 +101,71 @@ class Hop:
 
     # --- the run ---------------------------------------------------------------------
     def prepare(self) -> None:
-        """Make the run's files: its log and its notify socket. The driver calls
-        this inside the transaction that writes the run's row, before the
-        commit, so their directory entries ride in the same flush. Neither
-        allocates an inode on a ring that has turned a lap (the socket is the
-        last run's, parked; the log the agent's oldest, due for pruning): see
-        the README's "what a hop costs". A log that cannot be opened is reported
-        by :meth:`run`. :meth:`discard` undoes it if the row is never committed."""
+        """Make the run's files and cgroup: its log, its notify socket. The driver
+        hands this to its helper thread (:meth:`prepare_meanwhile`) inside the
+        transaction that writes the run's row, so they are made while the commit
+        waits on its fsync. Neither file allocates an inode on a ring that has
+        turned a lap (the socket is the last run's, parked; the log the agent's
+        oldest, due for pruning): see the README's "what a hop costs". Effects
+        only: what went wrong is said by :meth:`run`, on the driver's thread.
+        :meth:`discard` undoes it if the row is never committed."""
+        env = self.env
         self.prepared = True
+        self.cgroup = env.make_cgroup(self.run_id)
         try:
-            self._log_fd, self.log_path = self.env.open_run_log(self.agent.name, self.run_id,
-                                                                self.host.config.ring.keep_logs)
+            self._log_fd, self.log_path = env.open_run_log(self.agent.name, self.run_id,
+                                                           self.host.config.ring.keep_logs)
         except OSError as e:
             self._log_error = e
             return
         self._run_env = agent_env(self.host.base_env, self.agent.name, self.run_id, self.limits.run_budget,
                                   self.started_at + self.limits.run_budget, self.host.state_key)
-        self._open_notify(self._run_env)
+        try:
+            self.notify = env.open_notify(self.run_id)
+        except OSError as e:
+            self._notify_error = e
+
+    def prepare_meanwhile(self) -> None:
+        """:meth:`prepare` on the driver's helper thread (ringd.meanwhile)."""
+        self.prepared = True
+        self._preparing = self.env.meanwhile(self.prepare)
+
+    def _prepared(self) -> None:
+        """Wait for the files; then wire the notify socket (SPEC "Agents that
+        talk back"): a socket that could not be made costs the agent its
+        voice, never its run."""
+        job, self._preparing = self._preparing, None
+        if job is None:
+            if not self.prepared:
+                self.prepare()
+        else:
+            job.result()
+        if self._notify_error is not None:
+            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}")
+            self._notify_error = None
+        if self.notify is not None and self.notes is None:
+            from .notify import Notes
+            self._run_env["NOTIFY_SOCKET"] = self.notify.env
+            self.notes = Notes(self.run_id)
+            self.env.watch(self.notify.fileno())
+        if self.watchdog and self._run_env is not None:
+            self._run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))
 
     def discard(self) -> None:
-        """The run's row was not committed: its files go (its id will be used again)."""
+        """The run's row was not committed: its files and cgroup go (its id will be used again)."""
+        job, self._preparing = self._preparing, None
+        if job is not None:
+            try:
+                job.result()
+            except Exception:   # noqa: BLE001 - undo whatever was made
+                pass
         self._close_notify()
         if self._log_fd is not None:
             self.env.close_fd(self._log_fd)
             self._log_fd = None
             self.env.remove_run_log(self.agent.name, self.run_id)
+        cg, self.cgroup = self.cgroup, None
+        self.env.remove_cgroup(cg)
 
     def run(self) -> "Union[Pending, HopResult]":
         """Run the agent to its end. Returns that end for the driver to commit
@@ -145,10 +188,11 @@ class Hop:
 
     def _run(self) -> "Union[Pending, HopResult]":
         env, host, name = self.env, self.host, self.agent.name
-        if not self.prepared:
-            self.prepare()
+        self._prepared()
+        cg, self.cgroup = self.cgroup, None
         if self._log_error is not None:
             from .env import log_open_reason
+            env.remove_cgroup(cg)
             self._started()
             return self._close_error(f"cannot open run log logs/{name}/{self.run_id}.log: "
                                      f"{log_open_reason(self._log_error)}")
@@ -158,7 +202,7 @@ class Hop:
                 child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
                                   cwd=host.config.cwd_for(name) or str(host.roster_dir), env=run_env,
                                   stdout_fd=log_fd, umask=host.agent_umask,
-                                  pid_var="WATCHDOG_PID" if self.watchdog else None, run_id=self.run_id)
+                                  pid_var="WATCHDOG_PID" if self.watchdog else None, run_cgroup=cg)
             except OSError as e:
                 env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
                 self._started()
@@ -193,22 +237,6 @@ class Hop:
             self._close_notify()
 
     # --- the agent's voice (SPEC "Agents that talk back") ----------------------------------
-    def _open_notify(self, run_env: dict) -> None:
-        """The run's NOTIFY_SOCKET (and WATCHDOG_USEC; WATCHDOG_PID is set in the
-        child, the agent's pid being known only there). A socket that cannot be
-        made costs the agent its voice, never its run."""
-        try:
-            self.notify = self.env.open_notify(self.run_id)
-        except OSError as e:
-            self.say(f"gets no notify socket: {self.env.errno_reason(e)}")
-        if self.notify is not None:
-            from .notify import Notes
-            run_env["NOTIFY_SOCKET"] = self.notify.env
-            self.notes = Notes(self.run_id)
-            self.env.watch(self.notify.fileno())
-        if self.watchdog:
-            run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))
-
     def _hear(self, now: float) -> list:
         """Drain what the agent said (capped per wake) into run-state events."""
         heard = self.notify.drain()

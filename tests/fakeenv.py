@@ -9,6 +9,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ringd import meanwhile
+
 WALL0 = 2_000_000_000.0
 
 
@@ -92,7 +94,7 @@ class FakeEnv:
         return self._due_signals()
 
     # agents
-    def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None, run_id=None):
+    def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None, run_cgroup=None):
         name = env["RING_AGENT"]
         b = self.behaviours.get(name, self.default)
         if b.cannot_start:
@@ -101,6 +103,16 @@ class FakeEnv:
         c = FakeChild(pid, pid + 100000, name, self.t + b.runs_for, b.code, b.signal, b.term_delay)
         self.children.append(c)
         return c
+
+    def make_cgroup(self, run_id):
+        return None   # the runs here are contained by nothing: they are not processes
+
+    def remove_cgroup(self, cg):
+        pass
+
+    @staticmethod
+    def meanwhile(fn):
+        return meanwhile.done(fn)   # no helper thread: the scripted clock stays the only clock
 
     def open_notify(self, run_id):
         return None   # no notify socket: the agents here never talk

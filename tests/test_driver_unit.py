@@ -264,7 +264,7 @@ def test_the_last_runs_end_is_said_before_the_next_start_and_after_its_spawn(tmp
 
     def spawn(*a, **k):
         child = real_spawn(*a, **k)
-        spawned_before_said.append((k.get("run_id"), len([m for _, m in env.logs if " ok " in f"{m} "])))
+        spawned_before_said.append((int(k["env"]["RING_RUN_ID"]), len([m for _, m in env.logs if " ok " in f"{m} "])))
         return child
     env.spawn = spawn
     assert d.run() == 0
