@@ -185,12 +185,14 @@ class Containment:
                 self.parent, self.reason = None, self.stranded
         return result, (None if self.stranded else cg)
 
-    def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None) -> Optional[float]:
+    def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None, remove: bool = True) -> Optional[float]:
         """End of a run: kill everything in its cgroup, read its CPU time,
-        remove it. Returns cpu_seconds (None if unknown)."""
+        remove it (``remove=False``: the caller removes it later, empty).
+        Returns cpu_seconds (None if unknown)."""
         cg.kill(reap=reap)
         cpu = cg.cpu_seconds()
-        cg.remove()
+        if remove:
+            cg.remove()
         return cpu
 
 

@@ -36,6 +36,7 @@ class Child:
     cgroup: Optional[cgroup.RunCgroup] = None   # its run's cgroup, when the driver can make one
     cpu_seconds: Optional[float] = None          # that cgroup's CPU time, read as the run ends
     start_time: Optional[int] = None     # boot-relative start ticks (procid), read when first needed
+    exited: bool = False                 # seen exited (a zombie until reaped)
 
     def close(self) -> None:
         if self.pidfd is not None:
@@ -67,6 +68,7 @@ class RealEnv:
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
         self._helper = meanwhile.Helper()
+        self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once here), else the subreaper rule alone - said once.
         self.containment = cgroup.detect(state_dir)
@@ -87,6 +89,8 @@ class RealEnv:
     def wait(self, timeout: Optional[float], fds: Iterable[Optional[int]] = ()) -> Tuple[Set[int], Set[int]]:
         """Sleep until a signal arrives, a descriptor is ready, or ``timeout`` passes.
         Returns (signals, ready descriptors)."""
+        if self._spent_cgroups:
+            self._remove_spent_cgroups()
         if timeout is not None:
             timeout = min(max(0.0, timeout), MAX_WAIT)
         return self.wakeups.wait(timeout, [*fds, *self._watched])
@@ -144,7 +148,10 @@ class RealEnv:
     def exit_status(child: Child) -> Optional[Tuple[Optional[int], Optional[int]]]:
         """(exit code, signal) once the leader has exited, without reaping it."""
         ws = proctree.peek_exit(child.pid)
-        return None if ws is None else proctree.decode_status(ws)
+        if ws is None:
+            return None
+        child.exited = True
+        return proctree.decode_status(ws)
 
     @staticmethod
     def term(child: Child) -> None:
@@ -156,26 +163,30 @@ class RealEnv:
         """SIGKILL the run's whole tree; returns how many leftovers were killed.
         The leader is kept as an unreaped zombie meanwhile so its group id
         cannot be reused."""
-        if child.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-        else:
-            proctree.signal_group(child.pid, signal.SIGKILL)
-        # Let the leader finish dying first: until it is a zombie its escaped
-        # children are still being re-parented to us, and a walk of our process
-        # tree at that moment misses them (found by the soak).
-        dead = proctree.wait_exit(child.pidfd, timeout=2.0)
+        dead = child.exited
+        if not dead:
+            if child.pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+                except OSError:
+                    pass
+            else:
+                proctree.signal_group(child.pid, signal.SIGKILL)
+            # Let the leader finish dying first: until it is a zombie its escaped
+            # children are still being re-parented to us, and a walk of our process
+            # tree at that moment misses them (found by the soak).
+            dead = proctree.wait_exit(child.pidfd, timeout=2.0)
         return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid],
                                  dead=[child.pid] if dead else [])
 
     def reap(self, child: Child) -> None:
-        """The run's end: empty and remove its cgroup (reading its CPU time) while
-        the leader still holds its pid, then collect the leader."""
+        """The run's end: empty its cgroup (reading its CPU time) while the leader
+        still holds its pid, then collect the leader. The empty cgroup is removed
+        at the driver's next wait - on a turning ring, while the next agent execs."""
         if child.cgroup is not None:
             child.cpu_seconds = self.containment.finish(
-                child.cgroup, reap=lambda: proctree.reap_zombie_children(keep=[child.pid]))
+                child.cgroup, reap=lambda: proctree.reap_zombie_children(keep=[child.pid]), remove=False)
+            self._spent_cgroups.append(child.cgroup)
             child.cgroup = None
         try:
             os.waitpid(child.pid, 0)
@@ -257,7 +268,12 @@ class RealEnv:
     def errno_reason(e: OSError) -> str:
         return proctree.errno_reason(e)
 
+    def _remove_spent_cgroups(self) -> None:
+        while self._spent_cgroups:
+            self._spent_cgroups.pop().remove()
+
     def close(self) -> None:
+        self._remove_spent_cgroups()
         self._helper.close()
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None

@@ -371,6 +371,15 @@ def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
     still want to read). Returns {pid: status}."""
     keep = set(keep)
     reaped: Dict[int, int] = {}
+    if not keep:   # any exited child will do: one wait each, no walk of /proc
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return reaped
+            if not pid:
+                return reaped
+            reaped[pid] = status
     for child in child_pids():
         if child in keep:
             continue

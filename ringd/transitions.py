@@ -56,8 +56,10 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
                         signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
                         phase=phase, cpu_seconds=cpu_seconds):
         return None
-    settled = after_run(tx.agent(agent), status, source, now, ring, line)
-    tx.put_agent(settled.state)
+    before = tx.agent(agent)
+    settled = after_run(before, status, source, now, ring, line)
+    if settled.state.decided() != before.decided():   # an ordinary ok run of a healthy agent changes nothing
+        tx.put_agent(settled.state)
     if settled.entered_quarantine:
         until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()
         tx.add_skipped(agent, position, f"quarantined until {until} after {settled.state.bad_streak} "

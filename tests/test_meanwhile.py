@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ringd import meanwhile
+from ringd import meanwhile, proctree
 from ringd.config import Config, RingSettings
 from ringd.driver import Driver
 from ringd.env import RealEnv
@@ -114,3 +114,30 @@ def _run_cgroups(env):
     if parent is None:
         return set()
     return {p for p in os.listdir(parent) if p.startswith(env.containment.prefix)}
+
+
+def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tmp_path):
+    """The run's end reads its CPU time from an emptied cgroup; the rmdir waits
+    for the driver's next wait (on a turning ring: while the next agent execs)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = RealEnv(state, lambda m: None)
+    cg = None
+    try:
+        cg = env.make_cgroup(7)
+        if cg is None:
+            pytest.skip(f"no run cgroups here ({env.containment.reason})")
+        child = env.spawn(["/bin/sh", "-c", "sleep 300 & exit 0"], cwd="/", env={"PATH": os.environ["PATH"]},
+                          stdout_fd=2, umask=0o077, run_cgroup=cg)
+        assert proctree.wait_exit(child.pidfd, 20)
+        assert env.exit_status(child) == (0, None)
+        env.reap(child)
+        assert child.cpu_seconds is not None and child.cgroup is None
+        assert os.path.isdir(cg.dir) and not cg.populated()   # the orphaned sleep was killed with it
+        env.wait(0)
+        assert not os.path.exists(cg.dir)
+    finally:
+        if cg is not None and os.path.isdir(cg.dir):   # a failed test leaves no sleep behind
+            cg.kill()
+            cg.remove()
+        env.close()

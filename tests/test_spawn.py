@@ -131,3 +131,25 @@ def test_signals_held_starts_the_child_with_them_blocked(tmp_path):
     blocked = _mask(status, "SigBlk")
     assert {int(signal.SIGTERM), int(signal.SIGHUP), int(signal.SIGINT), int(signal.SIGUSR1)} <= blocked
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}   # ours unblocked again
+
+
+def test_reaping_zombie_children_collects_the_exited_and_keeps_the_kept_and_the_living(tmp_path):
+    """Without ``keep`` every exited child is collected by one wait each (no walk
+    of /proc); with it, the kept zombie stays (its pid and group stay ours)."""
+    def start(argv):
+        return proctree.spawn(argv, cwd="/", env={"PATH": os.environ["PATH"]}, stdout_fd=2, umask=0o077)
+    quick, kept, alive = start(["/bin/true"]), start(["/bin/true"]), start(["sleep", "300"])
+    try:
+        for c in (quick, kept):
+            assert proctree.wait_exit(c.pidfd, 20)
+        reaped = proctree.reap_zombie_children(keep=[kept.pid])   # (another test's zombie may go too)
+        assert quick.pid in reaped and kept.pid not in reaped and alive.pid not in reaped
+        assert proctree.peek_exit(kept.pid) == 0   # still there to be read
+        reaped = proctree.reap_zombie_children()
+        assert kept.pid in reaped and alive.pid not in reaped
+        assert proctree.peek_exit(alive.pid) is None   # a living child is never waited for
+    finally:
+        os.kill(alive.pid, signal.SIGKILL)
+        os.waitpid(alive.pid, 0)
+        for c in (quick, kept, alive):
+            c.close()
