@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from fakeenv import Behaviour, FakeEnv
-from ringd.config import Config, RingSettings
+from ringd.config import AgentOverride, Config, RingSettings
 from ringd.driver import Driver
 from ringd.errors import EX_CONFIG
 from ringd.journal import Journal, JournalError
@@ -17,7 +17,7 @@ RING = dict(run_budget=10.0, stall_threshold=15.0, heartbeat_interval=1.0, backo
             backoff_max=8.0, quarantine_after=3, quarantine_cooloff=1000.0)
 
 
-def make(tmp_path, names, behaviours=None, once=False, default=Behaviour(), **ring):
+def make(tmp_path, names, behaviours=None, once=False, default=Behaviour(), agents=None, **ring):
     roster = tmp_path / "ring.txt"
     roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
     roster.chmod(0o600)
@@ -25,7 +25,7 @@ def make(tmp_path, names, behaviours=None, once=False, default=Behaviour(), **ri
     src.refresh(force=True)
     journal = Journal.open(tmp_path)
     env = FakeEnv(behaviours, default=default)
-    cfg = Config(ring=RingSettings(**{**RING, **ring}))
+    cfg = Config(ring=RingSettings(**{**RING, **ring}), agents=agents or {})
     return Driver(env, tmp_path, None, cfg, src, journal, once=once), env, journal
 
 
@@ -293,3 +293,24 @@ def test_a_follow_up_that_raises_after_the_spawn_never_leaves_the_agent_unsuperv
         d.run()
     assert len(env.children) == 2 and env.children[1].exit_at <= env.t   # run 2's agent ran to its end
     assert env.reaped == [c.pid for c in env.children]                    # and was reaped
+
+
+def test_a_slot_missed_while_down_runs_once_at_start(tmp_path):
+    """The driver is down for two and a half periods of an ``every: 3`` agent.
+    At the restart the job runs at once, and once, not once per missed slot.
+    (Was a process test that slept 7.5 s; the rule itself is
+    test_schedule.test_slots_missed_while_down_run_once, the wiring of ``every``
+    in a real ring test_talk.test_an_every_agent_runs_every_2s_between_fast_agents_never_beside_one.)"""
+    d, env, j = make(tmp_path, ["a", "job"], default=Behaviour(runs_for=0.2), agents={"job": AgentOverride(every=3.0)})
+    env.send(1.0, signal.SIGTERM)
+    assert d.run() == 0
+    assert [r.agent for r in rows(j) if r.agent == "job"] == ["job"]
+    env.t += 7.5                       # down for two and a half periods
+    restarted = env.wall()
+    again = Driver(env, tmp_path, None, d.config, d.roster, j)
+    env.send(env.t + 4.0, signal.SIGTERM)
+    assert again.run() == 0
+    jobs = [r.started_at for r in rows(j) if r.agent == "job"]
+    assert len(jobs) == 3
+    assert jobs[1] - restarted < 0.5         # caught up at once ...
+    assert jobs[2] - jobs[1] >= 3.0 - 1e-6   # ... once, not once per missed slot

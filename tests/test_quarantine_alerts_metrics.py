@@ -128,7 +128,8 @@ def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
 
 
 def test_missing_alert_command_never_stops_the_ring(ring):
-    ring.write_config(alerts={"command": ["/no/such/alerter"], "failures_in_a_row": 1})
+    ring.write_config(alerts={"command": ["/no/such/alerter"], "failures_in_a_row": 1},
+                      ring={"backoff_max": 0.5})   # five runs in seconds, not a doubling back-off's 7.5
     ring.agent("bad", "exit 1")
     ring.roster(f"bad {ring.agents_dir}/bad.sh")
     ring.start_driver()

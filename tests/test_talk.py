@@ -142,8 +142,8 @@ def test_an_every_agent_runs_every_2s_between_fast_agents_never_beside_one(ring)
     a = ring.agents_dir
     ring.roster(f"a {a}/a.sh", f"tick {a}/tick.sh", f"b {a}/b.sh", f"c {a}/c.sh")
     drv = ring.start_driver()
-    wait_until(lambda: len([r for r in ring.runs() if r["agent"] == "tick"]) >= 5, timeout=40,
-               message="five ticks")
+    wait_until(lambda: len([r for r in ring.runs() if r["agent"] == "tick"]) >= 3, timeout=40,
+               message="three ticks")
     stop(ring, drv)
     rows = [r for r in ring.runs() if r["status"] != "interrupted"]
     ticks = [r["started_at"] for r in rows if r["agent"] == "tick"]
@@ -156,25 +156,6 @@ def test_an_every_agent_runs_every_2s_between_fast_agents_never_beside_one(ring)
     doc = status_json(ring)
     due = {x["name"]: x["next_due"] for x in doc["agents"]}
     assert due["a"] is None and due["tick"] is not None
-
-
-def test_a_slot_missed_while_down_runs_once_at_start(ring):
-    ring.agent("a", "sleep 0.2")
-    ring.agent("job", "true")
-    ring.write_config(agents={"job": {"every": 3}})
-    ring.roster(f"a {ring.agents_dir}/a.sh", f"job {ring.agents_dir}/job.sh")
-    drv = ring.start_driver()
-    wait_until(lambda: [r for r in ring.runs() if r["agent"] == "job"], timeout=20, message="first job")
-    stop(ring, drv)
-    time.sleep(7.5)                 # the ring is down for two and a half periods (deliberately idle)
-    restarted = time.time()
-    drv = ring.start_driver()
-    wait_until(lambda: len([r for r in ring.runs() if r["agent"] == "job"]) >= 3, timeout=30,
-               message="job after the restart, twice")
-    stop(ring, drv)
-    jobs = [r["started_at"] for r in ring.runs() if r["agent"] == "job"]
-    assert jobs[1] - restarted < 2.5            # caught up at once ...
-    assert jobs[2] - jobs[1] >= 2.5             # ... once, not once per missed slot
 
 
 def test_a_never_run_cron_agent_is_due_at_the_next_minute(ring):
