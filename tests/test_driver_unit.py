@@ -193,24 +193,35 @@ def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_st
     d, env, j = make(tmp_path, "abcdef", once=True)
     d.journal = counting = CountingJournal(j)
     reader = Journal.open(tmp_path)
-    seen = []   # at each spawn: (commits so far, running rows on disk)
+    seen = []   # at each spawn: (commits so far, running rows on disk, statements so far)
+    statements = []
+
+    def traced(sql):   # the trace repeats a statement once per trigger it fires: each counts once
+        if not sql.startswith(("--", "BEGIN", "COMMIT")) and (not statements or statements[-1] != sql):
+            statements.append(sql)
+    j.con.set_trace_callback(traced)
     spawn = env.spawn
 
     def spawn_and_look(argv, **kw):
-        seen.append((counting.commits, [(r.id, r.agent) for r in reader.history(limit=100) if r.status == "running"]))
+        seen.append((counting.commits, [(r.id, r.agent) for r in reader.history(limit=100) if r.status == "running"],
+                     len(statements)))
         return spawn(argv, **kw)
     env.spawn = spawn_and_look
     assert d.run() == 0
     assert [r.status for r in rows(j)] == ["ok"] * 6, "the last end is committed at the stop"
-    for (commits, running), agent in zip(seen, "abcdef"):
+    for (commits, running, _), agent in zip(seen, "abcdef"):
         assert [a for _, a in running] == [agent], "only the run about to start is running on disk"
     gaps = [b[0] - a[0] for a, b in zip(seen, seen[1:])]
     assert gaps == [1] * 5, f"commits between two starts: {gaps}"
+    # the last end, the controls, the next agent's state and start, both events; an ok run of a
+    # healthy agent leaves its decided state as it was, so the agent's row is not written again
+    per_hop = [b[2] - a[2] for a, b in zip(seen, seen[1:])]
+    assert per_hop == [6] * 5, (per_hop, statements[seen[1][2]:seen[2][2]])
 
 
 def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
-    """The run's log and notify socket are made inside the transaction that
-    writes its row (before the commit's flush); if that commit fails they are
+    """The run's log and notify socket are made while the transaction that
+    writes its row commits (ringd.meanwhile); if that commit fails they are
     removed, and the retried turn makes them again under the same run id."""
     from contextlib import contextmanager
     from ringd.env import RealEnv
