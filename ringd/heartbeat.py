@@ -4,6 +4,12 @@ ticks (``pid_start``, see procid).
 
 ``write_json_atomic`` is the one way any daemon here publishes a file: temp file
 (O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
+
+Files rewritten at every beat (the heartbeat, metrics) skip the fsync
+(``durable=False``): they stay atomic for readers, and what a power cut can
+cost is the last beat, which readers already take as a dead driver (a missing
+or unreadable heartbeat is stale). The fsync was half the CPU time of a write,
+and the beat is most of an idle driver's CPU time (benchmarks/bench_lap.py).
 """
 from __future__ import annotations
 
@@ -35,13 +41,13 @@ def parse_iso(text: Any) -> Optional[float]:
         return None
 
 
-def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) -> None:
     """Write JSON so a reader sees the old file or the new one, never half of one."""
-    write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n", durable)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Temp file (O_NOFOLLOW, 0600), fsync, rename over ``path``."""
+def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Temp file (O_NOFOLLOW, 0600), fsync (``durable``), rename over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     blob = text.encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -49,7 +55,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         try:
             os.fchmod(fd, 0o600)
             os.write(fd, blob)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -138,7 +145,7 @@ class Heartbeat:
         }
         if extra:
             data.update(extra)
-        write_json_atomic(self.path, data)
+        write_json_atomic(self.path, data, durable=stopped)   # rewritten next beat; the last one kept
         if not stopped:
             self.notifier.notify("WATCHDOG=1")
 

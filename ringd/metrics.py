@@ -116,6 +116,7 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
 
 
 def write_metrics(state_dir: Path, text: str) -> None:
-    """Atomic write (temp, fsync, rename) so the collector never reads half a file."""
+    """Atomic write (temp, rename) so the collector never reads half a file; no
+    fsync, as it is rewritten at every beat (see ringd.heartbeat)."""
     from .heartbeat import write_text_atomic
-    write_text_atomic(state_dir / METRICS_FILE, text)
+    write_text_atomic(state_dir / METRICS_FILE, text, durable=False)
