@@ -1,0 +1,71 @@
+"""Two source trees of ring, side by side: the lap of a running driver of each,
+and the bash ``timeout`` loop, interleaved rep by rep in one process.
+
+    python3 benchmarks/bench_ab.py OLD_TREE NEW_TREE [--reps 10] [--agents 200]
+
+A tree is a checkout of the repository (``git worktree add /tmp/old <commit>``);
+each driver runs with ``PYTHONPATH`` set to its tree. This VM's timings drift
+by 30 % and more within minutes (steal time when its host is busy), so a change
+of a few percent is only visible when the two trees are measured in turn, rep
+after rep: the figure to read is the median of the per-rep ratios, new / old,
+and each tree's median ratio to bash within the same reps. Every ring is made
+and warmed up as in bench_lap.py (KEEP_LOGS laps, so each timed hop reuses a
+pruned log), and every process is stopped by pid.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_lap as lap  # noqa: E402 - the same ring, warm-up and timing as the lap benchmark
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("old", type=Path, help="the tree before the change")
+    ap.add_argument("new", type=Path, help="the tree after it")
+    ap.add_argument("--reps", type=int, default=10, help="interleaved repetitions (default 10)")
+    ap.add_argument("--agents", type=int, default=200, help="agents in each ring (default 200)")
+    args = ap.parse_args()
+    trees = [args.old.resolve(), args.new.resolve()]
+    for t in trees:
+        if not (t / "ringd" / "__init__.py").is_file():
+            print(f"{t}: not a ring source tree (no ringd/__init__.py)", file=sys.stderr)
+            return 2
+    n = args.agents
+    print(f"ring bench_ab: {n} agents of /bin/true, {args.reps} reps, load avg "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    with tempfile.TemporaryDirectory(prefix="ring-ab-") as tmp:
+        root = Path(tmp)
+        rings = []
+        for i, tree in enumerate(trees):
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            env.pop("NOTIFY_SOCKET", None)
+            state, config = lap.make_ring(root, f"ring{i}", [f"a{k:03d} /bin/true" for k in range(n)])
+            for _ in range(lap.KEEP_LOGS):
+                lap.ringd_once(state, config, env)
+            rings.append((state, config, env))
+        laps = {0: [], 1: [], "bash": []}
+        for rep in range(args.reps):
+            for i, (state, config, env) in enumerate(rings):
+                laps[i].append(lap.time_ringd_running(state, config, n, env))
+            laps["bash"].append(lap.time_bash_loop(n))
+            print(f"  rep {rep + 1}/{args.reps}: old {laps[0][-1] / n * 1e3:.2f}  new {laps[1][-1] / n * 1e3:.2f}"
+                  f"  bash {laps['bash'][-1] / n * 1e3:.2f} ms/agent", flush=True)
+    med = {k: statistics.median(v) / n * 1e3 for k, v in laps.items()}
+    to_bash = {i: statistics.median(a / b for a, b in zip(laps[i], laps["bash"])) for i in (0, 1)}
+    new_old = statistics.median(b / a for a, b in zip(laps[0], laps[1]))
+    print(f"\n  old {trees[0]}: {med[0]:.2f} ms/agent, {to_bash[0]:.2f}x bash (median of per-rep ratios)")
+    print(f"  new {trees[1]}: {med[1]:.2f} ms/agent, {to_bash[1]:.2f}x bash")
+    print(f"  bash timeout loop: {med['bash']:.2f} ms/agent")
+    print(f"  new / old: {new_old:.3f} (median of per-rep ratios)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
