@@ -1,7 +1,9 @@
 """The driver loop and the hop against a scripted environment (tests/fakeenv.py):
 a fake clock, scripted agents and signals, a real SQLite journal in tmp_path.
 Each test runs minutes of ring time in milliseconds."""
+import os
 import signal
+import time
 
 import pytest
 
@@ -220,9 +222,12 @@ def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_st
 
 
 def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
-    """The run's log and notify socket are made while the transaction that
-    writes its row commits (ringd.meanwhile); if that commit fails they are
-    removed, and the retried turn makes them again under the same run id."""
+    """The run's log, notify socket and cgroup are made on the driver's helper
+    thread while the transaction that writes its row commits (ringd.meanwhile);
+    if that commit fails they are removed, and the retried turn makes them
+    again under the same run id. The log is made slowly here: the driver must
+    wait for the helper before it removes anything, or the file is made after
+    the removal and left behind."""
     from contextlib import contextmanager
     from ringd.env import RealEnv
 
@@ -246,13 +251,23 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
             self.calls += 1
             # the parked notify socket (notify-idle.sock) is the driver's, not a run's
             seen.append(sorted(p.name for p in tmp_path.rglob("*")
-                               if p.suffix in (".log", ".sock") and p.name != IDLE_SOCKET))
+                               if p.suffix in (".log", ".sock") and p.name != IDLE_SOCKET) + run_cgroups())
             with self._j.transaction() as tx:
                 yield tx
                 if self.calls == 1:
                     raise JournalError("journal.db: database or disk is full", transient=True)
 
     env = RealEnv(tmp_path, lambda m: None)
+    parent, prefix = env.containment.parent, env.containment.prefix
+
+    def run_cgroups():
+        return [] if parent is None else [p for p in os.listdir(parent) if p.startswith(prefix)]
+    slow_log = env.open_run_log
+
+    def open_run_log(*a, **k):
+        time.sleep(0.3)   # on the helper thread, while the driver's thread sees the commit fail
+        return slow_log(*a, **k)
+    env.open_run_log = open_run_log
     cfg = Config(ring=RingSettings(**{**RING, "heartbeat_interval": 0.2}))
     d = Driver(env, tmp_path, None, cfg, src, FailsFirstCommit(journal), once=True)
     try:
@@ -261,7 +276,7 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
         env.close()
     (row,) = rows(journal)
     assert row.status == "ok"
-    assert seen[1] == [], f"files of the uncommitted run were left: {seen[1]}"
+    assert seen[1] == [], f"files or cgroups of the uncommitted run were left: {seen[1]}"
     assert (tmp_path / "logs" / "a" / f"{row.id}.log").exists()
     assert not (tmp_path / IDLE_SOCKET).exists()   # the driver's close removes it
 
