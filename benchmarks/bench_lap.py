@@ -243,7 +243,6 @@ def count_statements(root: Path, n: int, env) -> dict:
         raise RuntimeError(f"statement count failed: {proc.stderr[-2000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     lap = out["lap"]
-    metrics = sum(1 for q in lap if "run_counts" in q or "JOIN runs r ON r.id = a.last_run_id" in q)
     commits = sum(1 for q in lap if q.upper() == "COMMIT")
     begins = sum(1 for q in lap if q.upper().startswith("BEGIN"))
     data = len(lap) - commits - begins
@@ -497,6 +496,10 @@ def main() -> int:
         print(f"  ringd wall / bash-timeout = {wall_ratio:5.2f}x   (incl. interpreter start-up; "
               f"{verdict(wall_ratio <= LAP_RATIO_GOAL)} against the same goal)")
         print(f"  ringd lap  / python loop  = {med['ringd_lap'] / med['python']:5.2f}x   (information)")
+        paired = {k: statistics.median(a / b for a, b in zip(r[k], r["bash"])) for k in ("ringd_lap", "ringd_running")}
+        print(f"  paired, median of per-rep ratios: lap {paired['ringd_lap']:.2f}x, running "
+              f"{paired['ringd_running']:.2f}x   (information: each rep's contenders run back to back, "
+              f"so a VM whose speed drifts between reps moves these less)")
 
         print(f"\nJournal per ordinary hop (SQLite trace of one {args.agents}-agent lap)")
         c = count_statements(root, args.agents, env)
