@@ -80,3 +80,14 @@ def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tm
             cg.kill()
             cg.remove()
         env.close()
+
+
+def test_without_a_thread_to_be_had_the_job_runs_at_once(monkeypatch):
+    """A process or memory limit that refuses a thread costs the overlap, never the run."""
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    helper = meanwhile.Helper()
+    job = helper.start(lambda: threading.get_ident())
+    assert job.result() == threading.get_ident()
+    helper.close()
