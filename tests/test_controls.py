@@ -48,7 +48,8 @@ def test_pause_and_resume_the_ring(ring):
     assert doc["driver"]["paused"] is True and doc["driver"]["health"] == "ok" and doc["next"] is None
     plain = ring.cli("status", env=dict(ring.env, NO_COLOR="1")).stdout
     assert "PAUSED" in plain
-    time.sleep(1.0)   # a paused ring: nothing starts (checked over a second of beats)
+    # that a paused ring starts nothing and keeps beating for as long as it is paused, and
+    # wakes at once on resume: test_driver_unit.test_a_paused_ring_starts_nothing_keeps_beating...
     assert len(ring.runs()) == n and status(ring)["driver"]["health"] == "ok"
 
     # the pause survives a restart of the driver

@@ -122,7 +122,7 @@ def test_check_warns_about_programs_and_strict_fails(ring):
 # --- status: next turn, live lap; driver: fixed roster logged ---------------------------
 
 def test_status_names_next_agent_and_live_lap(ring):
-    ring.write_config(ring={"lap_pause": 4, "heartbeat_interval": 5})
+    ring.write_config(ring={"lap_pause": 2, "heartbeat_interval": 5})
     ring.agent("a", "exit 0")
     ring.agent("b", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
@@ -133,7 +133,7 @@ def test_status_names_next_agent_and_live_lap(ring):
     doc = json.loads(ring.cli("status", "--json").stdout)
     if doc["current"] is None:
         nxt = doc["next"]
-        assert nxt["agent"] == "a" and 0 < nxt["in"] <= 4.0, nxt
+        assert nxt["agent"] == "a" and 0 < nxt["in"] <= 2.0, nxt
         table = ring.cli("status", env=dict(ring.env, NO_COLOR="1"))
         assert "next: a in " in table.stdout and " s" in table.stdout, table.stdout
     # lap 2 began with the second run of a, long before the next heartbeat (5 s);

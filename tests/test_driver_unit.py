@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fakeenv import Behaviour, FakeEnv
+from fakeenv import WALL0, Behaviour, FakeEnv
 from ringd.config import AgentOverride, Config, RingSettings
 from ringd.driver import Driver
 from ringd.errors import EX_CONFIG
@@ -340,3 +340,24 @@ def test_a_slot_missed_while_down_runs_once_at_start(tmp_path):
     assert len(jobs) == 3
     assert jobs[1] - restarted < 0.5         # caught up at once ...
     assert jobs[2] - jobs[1] >= 3.0 - 1e-6   # ... once, not once per missed slot
+
+
+def test_a_paused_ring_starts_nothing_keeps_beating_and_wakes_on_resume(tmp_path):
+    """``ringd pause`` between runs: the ring starts nothing for a minute of fake
+    time yet beats every heartbeat; ``ringd resume`` (the journal written, then
+    SIGUSR1) starts the next run at once, and the ring goes on from its place.
+    (The process test test_controls.test_pause_and_resume_the_ring keeps the
+    CLI's side and the pause's survival across a restart.)"""
+    d, env, j = make(tmp_path, "abc", default=Behaviour(runs_for=0.5))
+    env.at(0.7, lambda: j.set_paused(None, True))          # during b's run (0.5-1.0): b ends by itself
+    env.at(61.0, lambda: (j.set_paused(None, False), env.send(61.0, signal.SIGUSR1)))
+    env.send(63.0, signal.SIGTERM)
+    assert d.run() == 0
+    runs = rows(j)
+    starts = [(r.agent, r.started_at - WALL0) for r in runs]
+    assert [a for a, _ in starts[:2]] == ["a", "b"] and all(r.status == "ok" for r in runs[:2])
+    assert not [t for _, t in starts if 0.7 < t < 61.0], starts        # nothing started while paused
+    assert starts[2][0] == "c" and 61.0 <= starts[2][1] < 61.1           # at once on resume, from its place
+    paused_beats = [t for t, _ in env.beats if 2.0 <= t <= 60.0]
+    assert max(b - a for a, b in zip(paused_beats, paused_beats[1:])) <= 1.0 + 1e-9
+    assert sum("ring paused by the operator" in m for _, m in env.logs) == 1
