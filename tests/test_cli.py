@@ -405,9 +405,17 @@ def test_history_and_logs(ring):
     assert table.returncode == 0 and "\x1b" not in table.stdout and "failed" in table.stdout
     assert "..." not in table.stdout   # piped: reasons are never cut
 
-    # bad's last run has ended while talk runs (about 1 s): its log is whole
-    wait_until(lambda: running_of(ring, "talk"), message="talk running again")
-    res = ring.cli("logs", "bad")
+    # bad's last run has ended while talk runs: its log is whole. (On a loaded box the
+    # CLI can take longer than talk's second, and bad's next run may have just begun:
+    # its log is then rightly still empty, so ask until a moment when bad is not running.)
+    def bad_log_when_bad_is_not_running():
+        before = running_of(ring, "talk")
+        if before is None:
+            return None
+        res = ring.cli("logs", "bad")
+        after = running_of(ring, "talk")   # the same talk run all along: bad did not run meanwhile
+        return res if after is not None and after["id"] == before["id"] else None
+    res = wait_until(bad_log_when_bad_is_not_running, timeout=30, message="bad's log read while talk runs")
     assert res.returncode == 0 and res.stdout == "oops\n"
     res = ring.cli("logs", "talk", "--run", str(row["id"]))
     assert res.returncode == 0 and res.stdout.startswith(f"first line of {row['id']}")
