@@ -143,12 +143,13 @@ class Hop:
         if self._notify_error is not None:
             self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}")
             self._notify_error = None
-        if self.notify is not None and self.notes is None:
+        if self.notify is not None:
             from .notify import Notes
             self._run_env["NOTIFY_SOCKET"] = self.notify.env
             self.notes = Notes(self.run_id)
             self.env.watch(self.notify.fileno())
         if self.watchdog and self._run_env is not None:
+            # (WATCHDOG_PID is set in the child: the agent's pid is known only there)
             self._run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))
 
     def discard(self) -> None:
