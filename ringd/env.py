@@ -24,6 +24,7 @@ from .procid import start_ticks
 from .wakeup import Wakeups
 
 MAX_WAIT = 86400.0   # s; selectors overflow past ~24.8 days (2^31 ms): never ask for more
+SPENT_KEPT = 16      # ended runs' cgroups whose rmdir is retried at each wait
 
 
 @dataclass
@@ -268,12 +269,17 @@ class RealEnv:
     def errno_reason(e: OSError) -> str:
         return proctree.errno_reason(e)
 
-    def _remove_spent_cgroups(self) -> None:
-        while self._spent_cgroups:
-            self._spent_cgroups.pop().remove()
+    def _remove_spent_cgroups(self, patient: bool = False) -> None:
+        """rmdir the ended runs' cgroups. At a wait, one try each: the wait may be
+        the one that supervises the next agent, so a cgroup the kernel still
+        holds is tried again at the next wait (the newest SPENT_KEPT at most; an
+        older one is left as a failed rmdir always was). ``patient`` (at close):
+        retried for up to cgroup.KILL_WAIT each."""
+        timeout = cgroup.KILL_WAIT if patient else 0.0
+        self._spent_cgroups = [cg for cg in self._spent_cgroups if not cg.remove(timeout)][-SPENT_KEPT:]
 
     def close(self) -> None:
-        self._remove_spent_cgroups()
+        self._remove_spent_cgroups(patient=True)
         self._helper.close()
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None

@@ -127,7 +127,6 @@ class Hop:
 
     def prepare_meanwhile(self) -> None:
         """:meth:`prepare` on the driver's helper thread (ringd.meanwhile)."""
-        self.prepared = True
         self._preparing = self.env.meanwhile(self.prepare)
 
     def _prepared(self) -> None:
@@ -135,11 +134,10 @@ class Hop:
         talk back"): a socket that could not be made costs the agent its
         voice, never its run."""
         job, self._preparing = self._preparing, None
-        if job is None:
-            if not self.prepared:
-                self.prepare()
-        else:
+        if job is not None:
             job.result()
+        elif not self.prepared:
+            self.prepare()
         if self._notify_error is not None:
             self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}")
             self._notify_error = None

@@ -91,3 +91,41 @@ def test_without_a_thread_to_be_had_the_job_runs_at_once(monkeypatch):
     job = helper.start(lambda: threading.get_ident())
     assert job.result() == threading.get_ident()
     helper.close()
+
+
+def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
+    """The rmdir of an ended run's cgroup is tried once per wait: while the kernel
+    still holds it (here: a process in it), the wait goes on at once - it may be
+    the wait that supervises the next agent - and the rmdir is tried again later."""
+    import subprocess
+    import time
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = RealEnv(state, lambda m: None)
+    cg, sleeper = None, None
+    try:
+        cg = env.make_cgroup(8)
+        if cg is None:
+            pytest.skip(f"no run cgroups here ({env.containment.reason})")
+        sleeper = subprocess.Popen(["sleep", "300"])
+        with open(f"{cg.dir}/cgroup.procs", "w") as f:
+            f.write(str(sleeper.pid))
+        env._spent_cgroups.append(cg)   # as RealEnv.reap leaves it, but still busy
+        t0 = time.monotonic()
+        env.wait(0)
+        assert time.monotonic() - t0 < 2.5   # a patient rmdir would retry for KILL_WAIT (5 s)
+        assert os.path.isdir(cg.dir)
+        sleeper.kill()
+        sleeper.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.isdir(cg.dir) and time.monotonic() < deadline:   # bounded: released by the kernel soon
+            env.wait(0.05)
+        assert not os.path.exists(cg.dir)
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait(10)
+        if cg is not None and os.path.isdir(cg.dir):
+            cg.kill()
+            cg.remove()
+        env.close()
