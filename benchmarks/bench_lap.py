@@ -4,7 +4,7 @@
 Run from the repo root (after ``pip install -e .``; without it the repo root is
 put on PYTHONPATH so ``python -m ringd`` still works):
 
-    python3 benchmarks/bench_lap.py [--reps 3] [--agents 200] [--idle-seconds 30]
+    python3 benchmarks/bench_lap.py [--reps 5] [--agents 200] [--idle-seconds 30]
 
 1. Lap time for a ring of N agents running ``/bin/true``, measured side by side
    with interleaved repetitions (median reported):
@@ -458,7 +458,7 @@ def verdict(ok: bool) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per contender (default 3)")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per contender (default 5)")
     ap.add_argument("--agents", type=int, default=200, help="agents in the ring (default 200)")
     ap.add_argument("--idle-seconds", type=float, default=30.0, help="idle sampling window (default 30)")
     ap.add_argument("--skip-idle", action="store_true", help="lap times only")

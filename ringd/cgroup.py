@@ -45,14 +45,38 @@ class RunCgroup:
 
     def __init__(self, path: "Path | str"):
         self.dir = os.fspath(path)   # a str: the hop's path operations are f-strings, not pathlib
+        self._procs: Optional[int] = None   # cgroup.procs, opened ahead of the join (open_procs)
 
     @property
     def path(self) -> Path:
         return Path(self.dir)
 
+    def open_procs(self) -> None:
+        """Open ``cgroup.procs`` now (the driver's helper thread, while a commit
+        waits), so the join at the spawn is one write. Best effort: without it
+        the join opens the file itself."""
+        if self._procs is None:
+            try:
+                self._procs = os.open(f"{self.dir}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
+
     def join(self) -> None:
         """Move the calling process (all its threads) into this cgroup."""
-        _write_pid0(f"{self.dir}/cgroup.procs")
+        fd, self._procs = self._procs, None
+        if fd is None:
+            _write_pid0(f"{self.dir}/cgroup.procs")
+            return
+        try:
+            os.write(fd, b"0")   # "0": the writer itself
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Close what :meth:`open_procs` opened (a cgroup never joined)."""
+        fd, self._procs = self._procs, None
+        if fd is not None:
+            os.close(fd)
 
     def pids(self) -> List[int]:
         try:
@@ -144,6 +168,7 @@ class Containment:
         self.prefix = ring_prefix(state_dir)
         self.recorded = False      # the record a reaper reads is written (once per driver)
         self.stranded: Optional[str] = None   # why we could not step back out of a run cgroup
+        self._home: Optional[int] = None      # our own cgroup.procs, kept open for every step back out
 
     @property
     def kind(self) -> str:
@@ -165,6 +190,7 @@ class Containment:
             pass   # a dead driver's cgroup of the same run id: reused, it is ours
         except OSError:
             return None
+        cg.open_procs()
         return cg
 
     def spawn_into(self, cg: RunCgroup, spawn: Callable[[], T]) -> "tuple[T, Optional[RunCgroup]]":
@@ -179,7 +205,7 @@ class Containment:
             result = spawn()
         finally:
             try:
-                _write_pid0(f"{self.parent}/cgroup.procs")
+                self._step_home()
             except OSError as e:
                 self.stranded = f"cannot leave {cg.dir}: {e.strerror or e}"
                 self.parent, self.reason = None, self.stranded
@@ -189,11 +215,23 @@ class Containment:
         """End of a run: kill everything in its cgroup, read its CPU time,
         remove it (``remove=False``: the caller removes it later, empty).
         Returns cpu_seconds (None if unknown)."""
+        cg.release()
         cg.kill(reap=reap)
         cpu = cg.cpu_seconds()
         if remove:
             cg.remove()
         return cpu
+
+
+    def _step_home(self) -> None:
+        if self._home is None:
+            self._home = os.open(f"{self.parent}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        os.write(self._home, b"0")
+
+    def close(self) -> None:
+        home, self._home = self._home, None
+        if home is not None:
+            os.close(home)
 
 
 def ring_prefix(state_dir: Path) -> str:

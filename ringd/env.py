@@ -280,6 +280,7 @@ class RealEnv:
 
     def close(self) -> None:
         self._remove_spent_cgroups(patient=True)
+        self.containment.close()
         self._helper.close()
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None

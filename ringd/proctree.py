@@ -76,9 +76,12 @@ class Child:
             self.pidfd = None
 
 
-# Python ignores these; an ignored signal stays ignored across exec, so a child
-# gets them back at their defaults (as Popen's restore_signals does).
-_DEFAULT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, n))
+# Every signal a child can catch starts at its default, as a systemd service's
+# do: whatever the driver inherited ignored (a shell's SIGINT/SIGQUIT for a
+# background job, nohup's SIGHUP) or ignores itself (Python: SIGPIPE, SIGXFSZ)
+# is not passed on. Naming them all is also the cheaper spawn: glibc's child
+# then sets each once, instead of reading each disposition before setting it.
+_DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,

@@ -224,3 +224,37 @@ def test_start_up_never_kills_the_probe_cgroup_it_could_not_leave(containment, t
     assert proc.returncode == 0, f"the driver killed itself: exit {proc.returncode} {proc.stderr[-500:]}"
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["kind"] == "subreaper" and "busy" in out["reason"].lower(), out
+
+
+def _open_in(folder: str) -> int:
+    """How many of our descriptors point into ``folder``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(folder + "/")
+        except OSError:
+            pass
+    return n
+
+
+def test_a_run_cgroups_procs_file_is_open_from_its_creation_to_the_join_and_never_after(containment, tmp_path):
+    # created on the driver's helper thread while a commit waits: the join at the spawn is one write
+    others = _open_in(str(containment.parent))   # (other tests' containments in this process)
+    cg = containment.create(43)
+    assert _open_in(cg.dir) == 1
+    child = _spawn_in(containment, cg, "ls -l /proc/self/fd > fds.txt; exec sleep 300", tmp_path)
+    assert _open_in(cg.dir) == 0, "used up by the join"
+    assert _open_in(str(containment.parent)) == others + 1, "our own cgroup.procs, kept for the next step out"
+    wait_until(lambda: (tmp_path / "fds.txt").exists() and "fds.txt" in (tmp_path / "fds.txt").read_text(), 10,
+               message="agent listed its descriptors")
+    assert "cgroup.procs" not in (tmp_path / "fds.txt").read_text(), "the agent inherits neither"
+    containment.finish(cg, reap=lambda: proctree.reap_zombie_children())
+    _collect(child)
+    child.close()
+    # a run that never started (its row not committed): its cgroup's file is closed with it
+    unused = containment.create(44)
+    assert _open_in(unused.dir) == 1
+    containment.finish(unused)
+    assert _open_in(unused.dir) == 0 and not unused.path.exists()
+    containment.close()
+    assert _open_in(str(containment.parent)) == others
