@@ -22,7 +22,7 @@ driver's run kills that run's cgroup too (:func:`kill_recorded`).
 from __future__ import annotations
 
 import errno
-import hashlib
+import importlib
 import json
 import os
 import signal
@@ -236,7 +236,22 @@ class Containment:
 
 def ring_prefix(state_dir: Path) -> str:
     """Names this ring's cgroups: two rings on one host never share one."""
-    return "ring-" + hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+    return "ring-" + _sha256_hex(str(state_dir).encode())[:12]
+
+
+def _sha256_hex(data: bytes) -> str:
+    """SHA-256 by CPython's own implementation: ``hashlib`` loads OpenSSL's
+    libcrypto, 3.7 MB of a daemon's RSS for this one digest at start-up. The
+    module is ``_sha256`` in Python 3.11 and ``_sha2`` from 3.12; hashlib
+    where neither exists. (The same digest: the prefix must not change under
+    a ring whose dead driver left cgroups behind.)"""
+    for name in ("_sha2", "_sha256"):
+        try:
+            return importlib.import_module(name).sha256(data).hexdigest()
+        except (ImportError, AttributeError):
+            continue
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
 
 
 def detect(state_dir: Path) -> Containment:
