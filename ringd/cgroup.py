@@ -222,13 +222,14 @@ class Containment:
             cg.remove()
         return cpu
 
-
     def _step_home(self) -> None:
+        """Back to our own cgroup: one write to its ``cgroup.procs``, kept open."""
         if self._home is None:
             self._home = os.open(f"{self.parent}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         os.write(self._home, b"0")
 
     def close(self) -> None:
+        """The driver is done (RealEnv.close)."""
         home, self._home = self._home, None
         if home is not None:
             os.close(home)
