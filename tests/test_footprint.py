@@ -2,7 +2,7 @@
 agents, then the interpreter's module table at exit. psutil and OpenSSL's
 libcrypto (``hashlib``) are needed only off the ordinary path - a run that
 left processes behind, a dead driver's run to reap - and cost the idle driver
-about 4.2 MB of RSS together (benchmarks/bench_lap.py's idle figures); rich belongs
+about 4.3 MB of RSS together (benchmarks/bench_lap.py's idle figures); rich belongs
 to the CLI's output, psycopg to the PostgreSQL journal."""
 import json
 import os
