@@ -10,9 +10,11 @@ during that wait instead of after it. The rules that keep this simple:
   before it starts a process, discards the run or starts another job: the two
   threads never touch the same state at once, and the process-wide umask and
   cwd that a spawn sets for an instant are never seen by a job;
-- a job only makes files and directories: it logs nothing and never touches the
-  journal; whatever it raises is raised again by :meth:`Job.result`;
-- the thread blocks every signal, so signals reach the driver's own thread.
+- a job only makes and opens files and directories (the run's log, notify
+  socket, cgroup and its ``cgroup.procs``): it logs nothing and never touches
+  the journal; whatever it raises is raised again by :meth:`Job.result`;
+- the thread blocks every signal from its first instruction (it is created
+  with them blocked), so signals reach the driver's own thread.
 """
 from __future__ import annotations
 
@@ -74,18 +76,22 @@ class Helper:
         if self._closed:
             return done(fn)
         if self._thread is None:
+            # a new thread inherits its creator's signal mask: blocked from birth, not
+            # from some instant after it (held signals reach this thread once unblocked)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             try:
                 thread = threading.Thread(target=self._loop, name="ringd-meanwhile", daemon=True)
                 thread.start()
             except RuntimeError:   # no thread to be had (a process or memory limit): do it now
                 return done(fn)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             self._thread = thread
         job = self._job = Job(fn)
         self._go.release()
         return job
 
     def _loop(self) -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             self._go.acquire()
             job, self._job = self._job, None

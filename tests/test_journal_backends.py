@@ -211,25 +211,22 @@ def test_operator_controls_and_retention(backend):
     """pause/next (kept in meta) and prune behave alike on both backends."""
     j = backend.journal
 
-    class Reads:   # the controls as the driver's turn reads and takes them
-        @staticmethod
-        def pauses():
-            with j.transaction() as tx:
-                c = tx.controls()
-            return c.ring_paused, sorted(c.paused)
+    def pauses():   # the controls as the driver's turn reads them
+        with j.transaction() as tx:
+            c = tx.controls()
+        return c.ring_paused, sorted(c.paused)
 
-        @staticmethod
-        def take_next():
-            with j.transaction() as tx:
-                return tx.take_next(tx.controls())
+    def take_next():   # ... and takes a ``next`` request
+        with j.transaction() as tx:
+            return tx.take_next(tx.controls())
 
-    assert Reads.pauses() == (False, [])
+    assert pauses() == (False, [])
     assert j.set_paused(None, True) and not j.set_paused(None, True)
     assert j.set_paused("b", True)
-    assert Reads.pauses() == (True, ["b"])
-    assert j.set_paused(None, False) and Reads.pauses() == (False, ["b"])
+    assert pauses() == (True, ["b"])
+    assert j.set_paused(None, False) and pauses() == (False, ["b"])
     assert j.request_next("a") is None and j.request_next("b") == "a"
-    assert Reads.take_next() == "b" and Reads.take_next() is None
+    assert take_next() == "b" and take_next() is None
     for i in range(12):
         rid = start(j, "a" if i % 2 else "b", i % 2)
         with j.transaction() as tx:
