@@ -28,9 +28,9 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, List, Optional, Tuple, TypeVar
 
-from .procid import read_small
+from .procid import read_small, same_process
 
 T = TypeVar("T")
 
@@ -93,19 +93,25 @@ class RunCgroup:
             return False
         return bool(self.pids())
 
-    def kill(self, timeout: float = KILL_WAIT, reap: Callable[[], object] = lambda: None) -> bool:
+    def kill(self, timeout: float = KILL_WAIT, reap: Callable[[], object] = lambda: None,
+             spare: Optional[Tuple[int, int]] = None) -> bool:
         """SIGKILL every process in the cgroup and wait (bounded) until it is
-        empty; ``reap`` collects exited children of ours meanwhile. True if empty."""
-        if not self.populated():
-            return True   # empty (or gone): nothing to kill
-        self.signal_kill()
+        empty; ``reap`` collects exited children of ours meanwhile. True if empty.
+        ``spare``: a live driver, (pid, start ticks), that may be inside (see
+        :func:`kill_recorded`): never signalled, and no ``cgroup.kill``; True
+        once nothing else is left."""
         deadline = time.monotonic() + timeout
-        while self.populated():
+        while True:
+            if not self.populated():
+                return True   # empty (or gone)
+            if spare is None:
+                self.signal_kill()
+            elif not self._kill_all_but(spare):
+                return True   # nothing but the driver
             reap()
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
-        return True
 
     def signal_kill(self) -> None:
         """SIGKILL everything in the cgroup now, without waiting."""
@@ -116,9 +122,9 @@ class RunCgroup:
 
     def _freeze_and_kill(self) -> None:
         """Frozen, nothing in the cgroup can fork while we kill each process."""
-        freeze = self.path / "cgroup.freeze"
+        freeze = f"{self.dir}/cgroup.freeze"
         try:
-            freeze.write_text("1")
+            _write_small(freeze, b"1")
         except OSError:
             pass
         for pid in self.pids():
@@ -127,9 +133,36 @@ class RunCgroup:
             except OSError:
                 pass
         try:
-            freeze.write_text("0")
+            _write_small(freeze, b"0")
         except OSError:
             pass
+
+    def _kill_all_but(self, spare: Tuple[int, int]) -> int:
+        """SIGKILL each process in the cgroup but ``spare``; returns how many.
+        Not frozen (a driver inside would freeze with them, and stay frozen
+        should we die before thawing it): each pid is pinned by a pidfd, then
+        signalled only if still listed, so a pid recycled meanwhile is either
+        the run's own new process or not signalled at all."""
+        pinned = {}
+        for pid in self.pids():
+            if pid == spare[0] and same_process(*spare):
+                continue
+            try:
+                pinned[pid] = os.pidfd_open(pid)
+            except OSError:   # gone already
+                continue
+        killed = 0
+        listed = set(self.pids())
+        for pid, fd in pinned.items():
+            try:
+                if pid in listed:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return killed
 
     def cpu_seconds(self) -> Optional[float]:
         """CPU time (user + system) of everything that ran in the cgroup."""
@@ -358,16 +391,27 @@ def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
     return gone
 
 
-def kill_recorded(state_dir: Path, run_id: int) -> int:
-    """The reaper's part: kill everything in ``run_id``'s cgroup (the run of a
-    dead driver), found where the record says this ring's run cgroups live, and
-    remove it. Returns how many processes were in it."""
+def kill_recorded(state_dir: Path, run_id: int, driver: Optional[Tuple[int, int]] = None) -> int:
+    """Kill everything in ``run_id``'s cgroup, found where the record says this
+    ring's run cgroups live: a dead driver's run (the reaper), or an operator's
+    force-fail. Returns how many processes were in it.
+
+    ``driver``: the run's driver, (pid, start ticks). While it lives, it may be
+    in that cgroup: for the instant of each spawn (it steps in so that the
+    agent is born there), and for good if it could not step back out. A
+    ``cgroup.kill`` would then kill the driver too, so every other process is
+    killed one by one instead, and the cgroup is left for the driver to remove
+    (it does at the run's end). A dead driver's run cgroup is killed and removed."""
     parent = _recorded_parent(state_dir)
     if parent is None:
         return 0
     cg = RunCgroup(parent / f"{ring_prefix(state_dir)}-run-{run_id}")
     if not cg.path.is_dir():
         return 0
+    if driver is not None and same_process(*driver):
+        n = len([pid for pid in cg.pids() if pid != driver[0]])
+        cg.kill(spare=driver)
+        return n
     n = len(cg.pids())
     cg.kill()
     cg.remove()

@@ -34,7 +34,8 @@ def kill_orphan(state_dir: Path, row: RunRow) -> int:
     pgid = row.pid if leader_ours else None  # a dead leader's pid may be recycled
     if leader_ours:
         proctree.signal_process(row.pid, row.pid_start, 9)
-    killed = cgroup.kill_recorded(state_dir, row.id)   # the run's cgroup, escapees included
+    # the run's cgroup, escapees included (never its driver, should it be alive and inside)
+    killed = cgroup.kill_recorded(state_dir, row.id, driver=(row.driver_pid, row.driver_start))
     return killed + proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
 
 

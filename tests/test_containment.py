@@ -258,3 +258,52 @@ def test_a_run_cgroups_procs_file_is_open_from_its_creation_to_the_join_and_neve
     assert _open_in(unused.dir) == 0 and not unused.path.exists()
     containment.close()
     assert _open_in(str(containment.parent)) == others
+
+
+
+STANDIN_DRIVER = r"""
+import sys, time
+with open(sys.stdin.readline().strip(), "w") as f:   # the run's cgroup.procs; "0": ourselves, as a
+    f.write("0")                                      # driver steps in for a spawn
+print("inside", flush=True)
+time.sleep(300)
+"""
+
+
+def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(containment, tmp_path):
+    """A driver is in its run's cgroup for the instant of each spawn (the agent is
+    born there), and for good if it could not step back out. An operator's
+    force-fail of that run kills everything else in the cgroup, one by one,
+    never the driver (a cgroup.kill would kill it too); the driver removes the
+    cgroup at the run's end. Real `ringd force-fail`, real processes; the
+    driver is a stand-in that holds the run's row."""
+    from ringd.journal import Journal
+    standin = subprocess.Popen([sys.executable, "-c", STANDIN_DRIVER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        journal = Journal.open(tmp_path)
+        with journal.transaction() as tx:
+            run_id = tx.start_run("a", 0, now=1.0, run_budget=60, stall_threshold=90, driver_pid=standin.pid,
+                                  driver_start=procid.start_ticks(standin.pid))
+        journal.close()
+        cg = containment.create(run_id)
+        pids = tmp_path / "pids"
+        child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
+        wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
+        escaped = int(pids.read_text())
+        standin.stdin.write(f"{cg.dir}/cgroup.procs\n")
+        standin.stdin.flush()
+        assert standin.stdout.readline() == "inside\n"
+        res = subprocess.run([sys.executable, "-m", "ringd", "force-fail", "--state", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        assert res.returncode == 0, res.stderr
+        _collect(child)
+        child.close()
+        wait_until(lambda: _gone(escaped), 10, message="escapee killed")
+        assert standin.poll() is None, "force-fail killed the driver"
+        assert cg.pids() == [standin.pid] and cg.path.is_dir(), "left for the driver to remove"
+    finally:
+        if standin.poll() is None:
+            standin.kill()   # by pid: our own child
+        standin.wait(timeout=10)
