@@ -7,9 +7,10 @@ Where: a child of the driver's own cgroup on the cgroup2 mount. That works as
 root on a writable cgroup2 mount (``/sys/fs/cgroup`` or the hybrid
 ``/sys/fs/cgroup/unified``) and in a subtree systemd delegated to the driver
 (``Delegate=yes``): creating a child cgroup and moving a process into it needs
-no controllers, and ``cpu.stat`` exists in every cgroup. :func:`detect` proves
-the whole mechanism once (create, step in and back out, remove); where it
-fails the driver falls back to the subreaper rule (proctree) and says why once.
+no controllers, and ``cpu.stat`` exists in every cgroup. :func:`detect` finds
+it and :meth:`Containment.prove` proves the whole mechanism once (create, step
+in and back out, remove); where that fails the driver falls back to the
+subreaper rule (proctree) and says why once.
 
 The agent is born in its cgroup: the driver steps into the run's cgroup for
 the fork and back out right after (:meth:`Containment.spawn_into`), so the
@@ -202,16 +203,54 @@ class Containment:
         self.recorded = False      # the record a reaper reads is written (once per driver)
         self.stranded: Optional[str] = None   # why we could not step back out of a run cgroup
         self._home: Optional[int] = None      # our own cgroup.procs, kept open for every step back out
+        self.proven = False        # prove() has run: no run cgroup before
 
     @property
     def kind(self) -> str:
         return "cgroup" if self.parent is not None else "subreaper"
 
+    def prove(self) -> None:
+        """Prove the whole mechanism once, the way every spawn will use it: make a
+        probe cgroup, step in and back out, remove it. Where that fails, the
+        driver contains its runs with the subreaper rule alone (``kind``,
+        ``reason``). Never raises.
+
+        The driver proves it just before its first run (RealEnv.prove_containment),
+        not at start-up: the first cgroup migration after a quiet spell waits for
+        an RCU grace period (about 10-20 ms here, in the kernel's cgroup lock),
+        and a second one within the next grace period does not - so the first
+        run's step into its cgroup no longer waits."""
+        if self.proven or self.parent is None:
+            return
+        self.proven = True
+        parent = self.parent
+        try:
+            probe = RunCgroup(parent / f"{self.prefix}-probe-{os.getpid()}")
+            try:
+                os.mkdir(probe.path)
+            except FileExistsError:
+                pass
+            inside = False
+            try:
+                if not (probe.path / "cgroup.kill").exists() and not (probe.path / "cgroup.freeze").exists():
+                    self.parent, self.reason = None, "the kernel has neither cgroup.kill nor cgroup.freeze"
+                    return
+                probe.join()   # the way every spawn will: step in, then back home
+                inside = True
+                _write_pid0(f"{parent}/cgroup.procs")
+                inside = False
+            finally:
+                if not inside:   # a cgroup that holds us is never killed
+                    probe.kill()
+                    probe.remove()
+        except OSError as e:
+            self.parent, self.reason = None, f"cannot use cgroup v2: {e.strerror or e}"
+
     def create(self, run_id: int) -> Optional[RunCgroup]:
         """A fresh cgroup for ``run_id`` (None in subreaper mode, or if it cannot
         be made now - the run is then contained by the subreaper rule alone).
         The record for a later reaper is written first."""
-        if self.parent is None:
+        if self.parent is None or not self.proven:
             return None
         cg = RunCgroup(f"{self.parent}/{self.prefix}-run-{run_id}")
         try:
@@ -288,35 +327,21 @@ def _sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def detect(state_dir: Path) -> Containment:
-    """Find a cgroup2 hierarchy where we may create run cgroups and prove it
-    works (create, step in and back out, remove). Never raises."""
+def detect(state_dir: Path, prove: bool = True) -> Containment:
+    """Find a cgroup2 hierarchy where we may create run cgroups and (``prove``)
+    prove it works: :meth:`Containment.prove`. Never raises."""
     try:
         parent = _own_cgroup_dir()
         if parent is None:
             return Containment(state_dir, None, "no cgroup2 hierarchy (cgroup v1 only, or not Linux)")
         if not os.access(parent, os.W_OK):
             return Containment(state_dir, None, f"{parent} is not writable (not root, no Delegate=yes)")
-        probe = RunCgroup(parent / f"{ring_prefix(state_dir)}-probe-{os.getpid()}")
-        try:
-            os.mkdir(probe.path)
-        except FileExistsError:
-            pass
-        inside = False
-        try:
-            if not (probe.path / "cgroup.kill").exists() and not (probe.path / "cgroup.freeze").exists():
-                return Containment(state_dir, None, "the kernel has neither cgroup.kill nor cgroup.freeze")
-            probe.join()   # the way every spawn will: step in, then back home
-            inside = True
-            _write_pid0(f"{parent}/cgroup.procs")
-            inside = False
-        finally:
-            if not inside:   # a cgroup that holds us is never killed
-                probe.kill()
-                probe.remove()
-        return Containment(state_dir, parent)
     except OSError as e:
         return Containment(state_dir, None, f"cannot use cgroup v2: {e.strerror or e}")
+    c = Containment(state_dir, parent)
+    if prove:
+        c.prove()
+    return c
 
 
 def _write_pid0(procs: str) -> None:

@@ -376,6 +376,7 @@ class Driver:
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
         if self.leader is not None:
+            self.env.prove_containment()
             self.beat()
             self.env.notify("READY=1")  # a standby is a started, healthy driver
             if not self.stand_by():
@@ -395,6 +396,10 @@ class Driver:
             self.log(str(e))
             return EX_CONFIG
         turns_left = len(self.roster.agents) if self.once else None
+        self.write_metrics()   # (the slow part of a beat: done before the proof, so the beat below skips it)
+        # Proven as late as it can be: its cgroup migration waits out the kernel's
+        # grace period, so the first run's step into its cgroup does not (Containment.prove).
+        self.env.prove_containment()
         self.beat()
         self.env.notify("READY=1")
         self.env.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
@@ -662,7 +667,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     except RingError as e:
         logger(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e))
         return e.code
-    env = RealEnv(state_dir, logger)
+    env = RealEnv(state_dir, logger, prove_containment=False)   # proven just before the first run (Driver.run)
     me = (env.pid, env.pid_start)
     other = live_driver(state_dir, me)
     if other is not None:

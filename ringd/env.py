@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import cgroup, logline, meanwhile, proctree, safefile
+from . import notify as voice   # imported here, not by the helper thread in the first run (~9 ms)
 from .heartbeat import Heartbeat, Notifier
 from .procid import start_ticks
 from .wakeup import Wakeups
@@ -54,7 +55,7 @@ class LogIndex:
 
 class RealEnv:
     def __init__(self, state_dir: Path, logger, notifier: Optional[Notifier] = None,
-                 wakeups: Optional[Wakeups] = None):
+                 wakeups: Optional[Wakeups] = None, prove_containment: bool = True):
         self.state_dir = state_dir
         self.log = logger
         self.notifier = notifier or Notifier()
@@ -71,10 +72,20 @@ class RealEnv:
         self._helper = meanwhile.Helper()
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
         # SPEC "Process containment": a cgroup per run where we can make one
-        # (proven once here), else the subreaper rule alone - said once.
-        self.containment = cgroup.detect(state_dir)
+        # (proven once: here, or by the driver just before its first run), else
+        # the subreaper rule alone - said once.
+        self.containment = cgroup.detect(state_dir, prove=False)
+        if prove_containment:
+            self.prove_containment()
+
+    def prove_containment(self) -> None:
+        """Prove per-run cgroups work here (cgroup.Containment.prove), once; until
+        then no run gets one. Says so if the subreaper rule alone will contain runs."""
+        if self.containment.proven:
+            return
+        self.containment.prove()
         if self.containment.kind != "cgroup":
-            logger(f"containment: subreaper rule only, no per-run cgroup ({self.containment.reason})")
+            self.log(f"containment: subreaper rule only, no per-run cgroup ({self.containment.reason})")
 
     # --- clocks and the wait ---------------------------------------------------------
     monotonic = staticmethod(time.monotonic)
@@ -289,33 +300,30 @@ class RealEnv:
 
     # --- the run's notify socket (ringd.notify) ----------------------------------------
     def open_notify(self, run_id: int):
-        from .notify import NotifySocket
         parked, self._parked_notify = self._parked_notify, None
         if parked is not None:
             sock = parked.reuse(self.state_dir, run_id)
             if sock is not None:
                 return sock
             self._sweep_sockets = True   # whatever replaced the parked file goes too
-        sock = NotifySocket.open(self.state_dir, run_id, sweep=self._sweep_sockets)
+        sock = voice.NotifySocket.open(self.state_dir, run_id, sweep=self._sweep_sockets)
         self._sweep_sockets = False   # once per driver, then only after a close that left one behind
         return sock
 
     def close_notify(self, sock) -> None:
         """The run's socket file is gone from its path: parked for the next run
         (NotifySocket.park), else closed and unlinked."""
-        from .notify import remove_notes
         if sock.park(self.state_dir):
             self._parked_notify = sock
         elif not sock.close():
             self._sweep_sockets = True
         if self._notes_written:
-            remove_notes(self.state_dir)
+            voice.remove_notes(self.state_dir)
             self._notes_written = False
 
     def write_notes(self, notes, now: float) -> None:
-        from .notify import write_notes
         self._notes_written = True   # set first: a partial write is removed too
-        write_notes(self.state_dir, notes, now)
+        voice.write_notes(self.state_dir, notes, now)
 
 
 def _exec_with_pid(argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str],

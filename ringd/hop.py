@@ -24,6 +24,7 @@ from typing import Callable, Optional, Protocol, Set, Union
 from . import runstate, transitions
 from .config import Config
 from .journal import Journal, JournalError
+from .notify import Notes
 from .policy import Requests
 from .roster import Agent, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick
@@ -142,7 +143,6 @@ class Hop:
             self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}")
             self._notify_error = None
         if self.notify is not None:
-            from .notify import Notes
             self._run_env["NOTIFY_SOCKET"] = self.notify.env
             self.notes = Notes(self.run_id)
             self.env.watch(self.notify.fileno())

@@ -47,6 +47,7 @@ class FakeEnv:
         self.children: List[FakeChild] = []
         self.logs: List[Tuple[float, str]] = []
         self.beats: List[Tuple[float, dict]] = []
+        self.proved: List[Tuple[int, int]] = []   # prove_containment calls
         self.notes: List[str] = []
         self.waits = 0
         self.reaped: List[int] = []
@@ -144,6 +145,10 @@ class FakeEnv:
 
     def reap_helpers(self, keep=(), helpers_only=False):
         pass
+
+    def prove_containment(self):
+        # no cgroups here (make_cgroup always says None); when it was asked: (beats, agents started) so far
+        self.proved.append((len(self.beats), len(self.children)))
 
     # files
     def beat(self, **fields):

@@ -361,3 +361,18 @@ def test_a_paused_ring_starts_nothing_keeps_beating_and_wakes_on_resume(tmp_path
     paused_beats = [t for t, _ in env.beats if 2.0 <= t <= 60.0]
     assert max(b - a for a, b in zip(paused_beats, paused_beats[1:])) <= 1.0 + 1e-9
     assert sum("ring paused by the operator" in m for _, m in env.logs) == 1
+
+
+def test_containment_is_proven_once_just_before_the_first_run(tmp_path):
+    """The proof's cgroup migration waits out the kernel's grace period; the first
+    run's step into its cgroup, a grace period later, would wait again. So it is
+    proven after everything slow at start-up - the first metrics included - and
+    before the first heartbeat, which says what contains the runs."""
+    d, env, j = make(tmp_path, "ab", once=True)
+    calls = []
+    write_metrics = d.write_metrics
+    d.write_metrics = lambda *a, **k: (calls.append(("metrics", len(env.proved))), write_metrics(*a, **k))[1]
+    assert d.run() == 0
+    assert env.proved == [(0, 0)], "once, before any heartbeat and any agent"
+    assert calls[0] == ("metrics", 0), "the start-up metrics are written before the proof"
+    assert [r.status for r in rows(j)] == ["ok", "ok"]
