@@ -688,6 +688,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         else:
             journal = Journal.open(state_dir, verify=True)
             journal.start_ids_after(safefile.highest_run_log_id(state_dir))  # a reset journal: no old log reused
+            journal.preallocate_wal()   # the first ~150 commits no longer grow the file
     except JournalError as e:
         logger(str(e))
         lock.release()

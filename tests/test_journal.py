@@ -97,3 +97,97 @@ def test_truncated_journal_is_refused(tmp_path):
     with pytest.raises(JournalError):
         Journal.open(tmp_path)
     assert p.stat().st_size == 50
+
+
+# --- the write-ahead log, made long at start-up (Journal.preallocate_wal) -------------
+
+CRASH_AFTER_COMMITS = r"""
+import os, sys, time
+from pathlib import Path
+from ringd.journal import Journal
+j = Journal.open(Path(sys.argv[1]))
+j.preallocate_wal()
+for i in range(int(sys.argv[2])):
+    with j.transaction() as tx:
+        rid = tx.start_run(f"a{i}", i, now=time.time(), run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+        tx.close_run(rid, "ok", source="driver", now=time.time(), exit_code=0)
+print(os.path.getsize(sys.argv[1] + "/journal.db-wal"), flush=True)
+os._exit(0)   # no close: the log stays, its frames followed by the zeros
+"""
+
+
+def _wal_target(journal):
+    con = journal.con
+    page, pages = con.execute("PRAGMA page_size").fetchone()[0], con.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    return 32 + (pages + 16) * (24 + page)
+
+
+def test_the_log_is_made_as_long_as_it_grows_and_sqlite_reads_past_the_zeros(tmp_path):
+    """Zeros are never a valid frame: a driver killed after its commits leaves a log
+    of frames then zeros, and the next open recovers exactly the committed rows."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", CRASH_AFTER_COMMITS, str(tmp_path), "40"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    j = Journal.open(tmp_path, verify=True)   # recovery, then quick_check
+    try:
+        assert int(out.stdout) >= _wal_target(j), "made long at once"
+        assert [r.status for r in j.history(limit=100)] == ["ok"] * 40
+        con = raw(tmp_path)
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
+        j.preallocate_wal()   # long enough already: nothing written
+        rid = start(j)
+        close(j, rid, "ok")
+        assert j.run(rid).status == "ok"
+    finally:
+        j.close()
+    assert not os.path.exists(f"{journal_path(tmp_path)}-wal"), "SQLite still removes its log at the last close"
+
+
+FULL_DISK = r"""
+import os, resource, sys
+from pathlib import Path
+from ringd.journal import Journal
+j = Journal.open(Path(sys.argv[1]))
+wal = sys.argv[1] + "/journal.db-wal"
+before = os.path.getsize(wal)
+resource.setrlimit(resource.RLIMIT_FSIZE, (before + 100_000, resource.RLIM_INFINITY))   # EFBIG past it
+j.preallocate_wal()
+print(before, os.path.getsize(wal), flush=True)
+"""
+
+
+def test_a_log_that_cannot_be_made_long_is_left_as_it_was(tmp_path):
+    """A file-size limit (as good as a full disk here): the zeros written so far are cut off again."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after == before
+    j = Journal.open(tmp_path, verify=True)
+    try:
+        close(j, start(j), "ok")
+    finally:
+        j.close()
+
+
+def test_a_running_driver_has_made_its_log_long(ring):
+    import signal as sig
+    from conftest import wait_until
+    ring.agent("a", "exec sleep 60")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    try:
+        wait_until(lambda: [r for r in ring.runs() if r["status"] == "running"], 20, message="a run started")
+        assert os.path.getsize(f"{ring.journal_path}-wal") >= 32 + (1000 + 16) * (24 + 4096)
+    finally:
+        drv.send_signal(sig.SIGTERM)
+        drv.communicate(timeout=30)
