@@ -397,16 +397,17 @@ def _recorded_parent(state_dir: Path) -> Optional[Path]:
 
 
 def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
-    """Kill and remove every run cgroup of this ring: where the record says they
-    live, and under ``also`` (the driver's own cgroup). Only for a caller that
-    holds the ring's lock with no other driver alive (the driver at start-up):
-    every such cgroup is then a dead driver's, e.g. one whose row an operator
-    closed before that driver was killed. Returns how many were removed."""
-    prefix = ring_prefix(state_dir) + "-run-"
+    """Kill and remove every run (and probe) cgroup of this ring: where the record
+    says they live, and under ``also`` (the driver's own cgroup). Only for a
+    caller that holds the ring's lock with no other driver alive (the driver at
+    start-up): every such cgroup is then a dead driver's, e.g. one whose row an
+    operator closed before that driver was killed, or the probe of one killed
+    while it proved containment. Returns how many were removed."""
+    prefixes = tuple(ring_prefix(state_dir) + kind for kind in ("-run-", "-probe-"))
     gone = 0
     for parent in {p for p in (_recorded_parent(state_dir), also) if p is not None}:
         try:
-            names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+            names = [n for n in os.listdir(parent) if n.startswith(prefixes)]
         except OSError:
             continue
         for name in names:

@@ -307,3 +307,21 @@ def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(con
         if standin.poll() is None:
             standin.kill()   # by pid: our own child
         standin.wait(timeout=10)
+
+
+def test_start_up_sweeps_a_dead_drivers_run_and_probe_cgroups_and_no_other_rings(containment, tmp_path):
+    """A driver killed while it proved containment leaves its probe cgroup; the
+    next driver (holding the lock: no other driver of this ring lives) removes
+    it with the run cgroups, and never touches another ring's."""
+    other = cgroup.detect(tmp_path / "other-ring")
+    theirs = other.parent / f"{other.prefix}-probe-1"
+    mine = [containment.parent / f"{containment.prefix}-{kind}" for kind in ("probe-1", "run-7")]
+    for d in mine + [theirs]:
+        d.mkdir()
+    try:
+        assert cgroup.sweep(tmp_path, also=containment.parent) == 2
+        assert not any(d.exists() for d in mine) and theirs.is_dir()
+    finally:
+        for d in mine + [theirs]:
+            if d.exists():
+                d.rmdir()
