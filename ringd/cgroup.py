@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple, TypeVar
 
-from .procid import read_small, same_process
+from .procid import read_small, same_process, start_ticks
 
 T = TypeVar("T")
 
@@ -144,14 +144,16 @@ class RunCgroup:
         should we die before thawing it): each pid is pinned by a pidfd, then
         signalled only if still listed, so a pid recycled meanwhile is either
         the run's own new process or not signalled at all."""
-        pinned = {}
+        pinned, unpinned = {}, {}
         for pid in self.pids():
             if pid == spare[0] and same_process(*spare):
                 continue
             try:
                 pinned[pid] = os.pidfd_open(pid)
-            except OSError:   # gone already
+            except ProcessLookupError:   # gone already
                 continue
+            except OSError:   # no pidfd_open (Linux before 5.3): pinned by its start ticks instead
+                unpinned[pid] = start_ticks(pid)
         killed = 0
         listed = set(self.pids())
         for pid, fd in pinned.items():
@@ -163,6 +165,13 @@ class RunCgroup:
                 pass
             finally:
                 os.close(fd)
+        for pid, ticks in unpinned.items():
+            if pid in listed and ticks is not None and same_process(pid, ticks):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    pass
         return killed
 
     def cpu_seconds(self) -> Optional[float]:

@@ -325,3 +325,24 @@ def test_start_up_sweeps_a_dead_drivers_run_and_probe_cgroups_and_no_other_rings
         for d in mine + [theirs]:
             if d.exists():
                 d.rmdir()
+
+
+@pytest.mark.parametrize("pidfd", ["pidfd_open", "no pidfd_open (Linux before 5.3)"])
+def test_killing_all_but_the_driver_kills_the_rest_of_the_cgroup(containment, tmp_path, monkeypatch, pidfd):
+    cg = containment.create(46)
+    pids = tmp_path / "pids"
+    child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
+    wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
+    escaped = int(pids.read_text())
+    if pidfd != "pidfd_open":
+        def enosys(pid, flags=0):
+            raise OSError(38, "Function not implemented")
+        monkeypatch.setattr(os, "pidfd_open", enosys)
+    me = (os.getpid(), procid.start_ticks(os.getpid()))
+    assert cg.kill(spare=me, reap=lambda: proctree.reap_zombie_children()), "emptied"
+    monkeypatch.undo()
+    _collect(child)
+    child.close()
+    wait_until(lambda: _gone(escaped), 10, message="escapee killed")
+    containment.finish(cg)
+    assert not cg.path.exists()
