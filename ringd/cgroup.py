@@ -233,6 +233,11 @@ class Containment:
             return
         self.proven = True
         parent = self.parent
+        try:   # the record a reaper reads: here, off the first run (an fsync'd write); else at the first create
+            _write_record(self.state_dir, parent)
+            self.recorded = True
+        except OSError:
+            pass
         try:
             probe = RunCgroup(parent / f"{self.prefix}-probe-{os.getpid()}")
             try:
