@@ -17,7 +17,7 @@ the fork and back out right after (:meth:`Containment.spawn_into`), so the
 agent is inside before it runs a single instruction, and the spawn stays a
 vfork with no Python code between fork and exec. A record
 ``<state>/run.cgroup`` names where this ring's run cgroups live (written once
-per driver, at its first run, not per run), so a reaper that finds a dead
+per driver, as it proves containment, not per run), so a reaper that finds a dead
 driver's run kills that run's cgroup too (:func:`kill_recorded`).
 """
 from __future__ import annotations
@@ -263,7 +263,7 @@ class Containment:
     def create(self, run_id: int) -> Optional[RunCgroup]:
         """A fresh cgroup for ``run_id`` (None in subreaper mode, or if it cannot
         be made now - the run is then contained by the subreaper rule alone).
-        The record for a later reaper is written first."""
+        The record for a later reaper is written first, if :meth:`prove` could not."""
         if self.parent is None or not self.proven:
             return None
         cg = RunCgroup(f"{self.parent}/{self.prefix}-run-{run_id}")
