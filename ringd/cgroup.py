@@ -141,38 +141,16 @@ class RunCgroup:
     def _kill_all_but(self, spare: Tuple[int, int]) -> int:
         """SIGKILL each process in the cgroup but ``spare``; returns how many.
         Not frozen (a driver inside would freeze with them, and stay frozen
-        should we die before thawing it): each pid is pinned by a pidfd, then
-        signalled only if still listed, so a pid recycled meanwhile is either
-        the run's own new process or not signalled at all."""
-        pinned, unpinned = {}, {}
-        for pid in self.pids():
-            if pid == spare[0] and same_process(*spare):
-                continue
-            try:
-                pinned[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:   # gone already
-                continue
-            except OSError:   # no pidfd_open (Linux before 5.3): pinned by its start ticks instead
-                unpinned[pid] = start_ticks(pid)
-        killed = 0
+        should we die before thawing it): each listed pid's start ticks are
+        read, and it is signalled only if still listed and still that process
+        (proctree.signal_process), so a pid recycled meanwhile is either the
+        run's own new process or not signalled at all."""
+        from .proctree import signal_process
+        ticks = {pid: start_ticks(pid) for pid in self.pids()
+                 if not (pid == spare[0] and same_process(*spare))}
         listed = set(self.pids())
-        for pid, fd in pinned.items():
-            try:
-                if pid in listed:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    killed += 1
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        for pid, ticks in unpinned.items():
-            if pid in listed and ticks is not None and same_process(pid, ticks):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
-        return killed
+        return sum(1 for pid, t in ticks.items()
+                   if t is not None and pid in listed and signal_process(pid, t, signal.SIGKILL))
 
     def cpu_seconds(self) -> Optional[float]:
         """CPU time (user + system) of everything that ran in the cgroup."""
@@ -226,7 +204,7 @@ class Containment:
 
         The driver proves it just before its first run (RealEnv.prove_containment),
         not at start-up: the first cgroup migration after a quiet spell waits for
-        an RCU grace period (about 10-20 ms here, in the kernel's cgroup lock),
+        an RCU grace period (4-30 ms here, in the kernel's cgroup lock),
         and a second one within the next grace period does not - so the first
         run's step into its cgroup no longer waits."""
         if self.proven or self.parent is None:

@@ -343,7 +343,7 @@ class Journal:
             con.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:
             return
-        try:   # (O_NONBLOCK: a FIFO planted there fails at once instead of waiting for a reader)
+        try:   # (O_NONBLOCK: never wait on a FIFO planted there; only a regular file is extended)
             fd = os.open(f"{self.path}-wal", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             fd = None

@@ -231,12 +231,17 @@ def signal_group(pgid: int, sig: int) -> bool:
 def signal_process(pid: int, start_time: Optional[int], sig: int) -> bool:
     """Signal ``pid`` only if it is still the process that started at ``start_time``
     (start ticks, procid; None: signal whatever has that pid now). With a pidfd
-    the check and the signal cannot race with pid reuse."""
+    the check and the signal cannot race with pid reuse; without one (no
+    ``pidfd_open`` before Linux 5.3) the check comes just before the signal."""
+    fd = None
     if hasattr(os, "pidfd_open"):
         try:
             fd = os.pidfd_open(pid)
-        except OSError:
+        except ProcessLookupError:
             return False
+        except OSError:
+            fd = None
+    if fd is not None:
         try:
             if start_time is not None and not procid.same_process(pid, start_time):
                 return False
