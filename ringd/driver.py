@@ -229,15 +229,21 @@ class Driver:
             self.stop_requested, self.stop_reason, self.exit_code = True, "driver lost its lock", EX_TEMPFAIL
 
     # --- waiting -----------------------------------------------------------------------
-    def pause(self, seconds: Optional[float], *, until_roster_edit: bool = False) -> None:
+    def pause(self, seconds: Optional[float], *, until_roster_edit: bool = False,
+              wall_until: Optional[float] = None) -> None:
         """Sleep ``seconds`` (None: until something happens) while beating; returns
-        early on a signal that asks for something, or on a roster edit."""
+        early on a signal that asks for something, or on a roster edit. ``wall_until``:
+        also return once the wall clock reaches it (looked at every beat): a due
+        time is a wall-clock time, and the wall clock may be stepped forward, or
+        move on through a suspend, while the monotonic clock does not."""
         env = self.env
         self.flush()   # never wait with a run's end unrecorded
         end = None if seconds is None else env.monotonic() + seconds
         while not self.stop_requested:
             now = env.monotonic()
             if end is not None and now >= end:
+                return
+            if wall_until is not None and env.wall() >= wall_until:
                 return
             self.beat_if_due()
             # the roster file is looked at (one stat) at least once a heartbeat
@@ -631,7 +637,7 @@ class Driver:
             self.log("nothing to run: every agent is backing off, quarantined, paused or not due"
                      + (f"; next in {delay:.1f}s" if delay is not None else ""))
             self.idle_logged = True
-        self.pause(delay, until_roster_edit=True)
+        self.pause(delay, until_roster_edit=True, wall_until=until)
 
     def shutdown(self) -> None:
         try:

@@ -41,6 +41,7 @@ class FakeChild:
 class FakeEnv:
     def __init__(self, behaviours: Optional[Dict[str, Behaviour]] = None, *, default: Behaviour = Behaviour()):
         self.t = 0.0
+        self.wall_step = 0.0   # s the wall clock was stepped by (NTP, an operator, a resume from suspend)
         self.behaviours = behaviours or {}
         self.default = default
         self.pending: List[Tuple[float, int]] = []   # (time, signal)
@@ -61,7 +62,7 @@ class FakeEnv:
         return self.t
 
     def wall(self) -> float:
-        return WALL0 + self.t
+        return WALL0 + self.t + self.wall_step
 
     # scripting
     def send(self, at: float, sig: int) -> None:

@@ -376,3 +376,18 @@ def test_containment_is_proven_once_just_before_the_first_run(tmp_path):
     assert env.proved == [(0, 0)], "once, before any heartbeat and any agent"
     assert calls[0] == ("metrics", 0), "the start-up metrics are written before the proof"
     assert [r.status for r in rows(j)] == ["ok", "ok"]
+
+
+def test_a_wall_clock_stepped_forward_runs_a_scheduled_job_when_due_on_the_wall_clock(tmp_path):
+    """An idle ring sleeps towards a wall-clock due time. The wall clock jumps
+    50 minutes ahead meanwhile (NTP, an operator, a resume from suspend: the
+    monotonic clock did not move). The job is due on the wall clock 10 minutes
+    later and runs then, within a heartbeat - not after the 60 minutes the
+    driver first meant to sleep."""
+    d, env, j = make(tmp_path, ["job"], agents={"job": AgentOverride(every=3600.0)})
+    env.at(10.0, lambda: setattr(env, "wall_step", 3000.0))
+    env.send(1200.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [r.started_at - WALL0 for r in rows(j) if r.agent == "job"]
+    assert len(starts) == 2, starts
+    assert 3600.0 <= starts[1] <= 3600.0 + RING["heartbeat_interval"] + 1e-6, starts   # on the wall clock
