@@ -432,7 +432,12 @@ def send(message: str, address: Optional[str] = None, barrier_timeout: float = 5
         raise NotifyError("NOTIFY_SOCKET is not set (not running under ring or systemd)")
     if address.startswith("@"):
         address = "\0" + address[1:]
-    blob = message.encode()
+    try:
+        # argv is bytes: a byte that is not UTF-8 (a Latin-1 file name in $n) goes
+        # as it came (Python kept it as a surrogate), the driver reads it as U+FFFD
+        blob = message.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise NotifyError("message is not text: it holds a lone surrogate") from None
     if len(blob) > MAX_DATAGRAM:
         raise NotifyError(f"message is {len(blob)} bytes; at most {MAX_DATAGRAM} are heard")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:

@@ -232,6 +232,26 @@ def test_a_child_of_the_agent_is_heard_through_ringd_notify(sock):
     assert (got.phase, got.pings) == ("step 2", 1)
 
 
+def test_ringd_notify_sends_a_status_that_is_not_utf_8_as_it_came(sock):
+    """``$n`` in ``ringd notify --status "fetching $n"`` may be a Latin-1 file
+    name: argv is bytes, not text. Sent as they came, heard with U+FFFD for the
+    undecodable byte - never a traceback."""
+    sock.set_agent(os.getpid())
+    p = subprocess.Popen([sys.executable.encode(), b"-m", b"ringd", b"notify", b"--status", b"caf\xe9 \xc3\xa9"],
+                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO), LC_ALL="C.UTF-8"),
+                         stderr=subprocess.PIPE)
+    got = Heard()
+    deadline = time.monotonic() + 20
+    while p.poll() is None and time.monotonic() < deadline:
+        select.select([sock.fileno()], [], [], 0.05)
+        got.phase = sock.drain().phase or got.phase
+    _, err = p.communicate(timeout=10)
+    assert p.returncode == 0 and b"Traceback" not in err, err
+    assert got.phase == "caf\ufffd \u00e9"
+    with pytest.raises(NotifyError, match="lone surrogate"):   # a caller's str that no bytes ever were
+        send("STATUS=\ud800", address=sock.env)
+
+
 def test_oversized_and_malformed_datagrams_are_dropped(sock):
     sock.set_agent(os.getpid())
     _raw_send(sock.env, b"STATUS=" + b"x" * MAX_DATAGRAM)
