@@ -133,19 +133,23 @@ class Hop:
     def _prepared(self) -> None:
         """Wait for the files; then wire the notify socket (SPEC "Agents that
         talk back"): a socket that could not be made costs the agent its
-        voice, never its run."""
+        voice, never its run - so its watchdog, which it could not ping, is
+        off for the run."""
         job, self._preparing = self._preparing, None
         if job is not None:
             job.result()
         elif not self.prepared:
             self.prepare()
         if self._notify_error is not None:
-            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}")
+            off = f"; its {self.watchdog:g}s watchdog is off for this run" if self.watchdog else ""
+            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}")
             self._notify_error = None
         if self.notify is not None:
             self._run_env["NOTIFY_SOCKET"] = self.notify.env
             self.notes = Notes(self.run_id)
             self.env.watch(self.notify.fileno())
+        else:
+            self.watchdog = None
         if self.watchdog and self._run_env is not None:
             # (WATCHDOG_PID is set in the child: the agent's pid is known only there)
             self._run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))

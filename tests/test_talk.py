@@ -108,6 +108,29 @@ def test_watchdog_never_ends_an_agent_that_pings(ring):
     assert row["duration"] >= 2.5
 
 
+def test_a_run_that_gets_no_notify_socket_is_not_ended_by_a_watchdog_it_cannot_ping(ring):
+    """Run 1 leaves a directory where run 2's socket goes: run 2 gets no
+    socket (logged), so no voice - and no watchdog to starve: it runs its
+    2.5 s to its end ``ok``, not ``stalled`` after 1 s."""
+    seen = ring.base / "run2-env"
+    ring.agent("a", f"""
+        if [ "$RING_RUN_ID" = 1 ]; then mkdir "$RING_STATE/notify-2.sock"; exit 0; fi
+        echo "${{NOTIFY_SOCKET:-none}} ${{WATCHDOG_USEC:-none}}" > {seen}
+        sleep 2.5
+        """)
+    ring.write_config(ring={"watchdog": 1.0, "run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    rows = wait_until(lambda: (r := [r for r in ring.runs() if r["status"] != "running"])[1:] and r, timeout=30,
+                      message="two runs ended")
+    stop(ring, drv)
+    assert (rows[0]["status"], rows[1]["status"]) == ("ok", "ok"), [dict(r) for r in rows]
+    assert rows[1]["duration"] >= 2.4
+    assert seen.read_text().split() == ["none", "none"]
+    log = drv.communicate()[1].decode()
+    assert "run 2: a gets no notify socket" in log and "watchdog is off for this run" in log, log
+
+
 def test_a_strangers_datagrams_change_nothing(ring):
     ring.agent("quiet", f'{NOTIFY} --status "mine"\nexec sleep 60')
     ring.write_config(agents={"quiet": {"watchdog": 2.0}}, ring={"run_budget": 30, "stall_threshold": 40})
