@@ -24,7 +24,7 @@ from typing import Callable, Optional, Protocol, Set, Union
 from . import runstate, transitions
 from .config import Config
 from .journal import Journal, JournalError
-from .notify import Notes
+from .notify import Notes, watchdog_usec
 from .policy import Requests
 from .roster import Agent, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick
@@ -152,7 +152,7 @@ class Hop:
             self.watchdog = None
         if self.watchdog and self._run_env is not None:
             # (WATCHDOG_PID is set in the child: the agent's pid is known only there)
-            self._run_env["WATCHDOG_USEC"] = str(int(self.watchdog * 1_000_000))
+            self._run_env["WATCHDOG_USEC"] = watchdog_usec(self.watchdog)
 
     def discard(self) -> None:
         """The run's row was not committed: its files and cgroup go (its id will be used again)."""

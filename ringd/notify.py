@@ -40,7 +40,10 @@ _MAX_FDS = 8               # fds accepted in one datagram's ancillary data (then
 _UCRED = struct.Struct("3i")
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
 _KEY = re.compile(r"[A-Z][A-Z0-9_]*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0 and C1 controls (escape sequences, newlines), and what splits a line or
+# reorders its text in Unicode-aware tools: the line and paragraph separators,
+# bidirectional marks, embeddings, overrides and isolates, and the BOM
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 _SUN_PATH_MAX = 107        # bytes usable in sockaddr_un.sun_path (108 with the NUL)
 
 
@@ -66,8 +69,16 @@ def parse_datagram(data: bytes) -> Optional[Dict[str, str]]:
 
 def clean_phase(text: str) -> str:
     """A STATUS= text as a one-line phase: control characters (escape
-    sequences, newlines) become spaces, cut to :data:`PHASE_CHARS`."""
+    sequences, newlines, Unicode line separators and bidirectional controls)
+    become spaces, cut to :data:`PHASE_CHARS`."""
     return _CONTROL.sub(" ", text)[:PHASE_CHARS].strip()
+
+
+def watchdog_usec(seconds: float) -> str:
+    """``WATCHDOG_USEC`` for a watchdog of ``seconds``: at least 1, since 0 means
+    "no watchdog" to libsystemd (``sd_watchdog_enabled``), and the driver would
+    still end the run."""
+    return str(max(1, int(seconds * 1_000_000)))
 
 
 def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool]:

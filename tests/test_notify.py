@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ringd.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
-                          clean_phase, meaning, parse_datagram, read_notes, send, write_notes)
+                          clean_phase, meaning, parse_datagram, read_notes, send, watchdog_usec, write_notes)
 
 from conftest import REPO, wait_until
 
@@ -52,6 +52,18 @@ def test_phase_is_one_line_cut_to_200_characters():
     assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True)
     assert meaning({"WATCHDOG": "0"}) == (None, False)
     assert meaning({"WATCHDOG": "trigger"}) == (None, False)
+
+
+def test_phase_is_one_line_in_unicode_aware_tools_too():
+    # line/paragraph separators split a line; bidi overrides and isolates reorder what is shown
+    assert clean_phase("a\u2028b\u2029c\u202ed\u2066e\u200ff\ufeffg\u061ch") == "a b c d e f g h"
+    assert clean_phase("caf\u00e9 \u2013 \U0001f680 \u4e2d") == "caf\u00e9 \u2013 \U0001f680 \u4e2d"   # text stays
+
+
+def test_watchdog_usec_is_never_zero():
+    # 0 reads as "no watchdog" to libsystemd, while the driver would still end the run
+    assert watchdog_usec(1.0e-7) == "1"
+    assert watchdog_usec(1.5) == "1500000"
 
 
 def _stats(table):
