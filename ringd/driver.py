@@ -295,7 +295,7 @@ class Driver:
                 heartbeat_at=now, driver_started_at=self.env.started_at,
                 laps=self.lap - 1, roster_agents=len(self.roster.agents),
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
-                role=self.leader.role if self.leader is not None else "leader")
+                role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring)
             metrics.write_metrics(self.state_dir, metrics.render(snap))
             self._metrics_failing = False
         except (OSError, JournalError) as e:
@@ -456,8 +456,9 @@ class Driver:
                     closed = pending.write(tx)
                 controls = tx.controls()
                 if not controls.ring_paused:
-                    plan = plan_turn(TurnInputs(roster, start, transitions.AgentStates(tx), now, limit=limit,
-                                                paused=controls.paused, requested=tx.take_next(controls),
+                    states = transitions.AgentStates(tx, now, self.config.ring)
+                    plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
+                                                requested=tx.take_next(controls),
                                                 scheduled=self.schedules(tx, now),
                                                 ran_scheduled=frozenset(self.ran_scheduled)))
                     wraps = (plan.index is not None and not plan.forced and not plan.scheduled

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .config import RingSettings
+from .policy import seen_at
+
 METRICS_FILE = "metrics.prom"
 
 
@@ -91,7 +94,7 @@ def render(s: Snapshot) -> str:
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
              laps: int = 0, roster_agents: int = 0, roster_error: bool = False,
-             state_dir: Optional[Path] = None, role: str = "leader") -> Snapshot:
+             state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries)."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
@@ -100,6 +103,7 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
     for name, r in journal.last_runs().items():
         s.last_runs[name] = (r.duration, r.ended_at)
     for name, st in journal.agent_states().items():
+        st = seen_at(st, now, ring)
         s.consecutive_failures[name] = st.consecutive_failures
         if st.quarantined_until is not None and st.quarantined_until > now:
             s.quarantined.append(name)

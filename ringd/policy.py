@@ -16,6 +16,7 @@ from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .config import RingSettings
 from .records import AgentState
+from .schedule import CLOCK_SLACK
 
 # Endings that count as failures of the agent (consecutive_failures, alerts),
 # and those that also count towards quarantine (the agent wedged).
@@ -90,6 +91,20 @@ def after_run(state: AgentState, status: str, source: str, now: float, ring: Rin
         # a probation run that did not wedge ends the quarantine
         s = s.with_(quarantined_until=None, quarantine_line=line if status in BACKS_OFF else None)
     return Settled(s)
+
+
+def seen_at(state: AgentState, now: float, ring: RingSettings) -> AgentState:
+    """``state`` as it stands at ``now``. A back-off never ends further ahead than
+    ``backoff_max``, nor a quarantine than ``quarantine_cooloff``: one that does was
+    set before the wall clock was stepped back (or the config lowered since), and
+    would otherwise last as long as the step. It ends now (a quarantine's
+    probation run is due)."""
+    s = state
+    if s.backoff_until is not None and s.backoff_until > now + ring.backoff_max + CLOCK_SLACK:
+        s = s.with_(backoff_until=now)
+    if s.quarantined_until is not None and s.quarantined_until > now + ring.quarantine_cooloff + CLOCK_SLACK:
+        s = s.with_(quarantined_until=now)
+    return s
 
 
 def lifted(state: AgentState) -> AgentState:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import procid
-from .config import Config, ConfigError, excerpt
+from .config import Config, ConfigError, RingSettings, excerpt
 from .errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
 from .errors import STATUS_OK as EXIT_HEALTHY
 from .errors import STATUS_STOPPED as EXIT_STOPPED
@@ -29,6 +29,7 @@ from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
 from .journal import Journal, JournalError, RunRow, journal_path
 from .notify import read_notes
+from .policy import seen_at
 
 WATCHER_FILE = "ringwatch.json"
 
@@ -367,16 +368,18 @@ def status_exit_code(doc: Mapping[str, Any]) -> int:
     return EXIT_STOPPED
 
 
-def read_journal_view(reader: Journal) -> Dict[str, Any]:
-    """In one snapshot: the running row, per-agent rows (each agent's state plus
-    ``last_*`` keys of its last finished run), the agents' states, the newest
-    row and the driver's notes (roster error, lap). Cost is independent of the
-    journal's size (primary-key and index lookups only)."""
+def read_journal_view(reader: Journal, now: float, ring: RingSettings) -> Dict[str, Any]:
+    """In one snapshot: the running row, per-agent rows (each agent's state as it
+    stands at ``now``, as the driver sees it, plus ``last_*`` keys of its last
+    finished run), the agents' states, the newest row and the driver's notes
+    (roster error, lap). Cost is independent of the journal's size (primary-key
+    and index lookups only)."""
     with reader.snapshot() as tx:
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
         controls = tx.controls()   # read as the driver reads them, in the same snapshot
     ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
+    states = {name: seen_at(st, now, ring) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
         row = asdict(st)
@@ -401,6 +404,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                             "ring_paused": False, "paused_agents": [], "next_requested": None}
     lease = None
     next_due: Dict[str, float] = {}
+    now = time.time() if now is None else now
     try:
         reader = open_reader(state_dir, config)
         if reader is not None:
@@ -408,7 +412,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
-                view = read_journal_view(reader)
+                view = read_journal_view(reader, now, config.ring)
                 if config.ring.journal:
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
@@ -425,7 +429,6 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     hb = read_heartbeat(state_dir)
     watcher = read_json(state_dir / WATCHER_FILE)
     roster_path, roster, roster_error = roster_view(config, state_dir)
-    now = time.time() if now is None else now
     doc = build_status(
         state_dir=state_dir, config=config, now=now,
         heartbeat=hb, driver_alive=_heartbeat_alive(hb),

@@ -11,20 +11,21 @@ from typing import Iterator, Mapping, Optional
 
 from .config import RingSettings
 from .journal import AgentState, Journal, JournalError, RunRow, Tx
-from .policy import Settled, after_run, lifted
+from .policy import Settled, after_run, lifted, seen_at
 
 SKIP_RUN_KEY = "skip_run"   # meta: the id of the run an operator asked to end now
 
 
 class AgentStates(Mapping):
-    """Agents' states read on demand inside a transaction: the turn choice looks
-    at one agent per turn as a rule, never at the whole roster."""
+    """Agents' states read on demand inside a transaction, as they stand at
+    ``now`` (:func:`ringd.policy.seen_at`): the turn choice looks at one agent
+    per turn as a rule, never at the whole roster."""
 
-    def __init__(self, tx: Tx):
-        self._tx = tx
+    def __init__(self, tx: Tx, now: float, ring: RingSettings):
+        self._tx, self._now, self._ring = tx, now, ring
 
     def __getitem__(self, name: str) -> AgentState:
-        return self._tx.agent(name)
+        return seen_at(self._tx.agent(name), self._now, self._ring)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tx.agents())
@@ -56,9 +57,10 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
                         signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
                         phase=phase, cpu_seconds=cpu_seconds):
         return None
-    before = tx.agent(agent)
+    stored = tx.agent(agent)
+    before = seen_at(stored, now, ring)
     settled = after_run(before, status, source, now, ring, line)
-    if settled.state.decided() != before.decided():   # an ordinary ok run of a healthy agent changes nothing
+    if settled.state.decided() != stored.decided():   # an ordinary ok run of a healthy agent changes nothing
         tx.put_agent(settled.state)
     if settled.entered_quarantine:
         until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()

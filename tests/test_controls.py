@@ -202,3 +202,26 @@ def test_plan_turn_with_operator_controls():
     assert plan.index == 2 and plan.forced and plan.decision.action is Action.RUN
     plan = plan_turn(TurnInputs(roster, 0, held, now, paused=frozenset({"a"}), requested="gone"))
     assert plan.index is None and plan.until == now + 9 and not plan.forced
+
+
+def test_status_reads_a_wait_set_before_a_clock_step_back_as_the_driver_does(tmp_path):
+    """A back-off and a quarantine written three days ahead of ``now`` (the wall
+    clock was stepped back since; the longest waits are an hour and a day): ``ringd status`` shows neither, and the next
+    turn at once - what the driver will do (policy.seen_at) - not a day's wait."""
+    from ringd.config import Config
+    from ringd.journal import Journal
+    from ringd.records import AgentState
+    from ringd.status import gather_status
+    now = 1_800_000_000.0
+    roster = tmp_path / "ring.txt"
+    roster.write_text("a /bin/true\nb /bin/true\n")
+    roster.chmod(0o600)
+    j = Journal.open(tmp_path)
+    with j.transaction() as tx:
+        tx.put_agent(AgentState("a", backoff_until=now + 3 * 86400, consecutive_deferrals=1))
+        tx.put_agent(AgentState("b", quarantined_until=now + 3 * 86400, bad_streak=3))
+    j.close()
+    doc = gather_status(tmp_path, Config(), now=now)
+    agents = {a["name"]: a for a in doc["agents"]}
+    assert agents["a"]["backoff_until"] is None and agents["b"]["quarantined_until"] is None
+    assert doc["next"]["agent"] == "a" and doc["next"]["in"] == 0.0

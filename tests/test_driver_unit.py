@@ -391,3 +391,23 @@ def test_a_wall_clock_stepped_forward_runs_a_scheduled_job_when_due_on_the_wall_
     starts = [r.started_at - WALL0 for r in rows(j) if r.agent == "job"]
     assert len(starts) == 2, starts
     assert 3600.0 <= starts[1] <= 3600.0 + RING["heartbeat_interval"] + 1e-6, starts   # on the wall clock
+
+
+def test_a_wall_clock_stepped_back_a_day_stretches_no_back_off_nor_every_schedule(tmp_path):
+    """The wall clock is stepped back a day (an operator fixing a clock that ran
+    ahead) while agent ``d`` backs off (it defers: exit 75) and an ``every: 30``
+    job waits for its next run. Each was set on the old clock, a day ahead of
+    the new one; read as it stands (policy.seen_at, schedule.entry), neither
+    waits a day: both run again within their longest wait (``backoff_max``, the
+    period)."""
+    d, env, j = make(tmp_path, ["d", "job"], behaviours={"d": Behaviour(runs_for=0.1, code=75)},
+                     default=Behaviour(runs_for=0.1), agents={"job": AgentOverride(every=30.0)})
+    env.at(3.0, lambda: setattr(env, "wall_step", -86400.0))
+    env.send(60.0, signal.SIGTERM)
+    assert d.run() == 0
+    after = [r for r in rows(j) if r.started_at < WALL0]   # started on the new clock, a day behind
+    assert {r.agent for r in rows(j) if r.started_at >= WALL0} == {"d", "job"}   # both ran before the step
+    for name, longest in (("d", RING["backoff_max"]), ("job", 30.0)):
+        starts = [r.started_at - WALL0 + 86400.0 for r in after if r.agent == name]   # fake-clock seconds
+        assert starts, f"{name} never ran again after the clock stepped back a day"
+        assert starts[0] <= 3.0 + longest + RING["heartbeat_interval"] + 1e-6, (name, starts)

@@ -5,7 +5,8 @@ import pytest
 
 from ringd.config import RingSettings
 from ringd.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
-                          decide, plan_turn, requests_from, spin_after_run, spin_at_lap_end, wait_timeout)
+                          decide, plan_turn, requests_from, seen_at, spin_after_run, spin_at_lap_end,
+                          wait_timeout)
 from ringd.records import AgentState
 
 RING = RingSettings(backoff_initial=60, backoff_max=3600, quarantine_after=3, quarantine_cooloff=100)
@@ -150,3 +151,18 @@ def test_idle_wait_never_sleeps_past_a_beat_or_a_roster_look():
     assert wait_timeout(100, until=101, next_beat=110, roster_check=105) == 1
     assert wait_timeout(100, until=None, next_beat=103, roster_check=105) == 3
     assert wait_timeout(100, until=90, next_beat=103, roster_check=105) == 0
+
+
+def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
+    # a back-off or quarantine never ends further ahead than the config's longest
+    now = 10_000.0
+    backing = A.with_(backoff_until=now + 3600)                 # backoff_max: 3600 (a fresh maximum)
+    assert seen_at(backing, now, RING) == backing
+    assert seen_at(backing, now - 0.5, RING) == backing          # stepped back within the slack: as it was
+    stepped = seen_at(backing, now - 86400, RING)                # a day back: it ends now
+    assert stepped.backoff_until == now - 86400 and decide(stepped, now - 86400).action is Action.RUN
+    held = A.with_(quarantined_until=now + 100, bad_streak=3)   # quarantine_cooloff: 100
+    assert seen_at(held, now, RING) == held
+    probation = seen_at(held, now - 86400, RING)
+    assert decide(probation, now - 86400).reason == "probation run after quarantine cool-off"
+    assert probation.bad_streak == 3                             # only the clock's reading changed
