@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from . import procid
+from . import procid, safefile
 
 HEARTBEAT_FILE = "ringd.heartbeat"
 
@@ -69,9 +69,10 @@ def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:
-    """The JSON object in ``path``, or None if missing, unreadable or corrupt."""
+    """The JSON object in ``path``, or None if missing, unreadable, corrupt or not
+    a regular file (a FIFO there is never waited on: safefile.open_regular)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefile.open_regular(path), "rb") as f:
             blob = f.read(64 * 1024)
         data = json.loads(blob)
     except (OSError, ValueError):

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+from . import safefile
 from .records import TERMINAL, AgentState, Controls, RunRow
 from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
 
@@ -62,7 +63,7 @@ def journal_path(state_dir: Path) -> Path:
 def _check_sqlite_header(path: Path) -> None:
     """Refuse a file that exists but is not SQLite: never recreate over it."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(safefile.open_regular(path), "rb") as f:   # a FIFO: refused, not waited on
             head = f.read(100)
     except OSError as e:
         raise JournalError(f"{path}: cannot read journal: {e.strerror}") from None

@@ -18,7 +18,6 @@ This module is on the path of ``ringd notify``: stdlib only at import time.
 from __future__ import annotations
 
 import array
-import json
 import os
 import re
 import socket
@@ -407,12 +406,9 @@ def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
     (empty when the file is about another run, missing or corrupt)."""
     if run_id is None:
         return {}
-    try:
-        with open(state_dir / NOTES_FILE, "rb") as f:
-            data = json.loads(f.read(16 * 1024))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("run_id") != run_id:
+    from .heartbeat import read_json
+    data = read_json(state_dir / NOTES_FILE)
+    if data is None or data.get("run_id") != run_id:
         return {}
     phase = data.get("phase")
     beat = data.get("agent_beat_at")

@@ -3,12 +3,16 @@ every directory on the way is opened O_NOFOLLOW (created 0700 if missing) and
 the file is opened relative to it, O_NOFOLLOW, mode 0600. A symlink planted at
 ``logs/``, ``logs/<agent>/`` or at the file itself is refused (ELOOP/ENOTDIR/
 EEXIST), never followed. Used for run logs, ``alerts.log`` and ``ringd.log``.
+Every file a daemon opens by name in the state dir or reads as its input goes
+through :func:`open_regular`: a FIFO or a device there is refused, never waited
+on.
 Also the one definition of a run log's name, ``logs/<agent>/<run_id>.log``, and
 the checks on files the daemons read (regular, not writable by others, a path a
 system call can take).
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -26,6 +30,38 @@ NAME_MAX = 255                 # bytes in one path component (Linux, macOS)
 PATH_MAX = 4095
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotRegularFile(OSError):
+    """A path names a FIFO, a device, a socket or a directory where a file must be.
+    ``strerror`` reads after "is": "a directory", "not a regular file"."""
+
+
+def open_regular(path, flags: int = os.O_RDONLY, *, dir_fd: Optional[int] = None) -> int:
+    """Open ``path`` (``flags`` plus O_CLOEXEC; created 0600) and make sure it is a
+    regular file. Opened non-blocking and checked on the descriptor, which is
+    then made blocking again: a blocking open of a FIFO waits for its other end
+    forever, deaf to SIGTERM (the kernel restarts it under Python's signal
+    handlers) - a FIFO planted at the heartbeat or ``ringwatch.json`` hung both
+    daemons, the driver with its agent running past its stall threshold. The
+    file checked is the file used. Raises NotRegularFile, or OSError."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ENXIO:   # a FIFO with no reader opened to write, a socket
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise NotRegularFile(errno.EINVAL, what, str(path))
+        if not flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_dir(state_dir: Path, parts: Sequence[str]) -> int:
@@ -59,8 +95,9 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
 
 
 def open_in(dir_fd: int, name: str, flags: int) -> int:
-    """Open ``name`` in the directory ``dir_fd`` with ``flags`` (plus O_NOFOLLOW, O_CLOEXEC), 0600."""
-    return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    """Open the regular file ``name`` in the directory ``dir_fd`` with ``flags``
+    (plus O_NOFOLLOW, O_CLOEXEC), 0600 (:func:`open_regular`)."""
+    return open_regular(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
 
 
 # A bigger log is pruned (unlinked) after the next run has started instead: freeing
@@ -79,13 +116,12 @@ def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
     the caller creates ``new`` afresh.
     Like O_EXCL, raises FileExistsError if ``new`` already exists."""
     try:
-        fd = os.open(old, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = open_regular(old, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid()
-                or st.st_size > REUSE_MAX_BYTES):
+        if st.st_nlink != 1 or st.st_uid != os.geteuid() or st.st_size > REUSE_MAX_BYTES:
             os.close(fd)
             return None
         try:   # link the very inode checked (by its descriptor), never a name swapped meanwhile
@@ -99,7 +135,6 @@ def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
             os.unlink(old, dir_fd=dir_fd)
         except OSError:
             pass
-        os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         if stat.S_IMODE(st.st_mode) != 0o600:
             os.fchmod(fd, 0o600)
@@ -155,16 +190,13 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     descriptor: a FIFO (or a device) is refused, never waited on, and the file
     checked is the file read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = open_regular(path)
+    except NotRegularFile as e:
+        raise ConfigError(f"{path}: {what} is {e.strerror}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{path}: {what} is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path}: {what} is not a regular file")
-        _refuse_writable_by_others(path, what, st)
+        _refuse_writable_by_others(path, what, os.fstat(fd))
         chunks, left = [], limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 65536))

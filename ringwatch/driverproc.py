@@ -44,8 +44,7 @@ def open_log(state_dir: Path) -> int:
                 os.replace(DRIVER_LOG, DRIVER_LOG + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             pass
-        fd = os.open(DRIVER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dfd)
+        fd = safefile.open_in(dfd, DRIVER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     finally:
         os.close(dfd)
     os.fchmod(fd, 0o600)
@@ -55,7 +54,7 @@ def open_log(state_dir: Path) -> int:
 def last_log_line(state_dir: Path, limit: int = 300) -> str:
     """The last non-empty line of ringd.log (for reporting why the driver quit)."""
     try:
-        with open(state_dir / "logs" / DRIVER_LOG, "rb") as f:
+        with os.fdopen(safefile.open_regular(state_dir / "logs" / DRIVER_LOG), "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
             lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]

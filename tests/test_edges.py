@@ -7,6 +7,7 @@ survivor) before its fix.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -296,3 +297,81 @@ def test_signals_while_a_daemon_starts_up_are_held_and_honoured_once_ready(ring,
     err = p.communicate(timeout=30)[1].decode(errors="replace")
     assert p.returncode == 0, f"exit {p.returncode} (killed by a signal if negative): {err[-2000:]}"
     assert "Traceback" not in err, err[-2000:]
+
+
+# --- a FIFO planted where a daemon reads or appends a state file --------------------------
+
+def _fifo_at(path: Path) -> None:
+    """Replace ``path`` (a file or nothing) with a FIFO, atomically for readers."""
+    tmp = path.with_name(f".{path.name}.fifo")
+    os.mkfifo(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def test_fifos_at_the_state_files_never_hang_the_driver_nor_let_its_agent_run_on(ring):
+    """The driver reads ringwatch.json at every metrics write and appends to
+    alerts.log after a run: a blocking open of a FIFO there waited forever, deaf
+    to SIGTERM, while its agent ran on past the stall threshold. A FIFO journal
+    hung the driver's start the same way."""
+    ring.agent("a", "sleep 300")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.write_config(alerts={"command": ["true"], "failures_in_a_row": 1})
+    (ring.state / "logs").mkdir(mode=0o700)
+    _fifo_at(ring.state / "logs" / "alerts.log")
+    d = ring.start_driver()
+    wait_until(lambda: any(r["status"] == "running" and r["pid"] for r in ring.runs()), 20,
+               message="the agent running")
+    _fifo_at(ring.state / "ringwatch.json")
+    _fifo_at(ring.state / "ringd.heartbeat")
+    stall = ring.config["ring"]["stall_threshold"]
+    rows = wait_until(lambda: [r for r in ring.runs() if r["status"] not in ("running",)], stall + 15,
+                      message="the agent ended at its stall threshold though the state files are FIFOs")
+    assert rows[0]["status"] in ("timeout", "stalled"), dict(rows[0])
+    wait_until(lambda: len(ring.runs()) >= 2, 20, message="the ring turning on")
+    d.send_signal(signal.SIGTERM)
+    try:
+        err = d.communicate(timeout=20)[1].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the driver did not stop on SIGTERM")
+    assert d.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert not (ring.state / "ringd.heartbeat").is_fifo(), "replaced by a beat"
+    assert ring.heartbeat()["stopped"]
+
+    os.unlink(ring.journal_path)
+    _fifo_at(ring.journal_path)
+    code, err = run(ring_cmd("run", "--once", *ring.common()), ring.env, timeout=20)
+    assert code == 78 and "not a regular file" in one_line(err), (code, err)
+
+
+def test_fifos_at_the_state_files_never_hang_the_watcher(ring):
+    """ringwatch reads ringwatch.json and the heartbeat at every poll and appends
+    the driver's output to logs/ringd.log: FIFOs there are refused (a lost
+    history, a stale beat, a driver it cannot start) and the watcher stays
+    responsive - it polls on, replaces the FIFO with its state, stops on SIGTERM."""
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    w = ring.start_watcher()
+    driver = wait_until(lambda: (ring.heartbeat() or {}).get("pid"), 20, message="a driver beating")
+    _fifo_at(ring.state / "ringwatch.json")   # (this test never opens them: it would hang)
+    _fifo_at(ring.state / "ringd.heartbeat")
+
+    def polled():
+        try:
+            data = json.loads((ring.state / "ringwatch.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data.get("last_poll_at") and data
+    assert (ring.state / "ringwatch.json").is_fifo()
+    wait_until(lambda: not (ring.state / "ringwatch.json").is_fifo() and polled(), 20,
+               message="the watcher polling on and writing its state over the FIFO")
+    _fifo_at(ring.state / "logs" / "ringd.log")
+    os.kill(driver, signal.SIGKILL)
+    wait_until(lambda: "cannot start the driver" in (ring.base / "proc-0.stderr").read_text(), 20,
+               message="the watcher refusing the FIFO driver log")
+    w.send_signal(signal.SIGTERM)
+    try:
+        err = w.communicate(timeout=30)[1].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the watcher did not stop on SIGTERM")
+    assert "Traceback" not in err, err[-2000:]
+    assert "not a regular file" in err, err[-2000:]
