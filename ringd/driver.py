@@ -29,13 +29,12 @@ from .heartbeat import read_heartbeat
 from .procid import same_process
 from .hop import Hop, HopResult, Pending
 from .journal import PRUNE_BATCH, Journal, JournalError
-from .lock import KernelLock, LockHeld
+from .lock import LOCK_FILE, KernelLock, LockHeld
 from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
                      spin_after_run, spin_at_lap_end, wait_timeout)
 from .reaper import reap
 from .roster import RosterSource, next_index
 
-LOCK_FILE = "ringd.lock"
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
 JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record

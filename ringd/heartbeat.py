@@ -101,10 +101,12 @@ def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
 
 
 def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
-                     heartbeat_interval: float) -> str:
+                     heartbeat_interval: float, locked: bool = False) -> str:
     """Pure: ``ok`` | ``stale`` | ``dead`` | ``stopped`` from a heartbeat, whether its
-    process is alive, and a clock.
+    process is alive, whether a live process holds the driver's lock, and a clock.
 
+    - no readable heartbeat while a driver holds the lock: ``stale`` (it cannot
+      write its heartbeat: something not a file took its place)
     - no heartbeat, or a clean stop recorded in it: ``stopped``
     - process gone without a clean stop: ``dead``
     - heartbeat older than 2 x interval (or unreadable time): ``stale``
@@ -112,6 +114,8 @@ def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
       clock was set back since the driver last beat (a live driver's next beat
       would carry the new time), so the stamp proves nothing
     """
+    if not hb and locked:
+        return "stale"
     if not hb or hb.get("stopped"):
         return "stopped"
     if not alive:

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 
+LOCK_FILE = "ringd.lock"   # the driver's (ringwatch.state has the watcher's)
+
+
 class LockHeld(Exception):
     """Another process holds the lock; ``holder`` is its pid when known."""
 

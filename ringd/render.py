@@ -205,7 +205,9 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
     d = doc["driver"]
     health = d["health"]
     segs: List[Seg] = [(health if health == "ok" else health.upper(), HEALTH_STYLE.get(health, ""))]
-    if health == "stale":
+    if health == "stale" and d.get("heartbeat_age") is None:
+        segs.append(("  heartbeat unreadable: not a file, or not readable", "bold yellow"))
+    elif health == "stale":
         segs.append((f"  likely stuck: heartbeat {int(d['heartbeat_age'] or 0)} s old", "bold yellow"))
     bits: List[str] = []
     if d.get("pid"):

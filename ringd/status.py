@@ -28,6 +28,7 @@ from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
 from .journal import Journal, JournalError, RunRow, journal_path
+from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
 from .policy import seen_at
 
@@ -193,6 +194,7 @@ def watcher_alive(data: Optional[Mapping[str, Any]]) -> bool:
 
 def build_status(*, state_dir: Path, config: Config, now: float,
                  heartbeat: Optional[Mapping[str, Any]], driver_alive: bool,
+                 lock_holder: Optional[int] = None,
                  watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
                  running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
                  roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
@@ -206,6 +208,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
+    ``lock_holder``: the pid holding the driver's lock, looked up when no
+    heartbeat could be read (a driver alive but unable to beat is ``stale``).
     ``notes``: what the current run's agent said (``phase``, ``agent_beat_at``,
     ringd.notify.read_notes). ``next_due``: scheduled agents' next due times.
 
@@ -217,10 +221,11 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     (live, where the heartbeat's may be a beat old). ``ring_paused``,
     ``paused_agents`` and ``next_requested``: the operator's controls."""
     hb = dict(heartbeat) if heartbeat else None
-    health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval)
+    health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
+                              locked=lock_holder is not None)
     age = heartbeat_age(hb, now)
     driver = {
-        "pid": hb.get("pid") if hb and driver_alive else None,
+        "pid": hb.get("pid") if hb and driver_alive else (None if hb else lock_holder),
         "health": health,
         "heartbeat_age": _round(age) if hb else None,
         "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
@@ -432,6 +437,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     doc = build_status(
         state_dir=state_dir, config=config, now=now,
         heartbeat=hb, driver_alive=_heartbeat_alive(hb),
+        lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
         running=view["running"], agent_rows=view["agent_rows"],
         roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,

@@ -676,6 +676,8 @@ def test_status_health_is_not_fooled_by_a_heartbeat_from_the_future():
     assert heartbeat_health({"pid": 1, "at_epoch": now + 1}, True, now, 10) == "ok"   # small skew
     assert heartbeat_health(future, True, now, 10) == "stale"
     assert heartbeat_health({"pid": 1, "at": "garbage"}, True, now, 10) == "stale"
+    assert heartbeat_health(None, False, now, 10) == "stopped"
+    assert heartbeat_health(None, False, now, 10, locked=True) == "stale"   # alive, unable to beat
 
 
 def test_watcher_keeps_watching_on_a_full_state_dir(small_state):

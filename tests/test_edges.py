@@ -375,3 +375,27 @@ def test_fifos_at_the_state_files_never_hang_the_watcher(ring):
         raise AssertionError("the watcher did not stop on SIGTERM")
     assert "Traceback" not in err, err[-2000:]
     assert "not a regular file" in err, err[-2000:]
+
+
+def test_a_directory_at_the_heartbeat_reads_as_a_stale_driver_not_a_stopped_one(ring):
+    """``rm ringd.heartbeat; mkdir ringd.heartbeat`` under a running driver: it
+    can no longer beat (it says why and runs on). ``ringd status`` said
+    ``STOPPED ... never ran here`` [3] - a driver alive, reported as none. With
+    no readable heartbeat, the driver's lock tells: a live holder is ``stale``
+    [1], as for a state dir it cannot write; its pid is the lock holder's."""
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    d = ring.start_driver()
+    wait_until(lambda: (ring.heartbeat() or {}).get("pid"), 20, message="the driver beating")
+    hb = ring.state / "ringd.heartbeat"
+    os.unlink(hb)
+    hb.mkdir(mode=0o700)
+    r = ring.cli("status", "--json")
+    doc = json.loads(r.stdout)
+    assert (doc["driver"]["health"], r.returncode) == ("stale", 1), (doc["driver"], r.stderr)
+    assert doc["driver"]["pid"] == d.pid
+    assert "heartbeat unreadable" in ring.cli("status").stdout
+    d.send_signal(signal.SIGTERM)
+    assert d.wait(timeout=20) == 0
+    r = ring.cli("status", "--json")
+    assert (json.loads(r.stdout)["driver"]["health"], r.returncode) == ("stopped", 3)   # no lock holder: none runs
