@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, excerpt
-from .safefile import check_not_writable_by_others, read_regular_file
+from .safefile import check_not_writable_by_others, open_regular, read_regular_file
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_ROSTER_BYTES = 1024 * 1024
@@ -121,12 +121,32 @@ def program_problem(argv: Sequence[str], roster_dir: Path) -> Optional[str]:
     prog = resolve_program(argv, roster_dir)[0]
     if "/" not in prog:
         found = shutil.which(prog)
-        return None if found else f"program {excerpt(prog)} not found on PATH"
+        if not found:
+            return f"program {excerpt(prog)} not found on PATH"
+        prog = found
     if not os.path.exists(prog):
         return f"program {prog} not found"
     if os.path.isdir(prog) or not os.access(prog, os.X_OK):
         return f"program {prog} is not executable"
+    if _exec_header(prog) not in (None, b"#!", b"\x7fE"):
+        return (f"program {prog} has no #! line and is not a binary: exec refuses it "
+                f"(ring runs no shell; start the script with #!/bin/sh)")
     return None
+
+
+def _exec_header(prog: str) -> Optional[bytes]:
+    """The first two bytes of ``prog`` (``#!`` or ELF's), None if they cannot be
+    read (an execute-only binary, a FIFO: never waited on)."""
+    try:
+        fd = open_regular(prog)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 2)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int]) -> int:

@@ -99,18 +99,22 @@ def test_check_warns_about_programs_and_strict_fails(ring):
     plain = ring.agents_dir / "plain.sh"
     plain.write_text("#!/bin/sh\nexit 0\n")
     plain.chmod(0o644)
+    bare = ring.agents_dir / "bare.sh"       # executable, but no #! line: exec(2) says ENOEXEC
+    bare.write_text("exit 0\n")
+    bare.chmod(0o755)
     ring.roster(f"good {ring.agents_dir}/good.sh", "typo pyhton3 -c pass", f"noexec {plain}",
-                "gone ./missing.sh", "ok2 sh -c 'exit 0'")
+                "gone ./missing.sh", "ok2 sh -c 'exit 0'", f"bare {bare}")
     res = ring.cli("check")
     assert res.returncode == 0, res.stderr
     warns = [x for x in res.stderr.splitlines() if x.strip()]
-    assert len(warns) == 3, res.stderr
+    assert len(warns) == 4, res.stderr
+    assert any("agent bare:" in w and "has no #! line" in w for w in warns)
     assert any("agent typo:" in w and "'pyhton3' not found on PATH" in w for w in warns)
     assert any("agent noexec:" in w and "not executable" in w for w in warns)
     assert any("agent gone:" in w and f"{ring.state}/missing.sh not found" in w for w in warns)
-    assert "3 warning(s)" in res.stdout
+    assert "4 warning(s)" in res.stdout
     strict = ring.cli("check", "--strict")
-    assert strict.returncode == 1 and len(strict.stderr.splitlines()) == 3
+    assert strict.returncode == 1 and len(strict.stderr.splitlines()) == 4
     ring.roster(f"good {ring.agents_dir}/good.sh", "ok2 sh -c 'exit 0'")
     res = ring.cli("check", "--strict")
     assert res.returncode == 0 and res.stderr == "", res.stderr
