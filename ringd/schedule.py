@@ -49,7 +49,7 @@ def check_cron(expr: object) -> str:
     fields = expr.split()
     if len(fields) != 5:
         # cronsim also takes a sixth (seconds) field; SPEC says five-field cron
-        raise ScheduleError(f"must have five fields (minute hour day month weekday), got {len(fields)}")
+        raise ScheduleError(f"must have five fields (minute hour day month weekday), not {len(fields)}")
     norm = " ".join(fields)
     try:
         next(CronSim(norm, datetime(2000, 1, 1, tzinfo=timezone.utc)))
