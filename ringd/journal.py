@@ -61,10 +61,16 @@ def journal_path(state_dir: Path) -> Path:
 
 
 def _check_sqlite_header(path: Path) -> None:
-    """Refuse a file that exists but is not SQLite: never recreate over it."""
+    """Refuse a file that exists but is not SQLite: never recreate over it.
+    A FIFO planted as the journal is refused, never waited on (an open of a FIFO
+    blocks until a writer comes, and a signal does not end it: the driver and
+    every operator command would hang deaf): safefile.open_regular."""
     try:
-        with os.fdopen(safefile.open_regular(path), "rb") as f:   # a FIFO: refused, not waited on
+        with os.fdopen(safefile.open_regular(path), "rb") as f:
             head = f.read(100)
+    except safefile.NotRegularFile as e:
+        raise JournalError(f"{path}: journal is {e.strerror}; it was left in place: "
+                           f"move it aside to start a new journal") from None
     except OSError as e:
         raise JournalError(f"{path}: cannot read journal: {e.strerror}") from None
     if head and (len(head) < 100 or not head.startswith(b"SQLite format 3\x00")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -92,6 +93,19 @@ def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
     for argv in (ring_cmd("check", *ring.common()), ring_cmd("run", "--once", *ring.common())):
         code, err = run(argv, ring.env, timeout=20)
         assert code == 78 and "not a regular file" in one_line(err), (argv[2:4], code, err)
+
+
+def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
+    """An open of a FIFO blocks until a writer comes, and a signal does not end
+    it: the driver and every operator command hung there, deaf to SIGTERM."""
+    _simple(ring)
+    os.mkfifo(ring.journal_path, 0o600)
+    expected = {("status",): 4, ("history",): 1, ("force-fail",): 1, ("pause",): 1, ("skip", "a"): 1,
+                ("run", "--once"): 78}
+    for args, want in expected.items():
+        code, err = run(ring_cmd(args[0], *ring.common(), *args[1:]), ring.env, timeout=20)
+        assert code == want and "journal is not a regular file" in one_line(err), (args, code, err)
+    assert stat.S_ISFIFO(os.lstat(ring.journal_path).st_mode), "left in place for the operator"
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
