@@ -27,6 +27,33 @@ from .config import ConfigError, lenient_modes, load_config, resolve_config_path
 from .errors import EX_CONFIG as EXIT_CONFIG
 from .errors import EX_INTERRUPTED as EXIT_INTERRUPTED
 from .errors import RingError
+
+
+def open_standard_fds() -> None:
+    """A standard descriptor the caller closed (``ringd status >&-``, a cron
+    line's ``2>&-``) becomes /dev/null, as if redirected there. Python leaves
+    ``sys.stdout``/``sys.stderr`` None for one: every line written was an
+    AttributeError (``status`` exit 1 "internal error" while the driver was
+    healthy; ``ringd run`` and ``ringwatch`` exited 1 at their first log line,
+    having done nothing), and the next file opened would take the number and
+    get what a child writes to its stdout. Run at import by both CLIs
+    (``ringwatch.cli`` imports this module)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace"))
+
+
+open_standard_fds()
 MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
 RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 

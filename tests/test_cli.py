@@ -582,3 +582,24 @@ def test_status_watch_refreshes_until_interrupted(ring):
         assert b"Traceback" not in err and b"\x1b" not in frames
         if extra:
             assert json.loads(first)["current"]["agent"] == "a"
+
+
+def test_a_closed_stdout_or_stderr_is_as_if_redirected_to_dev_null(ring):
+    """``ringd status >&-`` said "internal error: AttributeError" and exited 1
+    with a healthy ring (Python leaves sys.stdout None); ``ringd run 2>&-`` exited
+    1 at its first log line, having run nothing."""
+    ring.agent("a", "echo hello")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+
+    def closed(fd: int, *args: str) -> subprocess.CompletedProcess:
+        argv = ["sh", "-c", f'exec "$@" {fd}>&-', "sh", *ring_cmd(args[0], *ring.common(), *args[1:])]
+        return subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=60)
+
+    res = closed(2, "run", "--once")
+    assert res.returncode == 0 and [r["status"] for r in ring.runs()] == ["ok"], res
+    expected = ring.cli("status").returncode
+    assert expected == 3
+    for args, code in ((("status",), expected), (("status", "--json"), expected), (("history",), 0),
+                       (("logs", "a"), 0)):
+        res = closed(1, *args)
+        assert (res.returncode, res.stderr) == (code, ""), (args, res)
