@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .config import Config
+from .errors import excerpt
 from .status import OperatorError
 
 MODES = ("watcher", "systemd", "launchd")
@@ -78,11 +79,16 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     if mode not in MODES:
         raise OperatorError(f"unknown mode {mode!r} (use {', '.join(MODES)})", 2)
     state_dir, config_path = _defaults(mode, state, config)
-    for what, p in (("--state", state_dir), ("--config", config_path)):
+    bin_what = "--bin-dir" if bin_dir is not None else "this installation's bin dir (give --bin-dir)"
+    bin_dir = bin_dir or installation_bin_dir()
+    # Every path goes into ExecStart= (split at spaces, '%' a specifier, '$' a
+    # variable) or a UTF-8 plist, the programs' too: the same rule for each.
+    for what, p in (("--state", state_dir), ("--config", config_path), (bin_what, bin_dir)):
         if not p.is_absolute():
             raise OperatorError(f"{what} {p}: a service needs an absolute path", 2)
-        if any(c.isspace() or c in "\"'\\%$;" for c in str(p)):
-            raise OperatorError(f"{what} {p}: use a path without spaces, quotes, '%', '$' or ';'", 2)
+        if not str(p).isprintable() or any(c.isspace() or c in "\"'\\%$;" for c in str(p)):
+            raise OperatorError(f"{what} {excerpt(str(p), 200)}: use a path of printable UTF-8 without spaces, "
+                                f"quotes, '%', '$' or ';'", 2)
     if user is not None and check_user:
         try:
             pwd.getpwnam(user)
@@ -92,7 +98,7 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     if mode != "launchd" and user is None and not _under_var_lib(state_dir):
         raise OperatorError(f"--state {state_dir}: a dynamic user can only own a state dir under /var/lib; "
                             f"give --user NAME for a state dir elsewhere", 2)
-    t = Target(mode=mode, bin_dir=bin_dir or installation_bin_dir(), state_dir=state_dir,
+    t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
                config_path=config_path, user=user)
     t.files = render(t)
     return t

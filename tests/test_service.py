@@ -175,6 +175,23 @@ def test_bad_service_choices_are_one_line(tmp_path):
         assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
 
 
+def test_paths_a_unit_or_plist_cannot_carry_are_refused_the_programs_too(tmp_path):
+    """ExecStart= splits at spaces and expands '%' and '$': --state and --config
+    were checked, but a --bin-dir (or this installation's own bin dir) like
+    "/opt/my bin" rendered ``ExecStart=/opt/my bin/ringwatch`` (systemd runs
+    /opt/my), and a non-UTF-8 path went raw into the unit or crashed the plist."""
+    bad = ["/opt/my bin", "/opt/a%b", "/opt/$HOME", "/opt/x\udcff", "/opt/tab\there"]
+    cases = [("--bin-dir", b) for b in bad] + [("--state", "/srv/x\udcff"), ("--config", "/etc/x\udcff")]
+    for mode in ("watcher", "launchd"):
+        for option, value in cases:
+            args = ("service", "print", "--mode", mode, "--user", pwd.getpwuid(os.getuid()).pw_name,
+                    "--state", "/srv/ring", option, value)
+            res = cli(*args)
+            lines = res.stderr.splitlines()
+            assert res.returncode == 2 and res.stdout == "", (mode, option, value, res.returncode, res.stdout[:300])
+            assert len(lines) == 1 and option in lines[0] and "Traceback" not in res.stderr, res.stderr
+
+
 # --- init ------------------------------------------------------------------------------------
 
 def test_init_lays_out_a_ring_that_runs_and_never_overwrites(tmp_path):
