@@ -75,6 +75,18 @@ class TimeSpan(click.ParamType):
         return seconds
 
 
+class ArgText(click.ParamType):
+    """Free text from the command line (a reason, a phase) as the UTF-8 its
+    bytes spell. Python decodes argv with surrogateescape: a byte that is not
+    UTF-8 became a lone surrogate, which neither SQLite nor a socket takes (the
+    command died as an internal error, or with a traceback). Such a byte is
+    U+FFFD here; the rest is kept as given."""
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        return os.fsencode(value).decode("utf-8", "replace") if isinstance(value, str) else value
+
+
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
     text = " ".join(str(message).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -423,7 +435,8 @@ def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_
 
 @main.command("force-fail")
 @locations
-@click.option("--reason", metavar="TEXT", default=None, help="Why (recorded in the run's reason).")
+@click.option("--reason", metavar="TEXT", type=ArgText(), default=None,
+              help="Why (recorded in the run's reason).")
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
               help="Only if this is the run still running (guards against hitting the next run).")
 @reading
@@ -502,7 +515,7 @@ def next_(state_dir: Path, config_path: Optional[Path], name: str) -> None:
 
 
 @main.command()
-@click.option("--status", "text", metavar="TEXT", default=None,
+@click.option("--status", "text", metavar="TEXT", type=ArgText(), default=None,
               help="Tell the ring the run's phase (STATUS=; cut to 200 characters).")
 @click.option("--ping", is_flag=True, help="Tell the ring the agent is alive (WATCHDOG=1).")
 def notify(text: Optional[str], ping: bool) -> None:

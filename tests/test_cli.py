@@ -603,3 +603,18 @@ def test_a_closed_stdout_or_stderr_is_as_if_redirected_to_dev_null(ring):
                        (("logs", "a"), 0)):
         res = closed(1, *args)
         assert (res.returncode, res.stderr) == (code, ""), (args, res)
+
+
+def test_force_fail_reason_with_bytes_that_are_not_utf8_is_recorded(ring):
+    """argv is decoded with surrogateescape: a reason holding a byte that is not
+    UTF-8 died as "internal error: UnicodeEncodeError" and the run stayed running."""
+    ring.agent("stuck", "exec sleep 30")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"stuck {ring.agents_dir}/stuck.sh")
+    ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "stuck"), message="stuck running")
+    argv = [os.fsencode(a) for a in ring_cmd("force-fail", *ring.common())] + [b"--reason", b"caf\xc3\xa9 \xff"]
+    res = subprocess.run(argv, env=ring.env, capture_output=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    assert (final["status"], final["reason"]) == ("interrupted", "forced by operator: caf\u00e9 \ufffd")
