@@ -264,6 +264,7 @@ def run(state_dir: Path, config_path: Optional[Path], once: bool) -> None:
 @main.command()
 @locations
 @click.option("--strict", is_flag=True, help="Exit 1 when there is any warning (e.g. a program not found).")
+@operator_command
 def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
     """Validate the config and the roster without starting anything.
 

@@ -618,3 +618,17 @@ def test_force_fail_reason_with_bytes_that_are_not_utf8_is_recorded(ring):
     assert res.returncode == 0, res.stderr
     final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
     assert (final["status"], final["reason"]) == ("interrupted", "forced by operator: caf\u00e9 \ufffd")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_one_line_for_every_command(ring):
+    """``ringd check >/dev/full`` ended in a traceback (check was the one
+    operator command outside the one-line error handling)."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    for args in (("check",), ("status",), ("history",), ("service", "print")):
+        common = ring.common() if args[0] != "service" else []
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(ring_cmd(args[0], *common, *args[1:]), env=ring.env, stdout=full,
+                                 stderr=subprocess.PIPE, text=True, timeout=30)
+        assert res.returncode == 1 and "No space left" in one_error_line(res), (args, res.stderr)
