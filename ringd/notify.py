@@ -440,9 +440,7 @@ def send(message: str, address: Optional[str] = None, barrier_timeout: float = 5
     if address.startswith("@"):
         address = "\0" + address[1:]
     try:
-        # argv is bytes: a byte that is not UTF-8 (a Latin-1 file name in $n) goes
-        # as it came (Python kept it as a surrogate), the driver reads it as U+FFFD
-        blob = message.encode("utf-8", "surrogateescape")
+        blob = message.encode()   # (``ringd notify`` made argv's stray bytes U+FFFD: cli.ArgText)
     except UnicodeEncodeError:
         raise NotifyError("message is not text: it holds a lone surrogate") from None
     if len(blob) > MAX_DATAGRAM:
