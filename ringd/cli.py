@@ -54,6 +54,7 @@ def open_standard_fds() -> None:
 
 
 open_standard_fds()
+
 MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
 RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 
