@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import importlib
-import json
 import os
 import signal
 import time
@@ -381,9 +380,10 @@ def _write_record(state_dir: Path, parent: Path) -> None:
 
 
 def _recorded_parent(state_dir: Path) -> Optional[Path]:
+    from .heartbeat import read_json
     try:
-        parent = Path(json.loads((state_dir / RECORD).read_text())["parent"])
-    except (OSError, ValueError, KeyError, TypeError):
+        parent = Path((read_json(state_dir / RECORD) or {})["parent"])
+    except (KeyError, TypeError):
         return None
     return parent if parent.is_absolute() else None
 

@@ -108,6 +108,29 @@ def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
     assert stat.S_ISFIFO(os.lstat(ring.journal_path).st_mode), "left in place for the operator"
 
 
+def test_state_files_that_are_fifos_are_never_waited_on(ring):
+    """The JSON state files were opened blocking: a FIFO at ringwatch.json or
+    ringd.heartbeat hung `ringd status`, `skip`, `ringwatch reset` (and
+    ringwatch at start); one at notify.json or run.cgroup the driver. A FIFO
+    reads as a missing file, and the daemons write over it."""
+    _simple(ring)
+    names = ("ringwatch.json", "ringd.heartbeat", "notify.json", "run.cgroup")
+    for name in names:
+        os.mkfifo(ring.state / name, 0o600)
+    try:
+        for argv, want in ((watch_cmd("reset", "--state", str(ring.state)), 0),
+                           (ring_cmd("status", "--json", *ring.common()), 3),
+                           (ring_cmd("skip", "a", *ring.common()), 0),
+                           (ring_cmd("run", "--once", *ring.common()), 0)):
+            code, err = run(argv, ring.env, timeout=20)
+            assert code == want and "Traceback" not in err, (argv[2:4], code, err[-1500:])
+        assert [r["status"] for r in ring.runs()] == ["skipped"]   # the skip request was honoured
+    finally:   # the fixture's own clean-up reads run.cgroup
+        for name in names:
+            if (ring.state / name).is_fifo():
+                (ring.state / name).unlink()
+
+
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_a_state_path_no_system_call_could_take_is_one_line(ring, how):
     bad = str(ring.base / LONG / "state")
