@@ -699,7 +699,9 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         logger(str(e))
         lock.release()
         env.close()
-        return EX_UNAVAILABLE if config.ring.journal else EX_CONFIG
+        # busy, full or read-only: no configuration error (78 stops ringwatch and systemd
+        # restarting it); an unusable journal (damaged) is one, for the operator to move aside
+        return EX_UNAVAILABLE if config.ring.journal or e.transient else EX_CONFIG
     proctree.set_child_subreaper()
     swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
     if swept:

@@ -56,6 +56,25 @@ def _wrap(path: Path, e: sqlite3.Error) -> JournalError:
     return JournalError(f"{path}: {' '.join(str(e).split())[:200]}", transient=transient)
 
 
+# SQLite's words for a journal that is fine but cannot be written now (retrying may succeed)
+_BUSY = ("database is locked", "database is busy")
+_NOT_NOW = ("database or disk is full", "attempt to write a readonly database", "unable to open database file",
+            "disk I/O error")
+
+
+def _unusable(path: Path, e: sqlite3.Error) -> JournalError:
+    """Why a journal could not be opened: busy (another process's write
+    transaction outlasted the busy timeout), or not writable now (state dir full
+    or read-only) - both transient, no damage - or not usable."""
+    text = str(e)
+    if isinstance(e, sqlite3.OperationalError) and text.startswith(_BUSY):
+        return JournalError(f"{path}: journal is busy: another process holds its write lock ({text}); "
+                            f"try again", transient=True)
+    if isinstance(e, sqlite3.OperationalError) and text.startswith(_NOT_NOW):
+        return JournalError(f"{path}: journal cannot be written now: {text}", transient=True)
+    return JournalError(f"{path}: journal is not usable: {text}")
+
+
 def journal_path(state_dir: Path) -> Path:
     return state_dir / JOURNAL_FILE
 
@@ -321,7 +340,7 @@ class Journal:
             j = cls(con, path)
             j._migrate()
         except sqlite3.DatabaseError as e:
-            raise JournalError(f"{path}: journal is not usable: {e}") from None
+            raise _unusable(path, e) from None
         for suffix in ("-wal", "-shm"):
             try:
                 os.chmod(f"{path}{suffix}", 0o600)
@@ -376,7 +395,7 @@ class Journal:
             con = _connect(path, readonly=True, timeout=busy_timeout)
             con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
         except sqlite3.DatabaseError as e:
-            raise JournalError(f"{path}: journal is not usable: {e}") from None
+            raise _unusable(path, e) from None
         return cls(con, path)
 
     def _migrate(self, retry: bool = True) -> None:

@@ -602,6 +602,9 @@ def test_full_state_dir_at_startup_is_one_line(small_state):
     assert code != 0 and "Traceback" not in err, err[-2000:]
     assert_one_clear_line(err)
     assert any(w in err for w in ("No space left", "disk is full")), err
+    # not 78, a configuration error, after which ringwatch and systemd (RestartPreventExitStatus=78)
+    # would never start the ring again once space returns
+    assert code != 78, err
 
 
 # --- heartbeat corrupt or from another time ---------------------------------------------------

@@ -84,6 +84,22 @@ def test_corrupt_journal_is_refused_and_left_in_place(tmp_path):
     assert p.read_bytes().startswith(b"this is not")
 
 
+def test_a_journal_held_by_another_writer_is_busy_not_unusable(tmp_path):
+    """Another process's write transaction outlasting the busy timeout is a
+    busy journal (retry), never reported as a damaged one."""
+    Journal.open(tmp_path).close()
+    holder = sqlite3.connect(str(journal_path(tmp_path)), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(JournalError) as e:
+            Journal.open(tmp_path, busy_timeout=0.2)
+        assert e.value.transient and "journal is busy" in str(e.value) and "not usable" not in str(e.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    Journal.open(tmp_path, busy_timeout=0.2).close()
+
+
 def test_truncated_journal_is_refused(tmp_path):
     j = Journal.open(tmp_path)
     start(j)
