@@ -16,6 +16,7 @@ from typing import Callable, List, Optional
 from . import transitions
 from .config import Config
 from .heartbeat import read_heartbeat
+from .notify import without_controls
 from .procid import same_process
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
@@ -152,7 +153,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
             raise OperatorError(f"run {run_id} is not running (the running run is {row.id} of {row.agent})", 1)
         text = "forced by operator"
         if reason:
-            clean = " ".join(reason.split())
+            clean = " ".join(without_controls(reason).split())
             if len(clean) > MAX_REASON_CHARS:
                 clean = clean[:MAX_REASON_CHARS - 3] + "..."
             text += f": {clean}"

@@ -66,11 +66,18 @@ def parse_datagram(data: bytes) -> Optional[Dict[str, str]]:
     return fields or None
 
 
+def without_controls(text: str) -> str:
+    """``text`` with its control characters (escape sequences, newlines, Unicode
+    line separators and bidirectional controls) made spaces: text someone else
+    wrote that an operator's terminal shows (a phase, a force-fail reason) can
+    neither move its cursor nor reorder what is shown beside it."""
+    return _CONTROL.sub(" ", text)
+
+
 def clean_phase(text: str) -> str:
-    """A STATUS= text as a one-line phase: control characters (escape
-    sequences, newlines, Unicode line separators and bidirectional controls)
-    become spaces, cut to :data:`PHASE_CHARS`."""
-    return _CONTROL.sub(" ", text)[:PHASE_CHARS].strip()
+    """A STATUS= text as a one-line phase (:func:`without_controls`), cut to
+    :data:`PHASE_CHARS`."""
+    return without_controls(text)[:PHASE_CHARS].strip()
 
 
 def watchdog_usec(seconds: float) -> str:

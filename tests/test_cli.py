@@ -607,17 +607,20 @@ def test_a_closed_stdout_or_stderr_is_as_if_redirected_to_dev_null(ring):
 
 def test_force_fail_reason_with_bytes_that_are_not_utf8_is_recorded(ring):
     """argv is decoded with surrogateescape: a reason holding a byte that is not
-    UTF-8 died as "internal error: UnicodeEncodeError" and the run stayed running."""
+    UTF-8 died as "internal error: UnicodeEncodeError" and the run stayed running.
+    Control characters in it are spaces, as in an agent's phase."""
     ring.agent("stuck", "exec sleep 30")
     ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
     ring.roster(f"stuck {ring.agents_dir}/stuck.sh")
     ring.start_driver()
     row = wait_until(lambda: running_of(ring, "stuck"), message="stuck running")
-    argv = [os.fsencode(a) for a in ring_cmd("force-fail", *ring.common())] + [b"--reason", b"caf\xc3\xa9 \xff"]
+    # and an escape sequence and a right-to-left override, which history would print to a terminal
+    argv = [os.fsencode(a) for a in ring_cmd("force-fail", *ring.common())] + \
+        [b"--reason", b"caf\xc3\xa9 \xff\x1b[31m red\xe2\x80\xaeX"]
     res = subprocess.run(argv, env=ring.env, capture_output=True, timeout=30)
     assert res.returncode == 0, res.stderr
     final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
-    assert (final["status"], final["reason"]) == ("interrupted", "forced by operator: caf\u00e9 \ufffd")
+    assert (final["status"], final["reason"]) == ("interrupted", "forced by operator: caf\u00e9 \ufffd [31m red X")
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
