@@ -151,9 +151,9 @@ CONFIG_HELP = "Config file (default: $RING_CONFIG, else ./config/ring.yaml, else
 def given_locations(ctx: Optional[click.Context]) -> "tuple[Optional[str], Optional[str]]":
     """--state/--config as given after the subcommand, else before it (``ringd --state D status``)."""
     state = config = None
-    while ctx is not None:
-        state = state or ctx.params.get("state")
-        config = config or ctx.params.get("config")
+    while ctx is not None:   # (an empty value is kept: resolve_state_dir refuses it)
+        state = ctx.params.get("state") if state is None else state
+        config = ctx.params.get("config") if config is None else config
         ctx = ctx.parent
     return state, config
 

@@ -126,14 +126,21 @@ def resolve_state_dir(option: Optional[str]) -> Path:
     """``--state`` > ``$RING_STATE`` > ``./STATE``, as its real path (symlinks
     resolved): agents get it as ``RING_STATE`` and it is half of the key that
     recognises a run's processes, so a driver started through a symlink and a
-    reaper started through the real path must spell it the same way."""
+    reaper started through the real path must spell it the same way. An empty
+    ``--state`` (``--state "$RING"`` with ``RING`` unset) is refused, never read
+    as the default: a command meant for one ring must not act on another."""
+    if option == "":
+        raise ConfigError("--state: an empty path (is the variable that should hold it set?)")
     raw = option or os.environ.get("RING_STATE") or "STATE"
     check_path("state directory", raw)
     return Path(os.path.realpath(os.path.expanduser(raw)))
 
 
 def resolve_config_path(option: Optional[str]) -> Optional[Path]:
-    """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None."""
+    """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None
+    (an empty ``--config`` refused, as an empty ``--state``)."""
+    if option == "":
+        raise ConfigError("--config: an empty path (is the variable that should hold it set?)")
     raw = option or os.environ.get("RING_CONFIG")
     if raw:
         check_path("config file", raw)

@@ -78,7 +78,7 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
 def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str]) -> None:
     """Clear the restart history and the give-up (like `systemctl reset-failed`)."""
     try:
-        state_dir = resolve_state_dir(state_opt or ctx.obj.get("state"))
+        state_dir = resolve_state_dir(ctx.obj.get("state") if state_opt is None else state_opt)
     except ConfigError as e:
         _fail(str(e), 78)
     if not state_dir.is_dir():

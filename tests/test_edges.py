@@ -148,6 +148,20 @@ def test_a_state_path_no_system_call_could_take_is_one_line(ring, how):
         assert "255" in line and LONG not in line, line   # an excerpt, never the whole input
 
 
+def test_an_empty_state_or_config_option_is_refused_never_read_as_the_default(ring):
+    """``--state "$RING"`` with ``RING`` unset: the command acted on ./STATE (or
+    ``$RING_STATE``) - another ring than the one meant. Refused in one line."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    elsewhere = dict(ring.env, RING_STATE=str(ring.state))   # a ring the empty option would fall back to
+    for opt in ("--state", "--config"):
+        for argv in (ring_cmd("check", opt, ""), ring_cmd("status", opt, ""), ring_cmd("pause", opt, ""),
+                     watch_cmd(opt, "")):
+            code, err = run(argv, elsewhere)
+            assert code == 78 and f"{opt}: an empty path" in one_line(err), (argv[2:], code, err)
+    assert not ring.journal_path.exists(), "the ring an empty --state fell back to was paused"
+
+
 def test_durations_up_to_the_cap_work_in_a_running_driver_and_watcher(ring):
     """Waits longer than the OS timers allow (epoll: 2**31 ms, ~24.8 days) are
     clamped: the driver idles through a deferral with a 34-day heartbeat
