@@ -439,8 +439,15 @@ def test_a_directory_at_the_heartbeat_reads_as_a_stale_driver_not_a_stopped_one(
     d = ring.start_driver()
     wait_until(lambda: (ring.heartbeat() or {}).get("pid"), 20, message="the driver beating")
     hb = ring.state / "ringd.heartbeat"
-    os.unlink(hb)
-    hb.mkdir(mode=0o700)
+
+    def replaced_by_a_directory():
+        try:   # a beat may land between the unlink and the mkdir: then again
+            os.unlink(hb)
+            hb.mkdir(mode=0o700)
+        except (FileExistsError, FileNotFoundError):
+            return False
+        return True
+    wait_until(replaced_by_a_directory, 10, message="the heartbeat replaced by a directory")
     r = ring.cli("status", "--json")
     doc = json.loads(r.stdout)
     assert (doc["driver"]["health"], r.returncode) == ("stale", 1), (doc["driver"], r.stderr)

@@ -112,10 +112,10 @@ def test_a_run_that_gets_no_notify_socket_is_not_ended_by_a_watchdog_it_cannot_p
     """Run 1 leaves a directory where run 2's socket goes: run 2 gets no
     socket (logged), so no voice - and no watchdog to starve: it runs its
     2.5 s to its end ``ok``, not ``stalled`` after 1 s."""
-    seen = ring.base / "run2-env"
+    seen = ring.base / "run2-env"   # one file per run: run 3 may start before the driver is stopped
     ring.agent("a", f"""
         if [ "$RING_RUN_ID" = 1 ]; then mkdir "$RING_STATE/notify-2.sock"; exit 0; fi
-        echo "${{NOTIFY_SOCKET:-none}} ${{WATCHDOG_USEC:-none}}" > {seen}
+        echo "${{NOTIFY_SOCKET:-none}} ${{WATCHDOG_USEC:-none}}" > {seen}-$RING_RUN_ID
         sleep 2.5
         """)
     ring.write_config(ring={"watchdog": 1.0, "run_budget": 30, "stall_threshold": 40})
@@ -126,7 +126,7 @@ def test_a_run_that_gets_no_notify_socket_is_not_ended_by_a_watchdog_it_cannot_p
     stop(ring, drv)
     assert (rows[0]["status"], rows[1]["status"]) == ("ok", "ok"), [dict(r) for r in rows]
     assert rows[1]["duration"] >= 2.4
-    assert seen.read_text().split() == ["none", "none"]
+    assert (ring.base / "run2-env-2").read_text().split() == ["none", "none"]   # run 3, if any, has its own
     log = drv.communicate()[1].decode()
     assert "run 2: a gets no notify socket" in log and "watchdog is off for this run" in log, log
 
