@@ -409,7 +409,6 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                             "ring_paused": False, "paused_agents": [], "next_requested": None}
     lease = None
     next_due: Dict[str, float] = {}
-    now = time.time() if now is None else now
     try:
         reader = open_reader(state_dir, config)
         if reader is not None:
@@ -417,7 +416,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
-                view = read_journal_view(reader, now, config.ring)
+                view = read_journal_view(reader, time.time() if now is None else now, config.ring)
                 if config.ring.journal:
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
@@ -434,6 +433,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     hb = read_heartbeat(state_dir)
     watcher = read_json(state_dir / WATCHER_FILE)
     roster_path, roster, roster_error = roster_view(config, state_dir)
+    # the clock read after everything else: a heartbeat read just now is never "from the future"
+    now = time.time() if now is None else now
     doc = build_status(
         state_dir=state_dir, config=config, now=now,
         heartbeat=hb, driver_alive=_heartbeat_alive(hb),
