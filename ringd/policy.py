@@ -16,7 +16,6 @@ from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .config import RingSettings
 from .records import AgentState
-from .schedule import CLOCK_SLACK
 
 # Endings that count as failures of the agent (consecutive_failures, alerts),
 # and those that also count towards quarantine (the agent wedged).
@@ -94,15 +93,17 @@ def after_run(state: AgentState, status: str, source: str, now: float, ring: Rin
 
 
 def seen_at(state: AgentState, now: float, ring: RingSettings) -> AgentState:
-    """``state`` as it stands at ``now``. A back-off never ends further ahead than
-    ``backoff_max``, nor a quarantine than ``quarantine_cooloff``: one that does was
-    set before the wall clock was stepped back (or the config lowered since), and
-    would otherwise last as long as the step. It ends now (a quarantine's
-    probation run is due)."""
+    """``state`` as it stands at ``now``. A back-off is set to end at most
+    ``backoff_max`` ahead, a quarantine ``quarantine_cooloff``; a wall clock
+    stepped back since stretches the wait by the step. Stretched to no more than
+    twice that longest wait, it is kept (an NTP step of seconds changes nothing
+    that matters); further, it would last as long as the step (a day, for a clock
+    set back a day), so it ends now - a quarantine's probation run is due. (A
+    config lowered since shortens it the same way.)"""
     s = state
-    if s.backoff_until is not None and s.backoff_until > now + ring.backoff_max + CLOCK_SLACK:
+    if s.backoff_until is not None and s.backoff_until > now + 2 * ring.backoff_max:
         s = s.with_(backoff_until=now)
-    if s.quarantined_until is not None and s.quarantined_until > now + ring.quarantine_cooloff + CLOCK_SLACK:
+    if s.quarantined_until is not None and s.quarantined_until > now + 2 * ring.quarantine_cooloff:
         s = s.with_(quarantined_until=now)
     return s
 

@@ -21,9 +21,6 @@ from datetime import datetime, timezone, tzinfo
 from typing import Iterable, List, Optional, Sequence
 
 _MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
-# s: a wall time further ahead than any wait could have set it, by more than
-# this, was set before the wall clock was stepped back (NTP steps from 0.128 s)
-CLOCK_SLACK = 1.0
 
 
 class ScheduleError(ValueError):
@@ -187,9 +184,10 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         last_id = tx.agent(name).last_run_id
         last = tx.run(last_id) if last_id is not None else None
         last_start = last.started_at if last is not None else None
-    if schedule.every is not None and last_start is not None and last_start > now + CLOCK_SLACK:
-        # started before the wall clock was stepped back: due now, not the step's length later
-        # (a cron slot is a wall-clock reading instead, never run twice: next_due)
+    if schedule.every is not None and last_start is not None and last_start > now + schedule.every:
+        # started before the wall clock was stepped back by more than a period: due now, not the
+        # step's length later (a smaller step stretches one wait, to twice the period at most;
+        # a cron slot is a wall-clock reading instead, never run twice: next_due)
         last_start = now - schedule.every
     wall = None
     if isinstance(kept.get("last_wall"), str):

@@ -154,11 +154,12 @@ def test_idle_wait_never_sleeps_past_a_beat_or_a_roster_look():
 
 
 def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
-    # a back-off or quarantine never ends further ahead than the config's longest
+    # a back-off or quarantine stretched past twice the config's longest wait ends now
     now = 10_000.0
     backing = A.with_(backoff_until=now + 3600)                 # backoff_max: 3600 (a fresh maximum)
     assert seen_at(backing, now, RING) == backing
-    assert seen_at(backing, now - 0.5, RING) == backing          # stepped back within the slack: as it was
+    assert seen_at(backing, now - 2, RING) == backing            # an NTP step: stretched, kept
+    assert seen_at(backing, now - 3600, RING) == backing         # stretched to twice backoff_max at most: kept
     stepped = seen_at(backing, now - 86400, RING)                # a day back: it ends now
     assert stepped.backoff_until == now - 86400 and decide(stepped, now - 86400).action is Action.RUN
     held = A.with_(quarantined_until=now + 100, bad_streak=3)   # quarantine_cooloff: 100

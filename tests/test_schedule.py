@@ -245,3 +245,38 @@ def test_once_counts_scheduled_agents_as_passed_positions():
     p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
                              scheduled={"tick": 300.0, "nightly": 200.0}))
     assert (p.index, p.passed, p.until) == (None, [0, 1], 200.0)
+
+
+def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
+    """``every: 600`` last started at t; the wall clock is stepped back. A step
+    shorter than the period stretches one wait (due at t + 600, on the new clock
+    at most 1200 s away); a longer one would stretch it by the step: due now."""
+    from ringd.records import AgentState, RunRow
+    from ringd.schedule import entry
+
+    class Journal:   # the reads schedule.entry makes, of a ring whose last run of "job" started at t
+        def __init__(self, t):
+            self.row = RunRow(id=7, agent="job", position=0, status="ok", started_at=t, ended_at=t + 1,
+                              duration=1.0, exit_code=0, signal=None, reason=None, pid=None, pid_start=None,
+                              run_budget=None, stall_threshold=None, log_path=None, driver_pid=None,
+                              driver_start=None)
+
+        def meta(self, key):
+            return None
+
+        def set_meta(self, key, value):
+            pass
+
+        def running_row(self):
+            return None
+
+        def agent(self, name):
+            return AgentState(name, last_run_id=7)
+
+        def run(self, run_id):
+            return self.row
+
+    every, t = Schedule(every=600), 1_800_000_000.0
+    assert entry(Journal(t), "job", every, t + 10).next_due(BERLIN) == t + 600          # no step
+    assert entry(Journal(t), "job", every, t - 300).next_due(BERLIN) == t + 600         # 5 min back: kept
+    assert entry(Journal(t), "job", every, t - 86400).next_due(BERLIN) == t - 86400     # a day back: due now
