@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from ringd import cgroup
+from ringd.heartbeat import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -253,10 +254,9 @@ class Ring:
         return self.rows()
 
     def heartbeat(self) -> Optional[Dict]:
-        try:
-            return json.loads((self.state / "ringd.heartbeat").read_text())
-        except (OSError, ValueError):
-            return None
+        # never a blocking open: a test that plants a FIFO there must not hang with
+        # its daemons (a harness killed in a hang runs no finaliser: they leak)
+        return read_json(self.state / "ringd.heartbeat")
 
 
 @pytest.fixture

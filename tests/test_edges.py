@@ -21,6 +21,7 @@ import pytest
 
 from conftest import ring_cmd, wait_until, watch_cmd
 from ringd.config import MAX_DURATION
+from ringd.heartbeat import read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -407,10 +408,7 @@ def test_fifos_at_the_state_files_never_hang_the_watcher(ring):
     _fifo_at(ring.state / "ringd.heartbeat")
 
     def polled():
-        try:
-            data = json.loads((ring.state / "ringwatch.json").read_text())
-        except (OSError, ValueError):
-            return None
+        data = read_json(ring.state / "ringwatch.json") or {}   # (non-blocking: never waits on the FIFO)
         return data.get("last_poll_at") and data
     assert (ring.state / "ringwatch.json").is_fifo()
     wait_until(lambda: not (ring.state / "ringwatch.json").is_fifo() and polled(), 20,
