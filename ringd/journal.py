@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,11 +132,10 @@ WAL_SLACK_FRAMES = 16                    # the commit that crosses wal_autocheck
 
 
 def _extend_with_zeros(fd: int, size: int, chunk: int = 1 << 18) -> None:
-    """Write zeros from the end of ``fd`` to ``size`` and fdatasync; on any error
-    cut the file back to where it ended."""
-    st = os.fstat(fd)
-    end = st.st_size
-    if not stat.S_ISREG(st.st_mode) or end >= size:
+    """Write zeros from the end of the regular file ``fd`` to ``size`` and
+    fdatasync; on any error cut the file back to where it ended."""
+    end = os.fstat(fd).st_size
+    if end >= size:
         return
     zeros = bytes(min(chunk, size - end))
     try:
@@ -369,8 +367,8 @@ class Journal:
             con.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:
             return
-        try:   # (O_NONBLOCK: never wait on a FIFO planted there; only a regular file is extended)
-            fd = os.open(f"{self.path}-wal", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:   # only a regular file is extended (a FIFO planted there is never waited on)
+            fd = safefile.open_regular(f"{self.path}-wal", os.O_WRONLY | os.O_NOFOLLOW)
         except OSError:
             fd = None
         try:
