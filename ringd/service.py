@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .config import Config
-from .errors import excerpt
+from .errors import ConfigError, excerpt
+from .safefile import check_path
 from .status import OperatorError
 
 MODES = ("watcher", "systemd", "launchd")
@@ -89,6 +90,10 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
         if not str(p).isprintable() or any(c.isspace() or c in "\"'\\%$;" for c in str(p)):
             raise OperatorError(f"{what} {excerpt(str(p), 200)}: use a path of printable UTF-8 without spaces, "
                                 f"quotes, '%', '$' or ';'", 2)
+        try:
+            check_path(what, str(p))   # (a component over NAME_MAX, a path over PATH_MAX: systemd refuses the unit)
+        except ConfigError as e:
+            raise OperatorError(str(e), 2) from None
     if user is not None and check_user:
         try:
             pwd.getpwnam(user)

@@ -181,7 +181,10 @@ def test_paths_a_unit_or_plist_cannot_carry_are_refused_the_programs_too(tmp_pat
     "/opt/my bin" rendered ``ExecStart=/opt/my bin/ringwatch`` (systemd runs
     /opt/my), and a non-UTF-8 path went raw into the unit or crashed the plist."""
     bad = ["/opt/my bin", "/opt/a%b", "/opt/$HOME", "/opt/x\udcff", "/opt/tab\there"]
-    cases = [("--bin-dir", b) for b in bad] + [("--state", "/srv/x\udcff"), ("--config", "/etc/x\udcff")]
+    long_name = "a" * 256   # over NAME_MAX: no system call takes it, and systemd refuses the unit
+    cases = [("--bin-dir", b) for b in bad + [f"/opt/{long_name}"]] + [
+        ("--state", "/srv/x\udcff"), ("--config", "/etc/x\udcff"),
+        ("--state", f"/srv/{long_name}"), ("--config", f"/etc/{long_name}.yaml")]
     for mode in ("watcher", "launchd"):
         for option, value in cases:
             args = ("service", "print", "--mode", mode, "--user", pwd.getpwuid(os.getuid()).pw_name,
