@@ -16,6 +16,8 @@ put on PYTHONPATH so ``python -m ringd`` still works):
      c. a plain Python loop of ``subprocess.run(["/bin/true"])``;
      d. a bash loop of ``timeout -k 600 3600 /bin/true``.
    Goal: ringd lap <= 1x the bash timeout loop (both ringd laps are judged).
+   Each driver's output is appended to a file, as ringwatch appends it to
+   ``logs/ringd.log`` (see driver_log).
 2. Journal cost per hop: SQL statements and commits of one ordinary hop, counted
    with SQLite's trace callback in a ``ringd run --once`` of the same ring.
    Goal: <= 2 commits and about 6 statements.
@@ -106,13 +108,28 @@ def make_ring(root: Path, name: str, roster_lines):
 
 # --- lap time -----------------------------------------------------------------
 
+def driver_log(state: Path):
+    """Where a timed driver's output goes: a file appended to, as ringwatch
+    gives the driver ``logs/ringd.log``. Not a pipe: a reader woken by each of
+    the driver's two lines a hop costs a lap 7-11 % on two cores (measured, 26
+    interleaved pairs of ``run --once``), a cost the deployed driver never pays
+    and the shell loop, which logs nothing, is not charged."""
+    return open(state.parent / (state.name + "-driver.log"), "ab")
+
+
+def driver_log_tail(state: Path) -> str:
+    with open(state.parent / (state.name + "-driver.log"), "rb") as f:
+        return f.read().decode(errors="replace")[-2000:]
+
+
 def ringd_once(state: Path, config: Path, env) -> float:
     cmd = [sys.executable, "-m", "ringd", "run", "--once", "--state", str(state), "--config", str(config)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    wall = time.perf_counter() - t0
+    with driver_log(state) as log:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"ringd run --once exited {proc.returncode}:\n{proc.stdout.decode(errors='replace')[-2000:]}")
+        raise RuntimeError(f"ringd run --once exited {proc.returncode}:\n{driver_log_tail(state)}")
     return wall
 
 
@@ -145,14 +162,14 @@ def time_ringd_running(state: Path, config: Path, n: int, env) -> float:
     folder, cold caches) are left out. The driver is stopped by pid."""
     before = journal_query(state, "SELECT coalesce(max(id), 0) FROM runs")[0][0]
     cmd = [sys.executable, "-m", "ringd", "run", "--state", str(state), "--config", str(config)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    with driver_log(state) as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while journal_query(state, "SELECT count(*) FROM runs WHERE id > ? AND status <> 'running'",
                             (before,))[0][0] < 3 * n:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ringd run stopped or stalled (exit {proc.returncode})")
+                raise RuntimeError(f"ringd run stopped or stalled (exit {proc.returncode}):\n{driver_log_tail(state)}")
             time.sleep(0.05)
     finally:
         stop(proc, [])
@@ -452,6 +469,25 @@ def bench_idle(root: Path, seconds: float, env) -> dict:
 
 # --- report ---------------------------------------------------------------------
 
+def cpu_times():
+    """The host's CPU time split from ``/proc/stat`` (jiffies): (steal, total);
+    None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
+def steal_share(before, after) -> Optional[float]:
+    """Percent of the box's CPU time its hypervisor took between two cpu_times()."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -472,7 +508,9 @@ def main() -> int:
     os.chmod(root, 0o700)
     try:
         print(f"\nLap: {args.agents} agents running /bin/true, {args.reps} interleaved reps, median")
+        times = cpu_times()
         r = bench_laps(root, args.reps, args.agents, env)
+        steal = steal_share(times, cpu_times())
         med = {k: statistics.median(v) for k, v in r.items()}
         n = args.agents
         rows = [
@@ -500,6 +538,10 @@ def main() -> int:
         print(f"  paired, median of per-rep ratios: lap {paired['ringd_lap']:.2f}x, running "
               f"{paired['ringd_running']:.2f}x   (information: each rep's contenders run back to back, "
               f"so a VM whose speed drifts between reps moves these less)")
+        if steal is not None:
+            print(f"  host steal during the laps: {steal:.1f} % of the CPU time (a VM's host busy elsewhere: "
+                  f"a hop hands work between cores and waits on each hand-over, so it stretches more than "
+                  f"the shell loop's)")
 
         print(f"\nJournal per ordinary hop (SQLite trace of one {args.agents}-agent lap)")
         c = count_statements(root, args.agents, env)
