@@ -38,6 +38,8 @@ from .roster import RosterSource, next_index
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
 JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
+UNCONFIRMED_START = ("its start was committed, but the driver never heard so (the journal's connection "
+                     "was lost at the commit): no process was started")
 
 HOST = socket.gethostname()
 
@@ -143,6 +145,9 @@ class Driver:
         self.prev_index: Optional[int] = None
         self.spin = Spin()
         self.pending: Optional[Pending] = None   # the last run's end, not yet committed
+        # run id -> (agent, position) of starts whose turn failed to commit: with
+        # PostgreSQL a commit whose answer is lost may have happened all the same
+        self.unconfirmed: "dict[int, tuple[str, int]]" = {}
         self.ran_scheduled: "set[str]" = set()   # scheduled agents run since the last ordinary turn
         self.spin_logged = False
         self.idle_logged = False
@@ -448,11 +453,19 @@ class Driver:
         now = env.wall()
         started, plan, hop = None, None, None
         pending, closed = self.pending, None
+        unconfirmed, lost = list(self.unconfirmed.items()), []
         # the last run's end, the operator's controls, the choice and the next start commit together
         with contextlib.ExitStack() as undo:   # a run whose row is not committed leaves no files
             with self.journal.transaction() as tx:
                 if pending is not None:
                     closed = pending.write(tx)
+                for run_id, (name, position) in unconfirmed:
+                    # A start that did commit left a `running` row with no process: every
+                    # later start would be refused (one running row). Closed before
+                    # anything starts (SQLite may hand its id out again below).
+                    if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
+                                            now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
+                        lost.append((run_id, name))
                 controls = tx.controls()
                 if not controls.ring_paused:
                     states = transitions.AgentStates(tx, now, self.config.ring)
@@ -482,7 +495,12 @@ class Driver:
                             hop = Hop(self, agent, plan.index, started, now)
                             hop.prepare_meanwhile()   # its files are made while this commit waits (Hop.prepare)
                             undo.callback(hop.discard)
+                            # not committed - or was it? (the next turn closes it if so)
+                            undo.callback(self.unconfirmed.__setitem__, started, (agent.name, plan.index))
             undo.pop_all()   # committed: the run's files are its own
+        self.unconfirmed = {}
+        for run_id, name in lost:
+            self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}")
         if pending is not None:
             self.pending = None
             if hop is not None:   # said and alerted once the next agent is started (Hop.after_start)

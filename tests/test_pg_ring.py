@@ -6,8 +6,10 @@ the test if two agents of the ring were ever alive at once while both drivers
 were alive and not frozen (SIGSTOPped)."""
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -361,3 +363,114 @@ def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
     # the killed run is not the agent's failure: interrupted, never `failed (signal 9)`
     assert pg_rows(dsn, "SELECT status FROM runs WHERE id = %s", first["id"])[0]["status"] == "interrupted"
     sampler.finish()
+
+
+class ConnectionCutter:
+    """A unix-socket proxy in front of the test's server: it forwards every
+    connection both ways, except once, when ``cut(state, data)`` says so of
+    what a client sends: "now" drops that connection before the data reaches
+    the server; "after-answer" lets it reach the server, waits for the answer
+    (the statement is done: a COMMIT has committed) and drops the connection
+    instead of passing that answer on (a network lost at the wrong moment).
+    ``state`` is a dict per connection the predicate may keep notes in."""
+
+    def __init__(self, server_dir: Path, cut):
+        self.server = str(server_dir / ".s.PGSQL.5432")
+        self.cut = cut
+        self.dir = Path(tempfile.mkdtemp(prefix="ring-proxy-", dir="/tmp"))  # a socket path is short
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(self.dir / ".s.PGSQL.5432"))
+        self.listener.listen(16)
+        self.armed = True
+        self.dropped = threading.Event()
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def dsn(self, dsn: str) -> str:
+        return dsn.replace(f"host={os.path.dirname(self.server)}", f"host={self.dir}")
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.server)
+            self.socks += [client, upstream]
+            state = {"drop": False}
+            threading.Thread(target=self._up, args=(client, upstream, state), daemon=True).start()
+            threading.Thread(target=self._down, args=(upstream, client, state), daemon=True).start()
+
+    def _drop(self, *socks):
+        for s in socks:
+            s.shutdown(socket.SHUT_RDWR)
+        self.dropped.set()
+
+    def _up(self, client, upstream, state):
+        try:
+            while data := client.recv(65536):
+                how = self.cut(state, data) if self.armed else None
+                if how == "now":
+                    self.armed = False
+                    return self._drop(client, upstream)
+                if how == "after-answer":
+                    self.armed = False
+                    state["drop"] = True
+                upstream.sendall(data)
+        except OSError:
+            pass
+
+    def _down(self, upstream, client, state):
+        try:
+            while data := upstream.recv(65536):
+                if state["drop"]:
+                    return self._drop(client, upstream)
+                client.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _a_start_committed(state, data):
+    """The COMMIT of a transaction that wrote a run's start (``INSERT INTO runs ... 'running'``)."""
+    if b"INSERT INTO runs" in data and b"'running'" in data:
+        state["started"] = True
+    elif state.get("started") and b"COMMIT" in data:
+        return "after-answer"
+    return None
+
+
+def test_a_run_start_whose_commit_answer_is_lost_does_not_wedge_the_ring(tmp_path, pg_cluster, pg_dsn):
+    """The connection drops after the server committed a run's start but before
+    the driver heard so: the row is `running` though no agent was started. The
+    driver must not leave it running forever (every later start would be refused
+    by the one-running index: a ring wedged with a live, leading driver)."""
+    proxy = ConnectionCutter(pg_cluster.dir, _a_start_committed)
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": proxy.dsn(pg_dsn), "lease_ttl": TTL, "heartbeat_interval": 0.2})
+        r.roster("a /bin/true")
+        r.start_driver()
+        assert proxy.dropped.wait(20), "no run's start went through the proxy"
+        lost = wait_until(lambda: pg_rows(pg_dsn, "SELECT * FROM runs ORDER BY id LIMIT 1"),
+                          timeout=5, message="the run whose commit answer was lost")[0]
+        wait_until(lambda: pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok' AND id > %s", lost["id"]),
+                   timeout=15, message="the ring going on after the lost answer")
+        row = pg_rows(pg_dsn, "SELECT * FROM runs WHERE id = %s", lost["id"])[0]
+        assert row["status"] == "interrupted" and row["pid"] is None, row
+        assert "commit" in row["reason"], row["reason"]
+        ev = pg_rows(pg_dsn, "SELECT source FROM events WHERE run_id = %s AND kind = 'interrupted'", lost["id"])
+        assert [e["source"] for e in ev] == ["driver"]
+    finally:
+        r.cleanup()
+        proxy.close()
