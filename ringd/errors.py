@@ -11,7 +11,7 @@ from typing import Any
 
 # sysexits(3)
 EX_OK = os.EX_OK                # 0
-EX_UNAVAILABLE = os.EX_UNAVAILABLE  # 69: the PostgreSQL journal cannot be reached at start
+EX_UNAVAILABLE = os.EX_UNAVAILABLE  # 69: the journal cannot be used now (busy, full, unreachable): restart later
 EX_SOFTWARE = os.EX_SOFTWARE    # 70: internal error; ringwatch gave up
 EX_TEMPFAIL = os.EX_TEMPFAIL    # 75: another daemon holds the lock
 EX_CONFIG = os.EX_CONFIG        # 78: configuration (or unusable journal): do not restart blindly

@@ -474,3 +474,29 @@ def test_a_run_start_whose_commit_answer_is_lost_does_not_wedge_the_ring(tmp_pat
     finally:
         r.cleanup()
         proxy.close()
+
+
+def test_a_journal_failure_just_after_taking_the_lease_is_no_configuration_error(tmp_path, pg_cluster, pg_dsn):
+    """The connection drops at the new leader's first write of the ring (before
+    its first turn). That is an outage, not a configuration error: the driver
+    must not exit 78 (ringwatch and systemd's RestartPreventExitStatus= would
+    never start it again, and the ring would not survive its box)."""
+    proxy = ConnectionCutter(pg_cluster.dir, lambda state, data: "now" if b"roster_error" in data else None)
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": proxy.dsn(pg_dsn), "lease_ttl": TTL, "heartbeat_interval": 0.2})
+        r.roster("a /bin/true")
+        d = r.start_driver()
+        assert proxy.dropped.wait(20), "the driver's first write never went through the proxy"
+        d.wait(TTL + 10)
+        err = d.communicate()[1].decode()
+        assert d.returncode == 69, (d.returncode, err)   # EX_UNAVAILABLE: restart me
+        assert "Traceback" not in err and "connection" in err
+        # started again (as ringwatch would), the driver leads and runs the ring
+        r.start_driver()
+        wait_until(lambda: pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok'"), timeout=TTL + 15,
+                   message="the restarted driver runs the ring")
+    finally:
+        r.cleanup()
+        proxy.close()
