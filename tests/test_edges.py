@@ -109,6 +109,30 @@ def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
     assert stat.S_ISFIFO(os.lstat(ring.journal_path).st_mode), "left in place for the operator"
 
 
+def test_a_journal_a_newer_ring_wrote_is_refused_and_left_as_it_was(ring):
+    """Every writer's open marked a newer ring's journal with this ring's older
+    schema version and went on writing it (an operator downgrading ring by
+    mistake, or two versions on one state dir): refused in one line instead."""
+    import sqlite3
+    from ringd.journal import Journal
+    from ringd.schema_sqlite import SCHEMA_VERSION
+    _simple(ring)
+    Journal.open(ring.state).close()
+    con = sqlite3.connect(ring.journal_path, isolation_level=None)
+    try:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        before = con.execute("SELECT count(*) FROM events").fetchone()
+    finally:
+        con.close()
+    expected = {("run", "--once"): 78, ("pause",): 1, ("next", "a"): 1, ("skip", "a"): 1, ("resume", "a"): 1}
+    for args, want in expected.items():
+        code, err = run(ring_cmd(args[0], *ring.common(), *args[1:]), ring.env, timeout=20)
+        assert code == want and f"schema version {SCHEMA_VERSION + 1} " in one_line(err), (args, code, err)
+    assert ring.rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0] == str(SCHEMA_VERSION + 1)
+    assert tuple(ring.rows("SELECT count(*) FROM events")[0]) == before and not ring.runs()
+    assert not ring.rows("SELECT * FROM meta WHERE key LIKE 'paused%' OR key = 'next'")
+
+
 def test_state_files_that_are_fifos_are_never_waited_on(ring):
     """The JSON state files were opened blocking: a FIFO at ringwatch.json or
     ringd.heartbeat hung `ringd status`, `skip`, `ringwatch reset` (and
