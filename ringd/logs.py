@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional
 
+from . import safefile
 from .config import Config
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
@@ -60,10 +61,16 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
 
 
 def _open_log(path: Path) -> Optional[int]:
+    """The run log's descriptor, or None when there is none. Anything but a
+    regular file there is refused, never waited on: a blocking open of a FIFO
+    planted at a run log hung ``ringd logs`` until a writer came
+    (safefile.open_regular)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return safefile.open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    except safefile.NotRegularFile as e:
+        raise OperatorError(f"{path}: log is {e.strerror}; refusing to read it") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise OperatorError(f"{path}: log is a symbolic link; refusing to follow it") from None
