@@ -431,6 +431,24 @@ def test_an_agent_that_swaps_its_log_dir_for_a_symlink_gets_nothing_unlinked_thr
     assert (ring.state / "logs" / "a").is_symlink()
 
 
+def test_logs_never_reads_through_a_symlinked_log_dir(ring, victim):
+    """`ringd logs` refused a symlink only at the log itself: a log dir swapped
+    for a link to another dir had that dir's ``<run_id>.log`` printed as the run's."""
+    vdir, _ = victim
+    ring.agent("a", "echo ring output")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    code, err = finish(ring.start_driver("--once"))
+    assert code == 0 and [r["id"] for r in ring.runs()] == [1], err
+    (vdir / "1.log").write_text("not ring's\n")
+    logs = ring.state / "logs"
+    os.rename(logs / "a", ring.base / "a.moved")
+    os.symlink(vdir, logs / "a")
+    for args in (("a",), ("a", "--lines", "1"), ("a", "--run", "1", "-f")):
+        res = ring.cli("logs", *args)
+        assert res.returncode == 1 and "not ring's" not in res.stdout, (args, res.stdout)
+        assert f"{logs / 'a'}: log dir is a symbolic link" in one_line(res.stderr), (args, res.stderr)
+
+
 def test_symlinked_heartbeat_and_journal_are_never_written_through(ring, victim):
     vdir, precious = victim
     ring.agent("a", "true")
