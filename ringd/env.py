@@ -244,10 +244,24 @@ class RealEnv:
 
     def remove_run_log(self, agent: str, run_id: int) -> None:
         """A run log made for a row that was never committed (best effort)."""
+        self._remove_logs(agent, [run_id])
+
+    def _remove_logs(self, agent: str, run_ids: List[int]) -> None:
+        """Unlink run logs in ``logs/<agent>`` (best effort), never through a
+        symlink: an agent that swaps its log dir (or ``logs/``) for a link to
+        another dir would have its files named like run logs unlinked."""
         try:
-            os.unlink(self.state_dir / "logs" / agent / f"{run_id}.log")
+            dfd = safefile.open_dir(self.state_dir, ("logs", agent), create=False)
         except OSError:
-            pass
+            return
+        try:
+            for run_id in run_ids:
+                try:
+                    os.unlink(f"{run_id}.log", dir_fd=dfd)
+                except OSError:
+                    pass
+        finally:
+            os.close(dfd)
 
     @staticmethod
     def write_fd(fd: int, text: str) -> None:
@@ -263,12 +277,11 @@ class RealEnv:
         index = self._log_index(agent)
         if not index.ids or index.ids[-1] != run_id:
             index.ids.append(run_id)
+        old = []
         while len(index.ids) > max(keep, 0):
-            old = index.ids.popleft()
-            try:
-                os.unlink(self.state_dir / "logs" / agent / f"{old}.log")
-            except OSError:
-                pass
+            old.append(index.ids.popleft())
+        if old:
+            self._remove_logs(agent, old)
 
     def _log_index(self, agent: str) -> LogIndex:
         index = self._logs.get(agent)

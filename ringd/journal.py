@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Optional
 
 from . import safefile
 from .records import TERMINAL, AgentState, Controls, RunRow
-from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION
+from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, too_new
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
@@ -337,6 +337,9 @@ class Journal:
             con.execute("PRAGMA foreign_keys=ON")
             j = cls(con, path)
             j._migrate()
+        except JournalError:
+            con.close()
+            raise
         except sqlite3.DatabaseError as e:
             raise _unusable(path, e) from None
         for suffix in ("-wal", "-shm"):
@@ -397,6 +400,11 @@ class Journal:
         return cls(con, path)
 
     def _migrate(self, retry: bool = True) -> None:
+        if self.con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            reason = too_new(row[0]) if row is not None else None
+            if reason:
+                raise JournalError(f"{self.path}: {reason}")
         # executescript commits any open transaction first, so the script carries its own.
         have = {(t, r[1]) for t in {t for t, _, _ in ADDED_COLUMNS}
                 for r in self.con.execute(f"PRAGMA table_info({t})")}

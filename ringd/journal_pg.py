@@ -35,6 +35,7 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
 from . import lease as leaselib
 from .journal import Journal, JournalError
 from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
+from .schema_sqlite import too_new
 
 # Client side: fail fast instead of hanging on a dead server or a partition
 # (keepalives notice a silent peer, tcp_user_timeout unacknowledged data).
@@ -215,7 +216,11 @@ class PgJournal(Journal):
                                "pip install 'ring[pg]' (or psycopg[binary])")
         j = cls(_Con(dsn, readonly, wait_limit=ttl / 4), dsn)
         if not readonly:
-            j._migrate()
+            try:
+                j._migrate()
+            except JournalError:
+                j.close()
+                raise
         return j
 
     def _migrate(self) -> None:
@@ -227,6 +232,9 @@ class PgJournal(Journal):
             row = None  # no schema yet
         if row is not None and row[0] == str(SCHEMA_VERSION):
             return
+        reason = too_new(row[0]) if row is not None else None
+        if reason:
+            raise JournalError(f"{self.path}: {reason}")
         with self._transaction():
             self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
             self.con.pg.execute(SCHEMA)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional
 
+from . import safefile
 from .config import Config
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
@@ -59,15 +60,34 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
         raise OperatorError(str(e)) from None
 
 
-def _open_log(path: Path) -> Optional[int]:
+def _open_log(state_dir: Path, row: RunRow) -> Optional[int]:
+    """The run log's descriptor, or None when there is none. No symlink is
+    followed, at ``logs/``, ``logs/<agent>`` (an agent may swap its log dir
+    for a link to another dir) or the log itself; anything but a regular
+    file is refused, never waited on: a blocking open of a FIFO planted at a
+    run log hung ``ringd logs`` until a writer came (safefile.open_regular)."""
+    path = log_file(state_dir, row)
     try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dfd = safefile.open_dir(state_dir, ("logs", row.agent), create=False)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OperatorError(f"{path.parent}: log dir is a symbolic link or not a directory; "
+                                f"refusing to follow it") from None
+        raise OperatorError(f"{path.parent}: cannot read log dir: {e.strerror}") from None
+    try:
+        return safefile.open_in(dfd, path.name, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except safefile.NotRegularFile as e:
+        raise OperatorError(f"{path}: log is {e.strerror}; refusing to read it") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise OperatorError(f"{path}: log is a symbolic link; refusing to follow it") from None
         raise OperatorError(f"{path}: cannot read log: {e.strerror}") from None
+    finally:
+        os.close(dfd)
 
 
 def _copy(fd: int, out: BinaryIO) -> int:
@@ -91,7 +111,7 @@ def _no_log(row: RunRow, config: Config) -> OperatorError:
 
 
 def show_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO) -> None:
-    fd = _open_log(log_file(state_dir, row))
+    fd = _open_log(state_dir, row)
     if fd is None:
         raise _no_log(row, config)
     try:
@@ -106,7 +126,6 @@ def follow_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO,
     """Print the log and keep printing what is appended until the run leaves
     ``running`` (an orphaned run - its driver gone - is reaped, which ends it).
     Returns the run's final status."""
-    path = log_file(state_dir, row)
     if row.status != "running":
         show_log(state_dir, config, row, out)
         return row.status
@@ -117,14 +136,14 @@ def follow_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO,
     try:
         while True:
             if fd is None:
-                fd = _open_log(path)
+                fd = _open_log(state_dir, row)
             if fd is not None and _copy(fd, out):
                 out.flush()
             current = reader.run(row.id)
             status = current.status if current else "unknown"
             if status != "running":
                 if fd is None:
-                    fd = _open_log(path)
+                    fd = _open_log(state_dir, row)
                 if fd is not None:
                     _copy(fd, out)  # the last words written before the run ended
                 out.flush()
@@ -154,7 +173,7 @@ def tail_bytes(data: bytes, lines: int) -> bytes:
 
 
 def show_tail(state_dir: Path, config: Config, row: RunRow, out: BinaryIO, lines: int) -> None:
-    fd = _open_log(log_file(state_dir, row))
+    fd = _open_log(state_dir, row)
     if fd is None:
         raise _no_log(row, config)
     try:
@@ -182,7 +201,7 @@ class _Tracked:
     def pump(self, state_dir: Path, out: BinaryIO, skip_to_lines: Optional[int] = None) -> bool:
         """Copy what was appended (whole lines, prefixed). True if anything was written."""
         if self.fd is None:
-            self.fd = _open_log(log_file(state_dir, self.row))
+            self.fd = _open_log(state_dir, self.row)
             if self.fd is None:
                 return False
         data = b""

@@ -64,14 +64,17 @@ def open_regular(path, flags: int = os.O_RDONLY, *, dir_fd: Optional[int] = None
     return fd
 
 
-def open_dir(state_dir: Path, parts: Sequence[str]) -> int:
-    """A descriptor of ``state_dir/parts...``, creating missing parts 0700."""
+def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
+    """A descriptor of ``state_dir/parts...`` (no part a symlink), creating
+    missing parts 0700 if ``create``."""
     base = os.open(state_dir, _DIR_FLAGS)
     try:
         for part in parts:
             try:
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
             except FileNotFoundError:   # made on first use only: a hop usually finds it
+                if not create:
+                    raise
                 try:
                     os.mkdir(part, 0o700, dir_fd=base)
                 except FileExistsError:

@@ -4,9 +4,25 @@ Status set and terminal coherence by CHECK constraints, at most one ``running``
 row by a partial unique index, final statuses final and per-agent counters by
 triggers. ``schema_pg`` is the same schema for PostgreSQL.
 """
+from typing import Optional
+
 from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
 
 SCHEMA_VERSION = 3   # 2: runs.phase; 3: runs.cpu_seconds
+
+
+def too_new(found: Optional[str]) -> Optional[str]:
+    """Why a journal whose ``meta.schema_version`` is ``found`` must not be written
+    by this ring (one line), or None. A newer ring's journal may hold columns,
+    statuses or triggers this code does not know: writing it would mark it
+    with our older version and record runs the newer ring's rules never saw."""
+    found = None if found is None else str(found)
+    if found is None or found == str(SCHEMA_VERSION):
+        return None
+    if found.isdecimal() and int(found) < SCHEMA_VERSION:
+        return None   # an older ring's: upgraded in place
+    return (f"journal schema version {found} is not one this ring knows (it writes {SCHEMA_VERSION}): "
+            f"it was written by a newer ring; left as it was: run that ring, or move the journal aside")
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
 _SOURCE_LIST = ", ".join(f"'{s}'" for s in SOURCES)

@@ -109,6 +109,47 @@ def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
     assert stat.S_ISFIFO(os.lstat(ring.journal_path).st_mode), "left in place for the operator"
 
 
+def test_a_journal_a_newer_ring_wrote_is_refused_and_left_as_it_was(ring):
+    """Every writer's open marked a newer ring's journal with this ring's older
+    schema version and went on writing it (an operator downgrading ring by
+    mistake, or two versions on one state dir): refused in one line instead."""
+    import sqlite3
+    from ringd.journal import Journal
+    from ringd.schema_sqlite import SCHEMA_VERSION
+    _simple(ring)
+    Journal.open(ring.state).close()
+    con = sqlite3.connect(ring.journal_path, isolation_level=None)
+    try:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        before = con.execute("SELECT count(*) FROM events").fetchone()
+    finally:
+        con.close()
+    expected = {("run", "--once"): 78, ("pause",): 1, ("next", "a"): 1, ("skip", "a"): 1, ("resume", "a"): 1}
+    for args, want in expected.items():
+        code, err = run(ring_cmd(args[0], *ring.common(), *args[1:]), ring.env, timeout=20)
+        assert code == want and f"schema version {SCHEMA_VERSION + 1} " in one_line(err), (args, code, err)
+    assert ring.rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0] == str(SCHEMA_VERSION + 1)
+    assert tuple(ring.rows("SELECT count(*) FROM events")[0]) == before and not ring.runs()
+    assert not ring.rows("SELECT * FROM meta WHERE key LIKE 'paused%' OR key = 'next'")
+
+
+@pytest.mark.parametrize("plant", ["fifo", "directory"])
+def test_a_run_log_that_is_not_a_file_is_refused_by_logs_never_waited_on(ring, plant):
+    """`ringd logs` opened a run log blocking: a FIFO put in its place hung it
+    (and `logs -f`) until a writer came; a directory gave a bare "Is a directory"."""
+    _simple(ring)
+    code, err = run(ring_cmd("run", "--once", *ring.common()), ring.env, timeout=30)
+    assert code == 0 and [r["status"] for r in ring.runs()] == ["ok"], err[-1500:]
+    log = ring.state / "logs" / "a" / f"{ring.runs()[0]['id']}.log"
+    log.unlink()
+    os.mkfifo(log, 0o600) if plant == "fifo" else log.mkdir()
+    what = "not a regular file" if plant == "fifo" else "a directory"
+    for args in (("a",), ("a", "--lines", "3"), ("a", "--run", str(ring.runs()[0]["id"]), "-f"), ("a", "-f")):
+        code, err = run(ring_cmd("logs", *ring.common(), *args), ring.env, timeout=20)
+        assert code == 1 and f"{log}: log is {what}" in one_line(err), (args, code, err)
+    assert stat.S_ISFIFO(os.lstat(log).st_mode) if plant == "fifo" else log.is_dir(), "left in place"
+
+
 def test_state_files_that_are_fifos_are_never_waited_on(ring):
     """The JSON state files were opened blocking: a FIFO at ringwatch.json or
     ringd.heartbeat hung `ringd status`, `skip`, `ringwatch reset` (and

@@ -12,9 +12,10 @@ from ringd.journal import Journal, JournalError
 class Backend:
     """An opened journal plus a second, raw connection that bypasses it."""
 
-    def __init__(self, name, journal, raw_exec, integrity_error):
+    def __init__(self, name, journal, raw_exec, integrity_error, reopen):
         self.name, self.journal = name, journal
         self.raw_exec, self.integrity_error = raw_exec, integrity_error
+        self.reopen = reopen   # a writer's open of the same journal, as the next driver's
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -23,7 +24,7 @@ def backend(request, tmp_path):
         j = Journal.open(tmp_path)
         con = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
         yield Backend("sqlite", j, lambda sql, params=(): con.execute(sql, params).fetchall(),
-                      sqlite3.IntegrityError)
+                      sqlite3.IntegrityError, lambda: Journal.open(tmp_path))
         con.close()
         j.close()
     else:
@@ -36,7 +37,7 @@ def backend(request, tmp_path):
         def raw_exec(sql, params=()):
             cur = con.execute(sql.replace("?", "%s"), params)
             return cur.fetchall() if cur.description else []
-        yield Backend("postgresql", j, raw_exec, psycopg.IntegrityError)
+        yield Backend("postgresql", j, raw_exec, psycopg.IntegrityError, lambda: PgJournal.connect(dsn))
         con.close()
         j.close()
 
@@ -181,6 +182,24 @@ def test_a_failed_transaction_leaves_nothing_behind(backend):
     assert j.meta("half") is None
     j.set_meta("after", "ok")  # the connection is usable again
     assert j.meta("after") == "ok"
+
+
+def test_an_older_journal_is_upgraded_and_a_newer_one_is_refused_untouched(backend):
+    """A journal a newer ring wrote is never marked with our older version (nor
+    written at all): the writer's open refuses it in one line; an older one is
+    brought up to ours."""
+    from ringd.schema_sqlite import SCHEMA_VERSION
+    version = "SELECT value FROM meta WHERE key = 'schema_version'"
+    backend.raw_exec("UPDATE meta SET value = ? WHERE key = 'schema_version'", ("1",))
+    backend.reopen().close()
+    assert backend.raw_exec(version) == [(str(SCHEMA_VERSION),)]
+    for newer in (str(SCHEMA_VERSION + 1), "4.1", "x"):
+        backend.raw_exec("UPDATE meta SET value = ? WHERE key = 'schema_version'", (newer,))
+        with pytest.raises(JournalError) as e:
+            backend.reopen()
+        message = str(e.value)
+        assert f"schema version {newer} " in message and "newer ring" in message and "\n" not in message
+        assert backend.raw_exec(version) == [(newer,)]
 
 
 def test_both_schemas_have_the_same_tables_and_columns(tmp_path, pg_cluster):

@@ -401,6 +401,54 @@ def test_an_agent_that_swaps_its_oldest_log_for_a_symlink_writes_nothing_through
     _untouched(vdir, precious)
 
 
+def test_an_agent_that_swaps_its_log_dir_for_a_symlink_gets_nothing_unlinked_through_it(ring, victim):
+    """Run 1's log is too big to be reused (safefile.REUSE_MAX_BYTES): it is
+    pruned by name after run 3. Run 3 swaps its log dir for a symlink to a
+    victim dir holding a ``1.log``: the prune unlinked the victim's file through
+    the link. Never: the victim is untouched, the ring goes on."""
+    vdir, precious = victim
+    other = vdir / "1.log"
+    other.write_text("not ring's\n")
+    ring.write_config(ring={"keep_logs": 2})
+    ring.agent("a", f"""
+        if [ "$RING_RUN_ID" = 1 ]; then head -c {safefile.REUSE_MAX_BYTES + 4096} /dev/zero; fi
+        if [ "$RING_RUN_ID" = 3 ]; then
+            mv "$RING_STATE/logs/a" "$RING_STATE/logs/a.moved" && ln -s {vdir} "$RING_STATE/logs/a"
+        fi
+        if [ "$RING_RUN_ID" -ge 4 ]; then sleep 30; fi
+        """)
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    try:
+        wait_until(lambda: any(r["id"] >= 4 for r in ring.runs()), timeout=30, message="run 4's turn")
+        wait_until(lambda: [r["status"] for r in ring.runs()][:3] == ["ok"] * 3, timeout=30,
+                   message="runs 1-3 recorded")
+    finally:
+        drv.send_signal(signal.SIGTERM)
+        finish(drv)
+    assert other.read_text() == "not ring's\n", "unlinked through the planted symlink"
+    assert sorted(os.listdir(vdir)) == ["1.log", "precious.txt"]
+    assert (ring.state / "logs" / "a").is_symlink()
+
+
+def test_logs_never_reads_through_a_symlinked_log_dir(ring, victim):
+    """`ringd logs` refused a symlink only at the log itself: a log dir swapped
+    for a link to another dir had that dir's ``<run_id>.log`` printed as the run's."""
+    vdir, _ = victim
+    ring.agent("a", "echo ring output")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    code, err = finish(ring.start_driver("--once"))
+    assert code == 0 and [r["id"] for r in ring.runs()] == [1], err
+    (vdir / "1.log").write_text("not ring's\n")
+    logs = ring.state / "logs"
+    os.rename(logs / "a", ring.base / "a.moved")
+    os.symlink(vdir, logs / "a")
+    for args in (("a",), ("a", "--lines", "1"), ("a", "--run", "1", "-f")):
+        res = ring.cli("logs", *args)
+        assert res.returncode == 1 and "not ring's" not in res.stdout, (args, res.stdout)
+        assert f"{logs / 'a'}: log dir is a symbolic link" in one_line(res.stderr), (args, res.stderr)
+
+
 def test_symlinked_heartbeat_and_journal_are_never_written_through(ring, victim):
     vdir, precious = victim
     ring.agent("a", "true")
