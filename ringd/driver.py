@@ -63,13 +63,13 @@ def role_fields(leader) -> dict:
             "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
 
 
-def journal_exit(e: JournalError, config: Config) -> int:
+def journal_exit(e: JournalError) -> int:
     """The exit code of a driver that cannot go on with its journal: an outage
-    (busy, full or read-only, PostgreSQL unreachable or its connection lost) is
-    no configuration error - 78 stops ringwatch and systemd restarting it (and a
-    many-host ring would not survive its box); only an unusable journal
-    (damaged), for the operator to move aside, is one."""
-    return EX_UNAVAILABLE if config.ring.journal or e.transient else EX_CONFIG
+    (busy, full or read-only, PostgreSQL unreachable or its connection lost:
+    ``transient``) is no configuration error - 78 stops ringwatch and systemd
+    restarting it (and a many-host ring would not survive its box); a journal
+    no restart can help (damaged, a newer ring's, psycopg missing) is one."""
+    return EX_UNAVAILABLE if e.transient else EX_CONFIG
 
 
 def for_leadership(config: Config) -> Config:
@@ -413,7 +413,7 @@ class Driver:
             self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
         except JournalError as e:
             self.log(str(e))
-            return journal_exit(e, self.config)
+            return journal_exit(e)
         turns_left = len(self.roster.agents) if self.once else None
         self.write_metrics()   # (the slow part of a beat: done before the proof, so the beat below skips it)
         # Proven as late as it can be: its cgroup migration waits out the kernel's
@@ -726,7 +726,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         logger(str(e))
         lock.release()
         env.close()
-        return journal_exit(e, config)
+        return journal_exit(e)
     proctree.set_child_subreaper()
     swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
     if swept:
@@ -744,7 +744,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
                      on_reaped=driver.on_reaped)
             except JournalError as e:
                 logger(str(e))
-                return journal_exit(e, config)
+                return journal_exit(e)
         return driver.run()
     finally:
         journal.close()

@@ -500,3 +500,25 @@ def test_a_journal_failure_just_after_taking_the_lease_is_no_configuration_error
     finally:
         r.cleanup()
         proxy.close()
+
+
+def test_a_journal_a_newer_ring_wrote_is_a_configuration_error_never_a_restart_loop(tmp_path, pg_dsn):
+    """An outage exits 69 (restart me), but a PostgreSQL journal of a newer
+    schema is no outage: restarting cannot help, so the driver exits 78 as it
+    does on SQLite (ringwatch and systemd then stop), leaving the journal as it was."""
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": pg_dsn, "lease_ttl": TTL, "heartbeat_interval": 0.2})
+        r.roster("a /bin/true")
+        first = r.cli("run", "--once", timeout=60)
+        assert first.returncode == 0, first.stderr
+        import psycopg
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+        res = r.cli("run", "--once", timeout=60)
+        assert res.returncode == 78, (res.returncode, res.stderr)
+        assert "newer ring" in res.stderr and "Traceback" not in res.stderr
+        assert pg_rows(pg_dsn, "SELECT value FROM meta WHERE key = 'schema_version'") == [{"value": "99"}]
+    finally:
+        r.cleanup()
