@@ -527,9 +527,9 @@ def main() -> int:
         lap_ratio = med["ringd_lap"] / med["bash"]
         running_ratio = med["ringd_running"] / med["bash"]
         wall_ratio = med["ringd_wall"] / med["bash"]
-        print(f"\n  ringd lap  / bash-timeout = {lap_ratio:5.2f}x   goal <= {LAP_RATIO_GOAL:g}x  "
+        print(f"\n  ringd lap  / bash-timeout = {lap_ratio:6.3f}x   goal <= {LAP_RATIO_GOAL:g}x  "
               f"{verdict(lap_ratio <= LAP_RATIO_GOAL)}   (a fresh driver's first lap, `run --once`)")
-        print(f"  running    / bash-timeout = {running_ratio:5.2f}x   goal <= {LAP_RATIO_GOAL:g}x  "
+        print(f"  running    / bash-timeout = {running_ratio:6.3f}x   goal <= {LAP_RATIO_GOAL:g}x  "
               f"{verdict(running_ratio <= LAP_RATIO_GOAL)}   (laps 2-3 of a driver that keeps running)")
         print(f"  ringd wall / bash-timeout = {wall_ratio:5.2f}x   (incl. interpreter start-up; "
               f"{verdict(wall_ratio <= LAP_RATIO_GOAL)} against the same goal)")
