@@ -411,7 +411,9 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     next_due: Dict[str, float] = {}
     try:
         reader = open_reader(state_dir, config)
-        if reader is not None:
+        if reader is None:
+            next_due = scheduled_next_due(None, config, state_dir)
+        else:
             try:
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
@@ -462,14 +464,19 @@ def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: 
     doc["lease"] = lease
 
 
-def scheduled_next_due(reader: Journal, config: Config, state_dir: Path) -> Dict[str, float]:
-    """Next due time of every scheduled agent on the roster (read-only)."""
+def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path) -> Dict[str, float]:
+    """Next due time of every scheduled agent on the roster (read-only). No
+    journal yet (``reader`` None): none has run, so each is due as a schedule
+    first seen now (``every`` at once, a cron at its next matching minute)."""
     if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
         return {}
     from . import schedule
     _, roster, _ = roster_view(config, state_dir)
     names = [n for n, _ in roster] if roster is not None else list(config.agents)
     now, zone, out = time.time(), schedule.local_zone(), {}
+    if reader is None:
+        scheds = ((name, config.schedule_for(name)) for name in names)
+        return {name: schedule.next_due(sched, None, now, zone) for name, sched in scheds if sched is not None}
     with reader.snapshot() as tx:
         for name in names:
             sched = config.schedule_for(name)

@@ -199,6 +199,24 @@ def test_a_never_run_cron_agent_is_due_at_the_next_minute(ring):
     assert not [r for r in ring.runs() if r["agent"] == "nightly" and r["started_at"] < first_minute]
 
 
+def test_scheduled_agents_have_a_next_due_before_any_driver_ran(ring):
+    # no journal yet: next_due is null only for an ordinary agent (SPEC), so an
+    # `every` agent is due at once and a cron one at its next matching minute
+    ring.agent("a", "true")
+    ring.write_config(agents={"tick": {"every": 60}, "nightly": {"schedule": "0 0 * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"tick {ring.agents_dir}/a.sh", f"nightly {ring.agents_dir}/a.sh")
+    before = time.time()
+    doc = status_json(ring)
+    assert not ring.journal_path.exists()   # status created nothing
+    due = {x["name"]: x["next_due"] for x in doc["agents"]}
+    from datetime import datetime
+    assert due["a"] is None
+    assert due["tick"] is not None and abs(datetime.fromisoformat(due["tick"]).timestamp() - before) < 10
+    nightly = datetime.fromisoformat(due["nightly"]).astimezone()
+    assert (nightly.hour, nightly.minute, nightly.second) == (0, 0, 0)
+    assert 0 < nightly.timestamp() - before <= 86400 + 3600
+
+
 def test_bad_cron_exits_78_naming_the_key(ring):
     ring.agent("a", "true")
     ring.roster(f"a {ring.agents_dir}/a.sh")
