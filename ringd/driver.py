@@ -402,11 +402,7 @@ class Driver:
                 self.shutdown()
                 return EX_OK
         try:
-            last = self.journal.last_run()
-            if last is not None and self.config.schedule_for(last.agent) is not None:
-                # a scheduled agent's run is not a turn: resume after the last ordinary one
-                last = next((r for r in self.journal.history(None, 100)
-                             if self.config.schedule_for(r.agent) is None), last)
+            last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
             self.cursor = (last.agent, last.position) if last else (None, None)
             self.journal.set_meta("roster_error", self.roster.error)
             lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live

@@ -151,13 +151,16 @@ def _exec_header(prog: str) -> Optional[bytes]:
 
 def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int]) -> int:
     """Where the ring resumes: after ``last_name`` if it is still on the roster,
-    else at the position it held (the agent that followed it moved up into it)."""
+    else at the position it held (the agent that followed it moved up into it).
+    A position past the end of the roster means the agents after it were removed
+    too: the lap is over and the ring goes on at its first agent (never modulo
+    the new length, which would pass over agents whose turn it is)."""
     if not names:
         raise ValueError("empty roster")
     if last_name is not None and last_name in names:
         return (list(names).index(last_name) + 1) % len(names)
-    if last_position is not None and last_position >= 0:
-        return last_position % len(names)
+    if last_position is not None and 0 <= last_position < len(names):
+        return last_position
     return 0
 
 

@@ -198,6 +198,16 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
     return Entry(name, schedule, last_start, float(kept["since"]), wall)
 
 
+def last_turn(journal, config, newest):
+    """The run the ring resumes after: ``newest`` (the journal's newest row, or the
+    run in flight), unless it is a scheduled agent's - a scheduled run is not a
+    turn - then the last ordinary run among the newest hundred (the driver at
+    start-up, and ``ringd status`` estimating the next turn)."""
+    if newest is None or config.schedule_for(newest.agent) is None:
+        return newest
+    return next((r for r in journal.history(None, 100) if config.schedule_for(r.agent) is None), newest)
+
+
 def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None:
     """A scheduled run starts: keep the wall-clock reading of its start."""
     import json

@@ -205,6 +205,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  next_requested: Optional[str] = None,
                  notes: Optional[Mapping[str, Any]] = None,
                  next_due: Optional[Mapping[str, float]] = None,
+                 turn_from: Optional[RunRow] = None,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
@@ -218,7 +219,9 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     it does not parse (then the agents the journal knows, by last position).
     ``roster_lines`` (name, line) and ``last_run`` (the journal's newest row) give
     the next turn; ``journal_lap`` is the lap the driver recorded in the journal
-    (live, where the heartbeat's may be a beat old). ``ring_paused``,
+    (live, where the heartbeat's may be a beat old). ``turn_from``: the run the
+    ring resumes after when that is not the newest (a scheduled agent's run is
+    not a turn: ringd.schedule.last_turn). ``ring_paused``,
     ``paused_agents`` and ``next_requested``: the operator's controls."""
     hb = dict(heartbeat) if heartbeat else None
     health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
@@ -304,8 +307,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
 
     turn = None
     if roster_lines and not ring_paused:
-        turn = next_turn(roster_lines, states or {}, running or last_run, now, config,
-                         paused=paused_agents, requested=next_requested)
+        turn = next_turn(roster_lines, states or {}, turn_from or running or last_run, now, config,
+                         paused=paused_agents, requested=next_requested, next_due=next_due)
     upcoming = None
     if turn is not None:
         name, at = turn
@@ -328,40 +331,39 @@ def build_status(*, state_dir: Path, config: Config, now: float,
 
 def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
               last: Optional[RunRow], now: float, config: Config, paused: Sequence[str] = (),
-              requested: Optional[str] = None) -> Optional[Tuple[str, float]]:
+              requested: Optional[str] = None,
+              next_due: Optional[Mapping[str, float]] = None) -> Optional[Tuple[str, float]]:
     """Pure: (the agent that takes the next turn, when it starts), as the driver
-    would choose it (``policy.decide`` per agent, ``states``: name -> AgentState):
-    an operator's ``ringd next`` first; else after ``last`` by name, passing over
-    paused agents and those that back off or are quarantined. When every agent
-    passes, the first one due. A turn after a full lap waits ``lap_pause`` after
-    the last run ended."""
-    from .policy import Action, decide
-    from .records import AgentState
+    chooses it - ``policy.plan_turn``, the driver's own rule (``states``: name ->
+    AgentState; ``next_due``: scheduled agents' next due times): an operator's
+    ``ringd next`` first, then a due scheduled agent, else after ``last`` by
+    name, passing over paused agents, scheduled ones and those that back off or
+    are quarantined. When nothing is due, whoever the driver picks once the
+    first wait ends. A turn after a full lap waits ``lap_pause`` after the last
+    run ended."""
+    import math
+    from dataclasses import replace
+    from .policy import TurnInputs, plan_turn
     from .roster import next_index
     names = [n for n, _ in roster]
     if not names:
         return None
-    if requested in names:
-        return requested, now
     start = next_index(names, last.agent if last else None, last.position if last else None)
+    inputs = TurnInputs(roster, start, states, now, paused=frozenset(paused), requested=requested,
+                        scheduled=dict(next_due or {}))
+    plan, at = plan_turn(inputs), now
+    if plan.index is None:
+        if plan.until is None or not math.isfinite(plan.until):
+            return None   # every agent paused, or waiting for nothing that comes by itself
+        at = max(now, plan.until)
+        plan = plan_turn(replace(inputs, now=at))
+        if plan.index is None:
+            return None
     last_index = names.index(last.agent) if last is not None and last.agent in names else None
-    earliest: Optional[Tuple[str, float]] = None
-    for k in range(len(names)):
-        i = (start + k) % len(names)
-        name, line = roster[i]
-        if name in paused:
-            continue
-        d = decide(states.get(name) or AgentState(name=name), now, line)
-        if d.action is not Action.PASS:
-            at = now
-            wraps = last_index is not None and i <= last_index
-            if wraps and config.ring.lap_pause > 0 and last is not None and last.ended_at is not None:
-                at = max(now, last.ended_at + config.ring.lap_pause)
-            return name, at
-        due = d.until if d.until is not None and d.until > now else now
-        if earliest is None or due < earliest[1]:
-            earliest = (name, due)
-    return earliest
+    wraps = not plan.forced and not plan.scheduled and last_index is not None and plan.index <= last_index
+    if wraps and config.ring.lap_pause > 0 and last is not None and last.ended_at is not None:
+        at = max(at, last.ended_at + config.ring.lap_pause)
+    return names[plan.index], at
 
 
 def status_exit_code(doc: Mapping[str, Any]) -> int:
@@ -411,12 +413,16 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     next_due: Dict[str, float] = {}
     try:
         reader = open_reader(state_dir, config)
-        if reader is not None:
+        if reader is None:
+            next_due = scheduled_next_due(None, config, state_dir)
+        else:
             try:
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
                 view = read_journal_view(reader, time.time() if now is None else now, config.ring)
+                from .schedule import last_turn
+                view["turn_from"] = last_turn(reader, config, view["running"] or view["last_run"])
                 if config.ring.journal:
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
@@ -445,7 +451,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
         journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
         paused_agents=view["paused_agents"], next_requested=view["next_requested"],
-        next_due=next_due,
+        next_due=next_due, turn_from=view.get("turn_from"),
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)
@@ -462,14 +468,19 @@ def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: 
     doc["lease"] = lease
 
 
-def scheduled_next_due(reader: Journal, config: Config, state_dir: Path) -> Dict[str, float]:
-    """Next due time of every scheduled agent on the roster (read-only)."""
+def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path) -> Dict[str, float]:
+    """Next due time of every scheduled agent on the roster (read-only). No
+    journal yet (``reader`` None): none has run, so each is due as a schedule
+    first seen now (``every`` at once, a cron at its next matching minute)."""
     if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
         return {}
     from . import schedule
     _, roster, _ = roster_view(config, state_dir)
     names = [n for n, _ in roster] if roster is not None else list(config.agents)
     now, zone, out = time.time(), schedule.local_zone(), {}
+    if reader is None:
+        scheds = ((name, config.schedule_for(name)) for name in names)
+        return {name: schedule.next_due(sched, None, now, zone) for name, sched in scheds if sched is not None}
     with reader.snapshot() as tx:
         for name in names:
             sched = config.schedule_for(name)

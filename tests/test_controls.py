@@ -162,6 +162,10 @@ def test_next_turn_pure():
     paused_lap = parse_config({"ring": {"lap_pause": 10}})
     assert next_turn(roster, {}, last("c", 2, ended=now - 4), now, paused_lap) == ("a", now + 6)
     assert next_turn(roster, {}, last("a", 0, ended=now - 4), now, paused_lap) == ("b", now)
+    # scheduled agents (next due times): passed over until due, a due one first
+    assert next_turn(roster, {}, last("a", 0), now, c, next_due={"b": now + 99}) == ("c", now)
+    assert next_turn(roster, {}, last("a", 0), now, c, next_due={"c": now - 1}) == ("c", now)
+    assert next_turn([("b", "b x")], {}, None, now, c, next_due={"b": now + 99}) == ("b", now + 99)
 
 
 def test_history_since(ring):

@@ -65,7 +65,14 @@ def test_next_index_resumes_after_last_by_name_and_wraps():
 def test_next_index_removed_agent_continues_from_its_position():
     # b (position 1) was removed: c moved up into position 1 and runs next
     assert next_index(["a", "c"], "b", 1) == 1
-    assert next_index(["a", "c"], "z", 7) == 1   # wraps if position is past the end
+    assert next_index(["a", "c"], "z", 7) == 0   # past the end: the lap is over, the ring starts again
+
+
+def test_next_index_last_agents_removed_gives_the_first_agent_its_turn():
+    # a, b, c, d; d (position 3) ran last; c and d removed: after d came a, and a is
+    # still first - b must not take a's turn (3 % 2 == 1 would pick b)
+    assert next_index(["a", "b"], "d", 3) == 0
+    assert next_index(["a", "b", "c"], "e", 4) == 0
 
 
 def test_source_keeps_last_good_roster_on_broken_edit(tmp_path):

@@ -199,6 +199,46 @@ def test_a_never_run_cron_agent_is_due_at_the_next_minute(ring):
     assert not [r for r in ring.runs() if r["agent"] == "nightly" and r["started_at"] < first_minute]
 
 
+def test_scheduled_agents_have_a_next_due_before_any_driver_ran(ring):
+    # no journal yet: next_due is null only for an ordinary agent (SPEC), so an
+    # `every` agent is due at once and a cron one at its next matching minute
+    ring.agent("a", "true")
+    ring.write_config(agents={"tick": {"every": 60}, "nightly": {"schedule": "0 0 * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"tick {ring.agents_dir}/a.sh", f"nightly {ring.agents_dir}/a.sh")
+    before = time.time()
+    doc = status_json(ring)
+    assert not ring.journal_path.exists()   # status created nothing
+    due = {x["name"]: x["next_due"] for x in doc["agents"]}
+    from datetime import datetime
+    assert due["a"] is None
+    assert due["tick"] is not None and abs(datetime.fromisoformat(due["tick"]).timestamp() - before) < 10
+    nightly = datetime.fromisoformat(due["nightly"]).astimezone()
+    assert (nightly.hour, nightly.minute, nightly.second) == (0, 0, 0)
+    assert 0 < nightly.timestamp() - before <= 86400 + 3600
+
+
+def test_status_names_the_turn_the_driver_takes_around_scheduled_agents(ring):
+    # SPEC: status between runs names the next agent; a scheduled agent takes no
+    # ordinary turn (passed over until due), a due one goes first, and a scheduled
+    # run in flight is not where the ring resumes
+    ring.agent("a", "true")
+    ring.agent("job", "sleep 30")
+    ring.write_config(agents={"job": {"every": 3600}, "nightly": {"schedule": "0 0 1 1 *"}})
+    d = ring.agents_dir
+    ring.roster(f"a {d}/a.sh", f"b {d}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0          # a, b: b ran last
+    ring.roster(f"a {d}/a.sh", f"job {d}/job.sh", f"b {d}/a.sh", f"nightly {d}/a.sh", f"c {d}/a.sh")
+    assert status_json(ring)["next"]["agent"] == "job"                 # never ran: due at once
+    drv = ring.start_driver()
+    wait_until(lambda: current(ring).get("agent") == "job", timeout=20, message="job running")
+    nxt = status_json(ring)["next"]
+    assert nxt["agent"] == "c" and nxt["after_current_run"], nxt     # after b; nightly is not due
+    assert ring.cli("skip").returncode == 0
+    wait_until(lambda: len(ring.runs()) >= 4, timeout=20, message="the turn after job")
+    stop(ring, drv)
+    assert [r["agent"] for r in ring.runs()][:4] == ["a", "b", "job", "c"]
+
+
 def test_bad_cron_exits_78_naming_the_key(ring):
     ring.agent("a", "true")
     ring.roster(f"a {ring.agents_dir}/a.sh")
