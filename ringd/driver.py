@@ -387,10 +387,15 @@ class Driver:
         self.flush()
         if not self.stand_by():
             return False
-        last = self.journal.last_run()
-        self.cursor = (last.agent, last.position) if last else (None, None)
+        self.resume_from_journal()
         self.prev_index = None
         return True
+
+    def resume_from_journal(self) -> None:
+        """Go on after the last turn the journal records (a scheduled agent's
+        run is not one: schedule.last_turn), at start-up and after a takeover."""
+        last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
+        self.cursor = (last.agent, last.position) if last else (None, None)
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
@@ -402,8 +407,7 @@ class Driver:
                 self.shutdown()
                 return EX_OK
         try:
-            last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
-            self.cursor = (last.agent, last.position) if last else (None, None)
+            self.resume_from_journal()
             self.journal.set_meta("roster_error", self.roster.error)
             lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
             self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1

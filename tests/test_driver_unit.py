@@ -411,3 +411,31 @@ def test_a_wall_clock_stepped_back_a_day_stretches_no_back_off_nor_every_schedul
         starts = [r.started_at - WALL0 + 86400.0 for r in after if r.agent == name]   # fake-clock seconds
         assert starts, f"{name} never ran again after the clock stepped back a day"
         assert starts[0] <= 3.0 + longest + RING["heartbeat_interval"] + 1e-6, (name, starts)
+
+
+class TakenOver:
+    """A many-host driver's leadership just taken over from a lapsed leader
+    (the part of ringd.leader.Leader that Driver.lead uses)."""
+    took_over = True
+
+    @staticmethod
+    def must_stop():
+        return False
+
+    def settle_takeover(self, config, on_reaped=None):
+        self.took_over = False
+
+
+def test_a_driver_taking_over_resumes_after_the_last_ordinary_run_not_a_scheduled_one(tmp_path):
+    """The newest row is a scheduled agent's run, which is not a turn: a driver
+    that takes the lease over resumes after the last ordinary run (b's turn),
+    as a driver starting up does - never after the scheduled one (a's again)."""
+    d, env, j = make(tmp_path, ["a", "b", "job"], agents={"job": AgentOverride(every=3600.0)})
+    with j.transaction() as tx:
+        for name, position in (("a", 0), ("job", 2)):
+            run_id = tx.start_run(name, position, now=WALL0, run_budget=10.0, stall_threshold=15.0,
+                                  driver_pid=1, driver_start=1.0)
+            tx.close_run(run_id, "ok", source="driver", now=WALL0 + 1.0, exit_code=0)
+    d.leader = TakenOver()
+    assert d.lead() is True
+    assert d.cursor == ("a", 0)
