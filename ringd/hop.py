@@ -386,15 +386,25 @@ class Pending:
     hop: Hop
     close: Close
     now: float
+    tried: Optional[transitions.Closed] = None   # what a write whose commit failed recorded, if it did
 
     def write(self, tx) -> Optional[transitions.Closed]:
         h, c = self.hop, self.close
-        return transitions.close_in(
+        closed = transitions.close_in(
             tx, h.run_id, h.agent.name, h.position, c.status, source=c.source, now=self.now,
             ring=h.host.config.ring, line=h.agent.text, exit_code=c.exit_code, signal=c.signal,
             reason=c.reason, log_path=h.log_path, pid=h.pid, pid_start=h.pid_start,
             cpu_seconds=getattr(h.child, "cpu_seconds", None),
             phase=h.notes.phase if h.notes is not None else None)
+        if closed is None and self.tried is not None:
+            # Retried, and the row is closed already. A commit whose answer was lost
+            # (PostgreSQL's connection cut) may have recorded this very end: then it
+            # is ours - said and alerted as such - not an operator's or the reaper's.
+            row = tx.run(h.run_id)
+            if row is not None and row.status == c.status and row.ended_at == self.now:
+                return self.tried
+        self.tried = closed
+        return closed
 
     def done(self, closed: Optional[transitions.Closed]) -> HopResult:
         """After the commit: say how it ended, keep the agent's log dir small."""

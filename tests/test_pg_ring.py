@@ -522,3 +522,48 @@ def test_a_journal_a_newer_ring_wrote_is_a_configuration_error_never_a_restart_l
         assert pg_rows(pg_dsn, "SELECT value FROM meta WHERE key = 'schema_version'") == [{"value": "99"}]
     finally:
         r.cleanup()
+
+
+def _an_end_committed(state, data):
+    """The COMMIT of a transaction that closed a run (``UPDATE runs SET status``)."""
+    if b"UPDATE runs SET status" in data:
+        state["closed"] = True
+    elif state.get("closed") and b"COMMIT" in data:
+        return "after-answer"
+    return None
+
+
+def test_an_end_whose_commit_answer_is_lost_is_still_the_drivers_own_and_alerts(tmp_path, pg_cluster, pg_dsn):
+    """The connection drops after the server committed a failed run's end but
+    before the driver heard so. Retried, the guarded close finds the row closed:
+    by this driver's own lost commit, not by an operator or the reaper - its
+    failure alert must still be raised, and the log must not blame anyone else."""
+    proxy = ConnectionCutter(pg_cluster.dir, _an_end_committed)
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    seen = tmp_path / "alerts.jsonl"
+    try:
+        alert = r.agent("alert", f"cat >> {seen}; echo >> {seen}")
+        r.agent("bad", "exit 1")
+        r.write_config(ring={"journal": proxy.dsn(pg_dsn), "lease_ttl": TTL, "heartbeat_interval": 0.2},
+                       alerts={"command": [str(alert)], "failures_in_a_row": 1})
+        r.roster(f"bad {r.agents_dir}/bad.sh", "ok /bin/true")
+        d = r.start_driver()
+        assert proxy.dropped.wait(20), "no run's end went through the proxy"
+        first = wait_until(lambda: pg_rows(pg_dsn, "SELECT * FROM runs WHERE agent = 'bad' ORDER BY id LIMIT 1"),
+                           timeout=5, message="bad's first run")[0]
+        assert first["status"] == "failed", first
+        wait_until(lambda: pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok'"), timeout=TTL + 15,
+                   message="the ring going on after the lost answer")
+
+        def alerts():
+            return [json.loads(line) for line in seen.read_text().splitlines() if line.strip()] if seen.exists() else []
+        wait_until(lambda: any(e.get("run_id") == first["id"] for e in alerts()), timeout=10,
+                   message=f"the failure alert of run {first['id']}, whose end's commit answer was lost")
+        assert [e["event"] for e in alerts() if e.get("run_id") == first["id"]] == ["failures"]
+        d.send_signal(signal.SIGTERM)
+        err = d.communicate(timeout=30)[1].decode()
+        assert "already closed" not in err, err
+    finally:
+        r.cleanup()
+        proxy.close()
