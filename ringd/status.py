@@ -411,6 +411,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                             "ring_paused": False, "paused_agents": [], "next_requested": None}
     lease = None
     next_due: Dict[str, float] = {}
+    turn_from: Optional[RunRow] = None   # the run the ring resumes after (schedule.last_turn)
     try:
         reader = open_reader(state_dir, config)
         if reader is None:
@@ -422,7 +423,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                     warnings.append(warning)
                 view = read_journal_view(reader, time.time() if now is None else now, config.ring)
                 from .schedule import last_turn
-                view["turn_from"] = last_turn(reader, config, view["running"] or view["last_run"])
+                turn_from = last_turn(reader, config, view["running"] or view["last_run"])
                 if config.ring.journal:
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
@@ -451,7 +452,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
         journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
         paused_agents=view["paused_agents"], next_requested=view["next_requested"],
-        next_due=next_due, turn_from=view.get("turn_from"),
+        next_due=next_due, turn_from=turn_from,
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)
