@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Optional
 
 from . import safefile
 from .records import TERMINAL, AgentState, Controls, RunRow
-from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_VERSION, too_new
+from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
@@ -51,6 +51,9 @@ class JournalError(Exception):
 def _wrap(path: Path, e: sqlite3.Error) -> JournalError:
     if isinstance(e, JournalError):   # a backend's own error (PostgreSQL) is already ours
         return e
+    busy = _busy(path, e)
+    if busy is not None:
+        return busy
     transient = isinstance(e, (sqlite3.OperationalError, sqlite3.IntegrityError))
     return JournalError(f"{path}: {' '.join(str(e).split())[:200]}", transient=transient)
 
@@ -61,14 +64,24 @@ _NOT_NOW = ("database or disk is full", "attempt to write a readonly database", 
             "disk I/O error")
 
 
+def _busy(path: Path, e: sqlite3.Error) -> Optional[JournalError]:
+    """Another process's write transaction outlasted the busy timeout: at an
+    open or at a write, the same transient error, never a damaged journal."""
+    text = str(e)
+    if isinstance(e, sqlite3.OperationalError) and text.startswith(_BUSY):
+        return JournalError(f"{path}: journal is busy: another process holds its write lock ({text}); "
+                            f"try again", transient=True)
+    return None
+
+
 def _unusable(path: Path, e: sqlite3.Error) -> JournalError:
     """Why a journal could not be opened: busy (another process's write
     transaction outlasted the busy timeout), or not writable now (state dir full
     or read-only) - both transient, no damage - or not usable."""
     text = str(e)
-    if isinstance(e, sqlite3.OperationalError) and text.startswith(_BUSY):
-        return JournalError(f"{path}: journal is busy: another process holds its write lock ({text}); "
-                            f"try again", transient=True)
+    busy = _busy(path, e)
+    if busy is not None:
+        return busy
     if isinstance(e, sqlite3.OperationalError) and text.startswith(_NOT_NOW):
         return JournalError(f"{path}: journal cannot be written now: {text}", transient=True)
     return JournalError(f"{path}: journal is not usable: {text}")
@@ -399,32 +412,41 @@ class Journal:
             raise _unusable(path, e) from None
         return cls(con, path)
 
-    def _migrate(self, retry: bool = True) -> None:
-        if self.con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
-            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            reason = too_new(row[0]) if row is not None else None
+    def _migrate(self) -> None:
+        """Bring an older journal to this ring's schema; refuse a newer one.
+
+        Looked at first, written only when something is missing: a current
+        journal costs a writer's open no commit (every operator command opens
+        one). What to write is decided again under the write lock: another ring
+        (a newer one, or this one upgrading too) may have written between the two
+        looks, and a newer ring's mark must never be overwritten with ours."""
+        if self._upgrade() is None:
+            return
+        with self.write() as con:
+            for statement in statements(self._upgrade() or ""):
+                con.execute(statement)
+
+    def _upgrade(self) -> Optional[str]:
+        """What brings the journal to this ring's schema (None: it is there);
+        raises for a journal a newer ring wrote."""
+        con = self.con
+        present = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+        version = None
+        if "meta" in present:
+            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = None if row is None else str(row[0])
+            reason = too_new(version)
             if reason:
                 raise JournalError(f"{self.path}: {reason}")
-        # executescript commits any open transaction first, so the script carries its own.
         have = {(t, r[1]) for t in {t for t, _, _ in ADDED_COLUMNS}
-                for r in self.con.execute(f"PRAGMA table_info({t})")}
+                for r in con.execute(f"PRAGMA table_info({t})")}
         added = "".join(f"ALTER TABLE {t} ADD COLUMN {c} {kind};" for t, c, kind in ADDED_COLUMNS
                         if have and (t, c) not in have)   # a new journal gets them from SCHEMA
-        if added and retry:
-            try:
-                return self._migrate_with(added)
-            except sqlite3.OperationalError as e:
-                if "duplicate column" not in str(e):
-                    raise
-                return self._migrate(retry=False)   # another process added it first
-        self._migrate_with(added)
-
-    def _migrate_with(self, added: str) -> None:
-        self.con.executescript(
-            "BEGIN IMMEDIATE;" + SCHEMA + added +
-            f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
-            " ON CONFLICT(key) DO UPDATE SET value = excluded.value;"
-            "COMMIT;")
+        if version == str(SCHEMA_VERSION) and SCHEMA_OBJECTS <= present and not added:
+            return None
+        return (SCHEMA + added +
+                f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value;")
 
     def close(self) -> None:
         self.con.close()

@@ -226,18 +226,27 @@ class PgJournal(Journal):
     def _migrate(self) -> None:
         # Only when needed: the DDL (CREATE OR REPLACE TRIGGER) locks the runs
         # table, and a standby starting up must not stall the leader's writes.
-        try:
-            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        except PgJournalError:
-            row = None  # no schema yet
-        if row is not None and row[0] == str(SCHEMA_VERSION):
+        # Decided again under the migration lock: another ring may have upgraded
+        # in between, and a newer ring's mark must never be overwritten with ours.
+        if self._schema_is_current():
             return
-        reason = too_new(row[0]) if row is not None else None
-        if reason:
-            raise JournalError(f"{self.path}: {reason}")
         with self._transaction():
             self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-            self.con.pg.execute(SCHEMA)
+            if not self._schema_is_current():
+                self.con.pg.execute(SCHEMA)
+
+    def _schema_is_current(self) -> bool:
+        """Whether the journal has this ring's schema; raises for a newer ring's.
+        (Asked without an error before the schema exists: one would abort the
+        transaction it is asked in.)"""
+        version = None
+        if self.con.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
+            row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = None if row is None else str(row[0])
+        reason = too_new(version)
+        if reason:
+            raise JournalError(f"{self.path}: {reason}")
+        return version == str(SCHEMA_VERSION)
 
     def close(self) -> None:
         self.con.close()

@@ -4,7 +4,9 @@ Status set and terminal coherence by CHECK constraints, at most one ``running``
 row by a partial unique index, final statuses final and per-agent counters by
 triggers. ``schema_pg`` is the same schema for PostgreSQL.
 """
-from typing import Optional
+import re
+import sqlite3
+from typing import Iterator, Optional
 
 from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
 
@@ -122,3 +124,20 @@ END;
 
 # Columns added after a journal may have been created: (table, column, type).
 ADDED_COLUMNS = (("runs", "phase", "TEXT"), ("runs", "cpu_seconds", "REAL"))
+
+# Every table, index and trigger SCHEMA makes: a journal missing one (an older
+# ring's, or one whose guard someone dropped) gets SCHEMA again.
+SCHEMA_OBJECTS = frozenset(re.findall(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)", SCHEMA))
+
+
+def statements(script: str) -> Iterator[str]:
+    """The statements of a script one by one, for a transaction the caller holds
+    (``executescript`` would commit it first). A trigger's body holds semicolons:
+    SQLite itself says where a statement is complete."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""

@@ -84,10 +84,20 @@ def test_corrupt_journal_is_refused_and_left_in_place(tmp_path):
     assert p.read_bytes().startswith(b"this is not")
 
 
+def _set_version(tmp_path, version):
+    con = raw(tmp_path)
+    try:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+    finally:
+        con.close()
+
+
 def test_a_journal_held_by_another_writer_is_busy_not_unusable(tmp_path):
     """Another process's write transaction outlasting the busy timeout is a
-    busy journal (retry), never reported as a damaged one."""
+    busy journal (retry), never reported as a damaged one: at the open that
+    must upgrade the journal, and at a write."""
     Journal.open(tmp_path).close()
+    _set_version(tmp_path, "1")
     holder = sqlite3.connect(str(journal_path(tmp_path)), isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
@@ -96,8 +106,82 @@ def test_a_journal_held_by_another_writer_is_busy_not_unusable(tmp_path):
         assert e.value.transient and "journal is busy" in str(e.value) and "not usable" not in str(e.value)
     finally:
         holder.execute("ROLLBACK")
+    Journal.open(tmp_path, busy_timeout=0.2).close()   # upgraded now
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        j = Journal.open(tmp_path, busy_timeout=0.2)   # current: the open itself writes nothing
+        try:
+            with pytest.raises(JournalError) as e:
+                j.set_meta("k", "v")
+            assert e.value.transient and "journal is busy" in str(e.value) and "not usable" not in str(e.value)
+        finally:
+            j.close()
+    finally:
+        holder.execute("ROLLBACK")
         holder.close()
-    Journal.open(tmp_path, busy_timeout=0.2).close()
+
+
+def test_a_current_journal_is_only_read_at_open_and_a_dropped_guard_is_made_again(tmp_path):
+    """A writer's open takes the write lock only when the journal lacks some of
+    the schema (it asks under the lock again: see the next test). A guard
+    someone dropped is still made again by the next open."""
+    Journal.open(tmp_path).close()
+    watcher = raw(tmp_path)
+    try:
+        seen = watcher.execute("PRAGMA data_version").fetchone()[0]
+        Journal.open(tmp_path).close()
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == seen
+        watcher.execute("DROP TRIGGER runs_terminal_is_final")   # a guard missing: made again
+        Journal.open(tmp_path).close()
+        assert watcher.execute("SELECT count(*) FROM sqlite_master WHERE name = 'runs_terminal_is_final'"
+                               ).fetchone()[0] == 1
+    finally:
+        watcher.close()
+
+
+def test_the_version_is_decided_again_under_the_write_lock(tmp_path):
+    """The open looks at the version, then upgrades under the write lock. A
+    newer ring that upgraded the journal between the two must find its mark
+    kept: the upgrade is decided again under the lock, and refused."""
+    import threading
+    from ringd.schema_sqlite import SCHEMA_VERSION
+    Journal.open(tmp_path).close()
+    _set_version(tmp_path, str(SCHEMA_VERSION - 1))   # older: an open upgrades it
+    asking, outcome = threading.Event(), []
+
+    def open_():   # the journal's connection belongs to the thread that opens it
+        try:
+            j = Journal.open(tmp_path)
+            j.close()
+            outcome.append("opened")
+        except JournalError as e:
+            outcome.append(str(e))
+    newer = raw(tmp_path)
+    newer.execute("BEGIN IMMEDIATE")
+    newer.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    real_connect = sqlite3.connect
+
+    def traced_connect(*args, **kwargs):   # to see the open ask for the write lock
+        con = real_connect(*args, **kwargs)
+        con.set_trace_callback(lambda sql: "BEGIN IMMEDIATE" in sql and asking.set())
+        return con
+    t = threading.Thread(target=open_)
+    sqlite3.connect = traced_connect
+    try:
+        t.start()
+        assert asking.wait(10), "the open never asked for the write lock"
+        newer.execute("COMMIT")   # the newer ring's upgrade lands while the open waits for the lock
+        t.join(15)
+        assert not t.is_alive()
+        assert len(outcome) == 1 and "newer ring" in outcome[0], outcome
+        assert newer.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] \
+            == str(SCHEMA_VERSION + 1)
+    finally:
+        sqlite3.connect = real_connect
+        if newer.in_transaction:
+            newer.execute("ROLLBACK")
+        newer.close()
+        t.join(15)
 
 
 def test_truncated_journal_is_refused(tmp_path):

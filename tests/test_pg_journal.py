@@ -159,3 +159,47 @@ def test_journal_and_lease_ttl_defaults_and_values():
     assert (c.ring.journal, c.ring.lease_ttl) == ("postgresql://ring@db/ring", 3)
     d = parse_config(None)
     assert (d.ring.journal, d.ring.lease_ttl) == (None, 30)
+
+
+def test_the_version_is_decided_again_under_the_migration_lock(pgj, pg_dsn):
+    """A writer's connect looks at the version, then upgrades under the
+    migration lock. A newer ring that upgraded the journal between the two
+    must find its mark kept: decided again under the lock, and refused."""
+    import psycopg
+    from ringd.journal import JournalError
+    from ringd.journal_pg import PgJournal
+    from ringd.schema_pg import MIGRATION_LOCK, SCHEMA_VERSION
+    pgj()   # the schema, current
+    newer = psycopg.connect(pg_dsn, autocommit=True)
+    watcher = psycopg.connect(pg_dsn, autocommit=True)
+    outcome = []
+
+    def connect():
+        try:
+            PgJournal.connect(pg_dsn).close()
+            outcome.append("connected")
+        except JournalError as e:
+            outcome.append(str(e))
+    t = threading.Thread(target=connect)
+    try:
+        newer.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION - 1),))
+        newer.execute("BEGIN")
+        newer.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        newer.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        t.start()
+        wait_until(lambda: watcher.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0] == 1,
+            timeout=10, message="the connect waiting for the migration lock")
+        newer.execute("COMMIT")   # the newer ring's upgrade lands while the connect waits for the lock
+        t.join(15)
+        assert not t.is_alive()
+        assert len(outcome) == 1 and "newer ring" in outcome[0], outcome
+        assert watcher.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] \
+            == str(SCHEMA_VERSION + 1)
+    finally:
+        if newer.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            newer.execute("ROLLBACK")
+        newer.close()
+        if t.ident is not None:
+            t.join(15)
+        watcher.close()
