@@ -1,6 +1,11 @@
 """State files others read: atomic JSON writes, the driver's heartbeat, staleness
 and sd_notify. The heartbeat publishes the driver's identity as pid + start
-ticks (``pid_start``, see procid).
+ticks (``pid_start``, see procid), and the state dir it is the driver of
+(``state_dir``: its real path; ``state_id``: its device and inode). A
+heartbeat of another state dir (a state dir copied while its ring ran, a
+symlink to another ring's heartbeat) names a live process that is not this
+ring's driver: :func:`read_heartbeat` reads it as no heartbeat at all, so no
+reader adopts, waits for, or signals another ring's driver.
 
 ``write_json_atomic`` is the one way any daemon here publishes a file: temp file
 (O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
@@ -18,7 +23,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import procid, safefile
 
@@ -87,7 +92,33 @@ def heartbeat_path(state_dir: Path) -> Path:
 
 
 def read_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
-    return read_json(heartbeat_path(state_dir))
+    """This state dir's heartbeat; None if missing, unreadable, or another state
+    dir's (:func:`of_state_dir`)."""
+    hb = read_json(heartbeat_path(state_dir))
+    if hb is None or of_state_dir(hb, os.path.realpath(state_dir), state_id(state_dir)):
+        return hb
+    return None
+
+
+def state_id(state_dir: Path) -> Optional[List[int]]:
+    """The state dir's [device, inode] (None if it cannot be read)."""
+    try:
+        st = os.stat(state_dir)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def of_state_dir(hb: Dict[str, Any], real_path: str, ident: Optional[List[int]]) -> bool:
+    """Pure: was ``hb`` written by a driver of the state dir at ``real_path`` with
+    [device, inode] ``ident``? Either one matching is enough: a state dir renamed
+    while its ring was down keeps its inode, one whose device number changed at
+    a reboot keeps its path; a copy or another ring's file has neither. A
+    heartbeat without them (an older ring's) is taken as this dir's."""
+    path, sid = hb.get("state_dir"), hb.get("state_id")
+    if path is None and sid is None:
+        return True
+    return path == real_path or (ident is not None and sid == ident)
 
 
 def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
@@ -131,6 +162,8 @@ class Heartbeat:
 
     def __init__(self, state_dir: Path, notifier: "Notifier"):
         self.path = heartbeat_path(state_dir)
+        self.state_dir = os.path.realpath(state_dir)   # whose driver this is (read_heartbeat)
+        self.state_id = state_id(state_dir)
         self.notifier = notifier
         self.pid = os.getpid()
         self.pid_start = procid.start_ticks(self.pid)  # boot-relative: immune to clock steps
@@ -147,6 +180,7 @@ class Heartbeat:
             "started_at": iso(self.started_at), "at": iso(now), "at_epoch": now,
             "lap": lap, "agent": agent, "run_id": run_id, "run_pid": run_pid,
             "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped,
+            "state_dir": self.state_dir, "state_id": self.state_id,
         }
         if extra:
             data.update(extra)

@@ -385,3 +385,42 @@ def test_symlinked_logs_are_never_followed(ring, tmp_path):
     rc, err = finish(ring.start_watcher(), 10)
     assert rc == 78 and "ringd.log" in err and len(err.strip().splitlines()) == 1
     assert precious.read_text() == "precious\n"
+
+
+# --- a heartbeat that is not this ring's ------------------------------------------------
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+def test_a_heartbeat_of_another_state_dir_is_never_taken_for_this_rings_driver(ring, tmp_path, how):
+    """A heartbeat that another ring's driver wrote (a state dir copied with
+    ``cp -a`` while its ring ran, or a symlink to another ring's heartbeat) names
+    a live process with the right pid and start ticks - but not this ring's
+    driver. The watcher adopted it: with the symlink it saw it beat and never
+    started this ring's driver; with the copy it found it stale and SIGTERMed
+    the *other* ring's driver (and this ring's own driver exited 75, "another
+    driver holds the lock", naming it)."""
+    from conftest import Ring
+    (tmp_path / "other").mkdir()
+    other = Ring(tmp_path / "other")
+    try:
+        simple_ring(other)
+        other_driver = other.start_driver()
+        theirs = wait_driver(other)
+        assert theirs["pid"] == other_driver.pid
+        if how == "symlink":
+            os.symlink(other.state / "ringd.heartbeat", ring.state / "ringd.heartbeat")
+        else:
+            (ring.state / "ringd.heartbeat").write_bytes((other.state / "ringd.heartbeat").read_bytes())
+        simple_ring(ring)
+        watcher = ring.start_watcher()
+        ours = wait_driver(ring, not_pid=theirs["pid"], timeout=15)
+        assert psutil.Process(ours["pid"]).ppid() == watcher.pid
+        # and the other ring's driver is never touched: beyond stale_after it still beats
+        deadline = time.monotonic() + ring.config["watch"]["stale_after"] + 1.0
+        wait_until(lambda: time.monotonic() > deadline, 10, message="stale_after to pass")
+        assert alive(theirs["pid"], theirs["pid_start"])
+        assert wait_driver(other)["pid"] == theirs["pid"]
+        err = stop_watcher(ring, watcher)
+        assert "already running (pid %d)" % theirs["pid"] not in err
+        assert f"pid {theirs['pid']}" not in err, err
+    finally:
+        other.cleanup()
