@@ -80,7 +80,7 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
         with os.fdopen(safefile.open_regular(path), "rb") as f:
             blob = f.read(64 * 1024)
         data = json.loads(blob)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: '[' nested thousands deep
         return None
     return data if isinstance(data, dict) else None
 

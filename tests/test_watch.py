@@ -424,3 +424,21 @@ def test_a_heartbeat_of_another_state_dir_is_never_taken_for_this_rings_driver(r
         assert f"pid {theirs['pid']}" not in err, err
     finally:
         other.cleanup()
+
+
+def test_state_files_nested_too_deep_for_the_json_parser_read_as_unreadable(ring):
+    """``json.loads`` raises RecursionError (not a ValueError) on a document nested
+    some thousand levels deep: a heartbeat or ringwatch.json of 64 KiB of '['
+    crashed the watcher at start-up (exit 70, "internal error") and `ringd status`.
+    They read as unreadable: the watcher starts and replaces the heartbeat."""
+    simple_ring(ring)
+    (ring.state / "ringd.heartbeat").write_bytes(b"[" * 70000)
+    (ring.state / "ringwatch.json").write_bytes(b'{"a":' * 30000)
+    res = ring.cli("status", "--json")
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["driver"]["health"] == "stopped"
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    assert psutil.Process(hb["pid"]).ppid() == watcher.pid
+    wait_until(lambda: watch_state(ring).get("pid") == watcher.pid, message="ringwatch.json rewritten")
+    stop_watcher(ring, watcher)
