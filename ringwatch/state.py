@@ -117,6 +117,19 @@ class WatchLock:
             raise Refusal(self._holder_message(), 75) from None
         except OSError as e:
             raise Refusal(f"{self.path}: cannot lock: {e.strerror}", 78) from None
+        # A lock file deleted under a running watcher leaves its flock on the
+        # unlinked inode: we locked a fresh file. The live watcher (pid and start
+        # ticks, as ringwatch.json names it) still owns the state dir.
+        data = load(self.state_dir)
+        if watcher_alive(data) and data.get("pid") != os.getpid():
+            self.release()
+            raise Refusal(self._holder_message(), 75)
+
+    def verify(self) -> str:
+        """``ringd.lock.KernelLock.verify``: is our lock still on the file at our
+        path (``ok``), locked again after it was removed or replaced
+        (``retaken``), or does another process hold the new file (``lost``)?"""
+        return self._lock.verify() if self._lock is not None else "ok"
 
     def _holder_message(self) -> str:
         data = load(self.state_dir)

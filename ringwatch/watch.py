@@ -66,6 +66,8 @@ class Watcher:
         self.last_status = ""
         self.watchdog_every = _watchdog_interval()
         self.next_ping = 0.0
+        self.lock: Optional[state.WatchLock] = None
+        self.lock_lost = False
 
     @property
     def w(self):
@@ -79,7 +81,7 @@ class Watcher:
     def run(self) -> int:
         proctree.close_on_exec_all()   # nothing we inherited reaches the driver we start
         state.prepare_state_dir(self.state_dir)
-        lock = state.WatchLock(self.state_dir)
+        lock = self.lock = state.WatchLock(self.state_dir)
         lock.acquire()
         try:
             self._refuse_if_given_up()
@@ -153,6 +155,7 @@ class Watcher:
     def _check(self) -> Optional[int]:
         now = time.monotonic()
         self.last_poll = now
+        self._check_lock()
         hb = read_heartbeat(self.state_dir)
         self.view = policy.observe(self.view, hb, now)
         code = self._child_exit(hb, now)
@@ -167,6 +170,16 @@ class Watcher:
         if verdict.unhealthy:
             return self._replace(verdict)
         return None
+
+    def _check_lock(self) -> None:
+        """ringwatch.lock removed or replaced under us: lock it again, so a second
+        watcher is refused by the kernel lock (it also finds us in ringwatch.json)."""
+        verdict = self.lock.verify() if self.lock is not None else "ok"
+        if verdict == "retaken":
+            log(f"{self.lock.path} was removed or replaced; locked it again")
+        elif verdict == "lost" and not self.lock_lost:
+            log(f"{self.lock.path} was replaced and another process holds its lock; watching on")
+        self.lock_lost = verdict == "lost"
 
     def _child_exit(self, hb: Any, now: float) -> Optional[int]:
         """Handle the exit of a driver we started. Returns an exit code to quit with."""

@@ -135,6 +135,36 @@ def test_second_watcher_refuses_naming_the_first(ring):
     stop_watcher(ring, first)
 
 
+@pytest.mark.parametrize("poll", ["long", "short"])
+def test_a_deleted_watcher_lock_never_lets_a_second_watcher_run(ring, poll):
+    """ringwatch.lock deleted under a running watcher (tmpfiles cleaners, ``git
+    clean -X``): a flock on the unlinked inode still held, so a second watcher
+    locked a fresh file and ran beside the first (both adopting, stopping and
+    replacing the same driver). Like the driver with ringd.lock: a watcher that
+    got the lock but finds a live watcher in ringwatch.json (pid and start ticks)
+    exits 75 naming it; the running watcher takes its lock file again at its
+    next check."""
+    simple_ring(ring)
+    if poll == "long":   # no check of the first watcher's between the deletion and the second's start
+        ring.write_config(watch={"poll_interval": 60, "stale_after": 60})
+    first = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    wait_until(lambda: watch_state(ring).get("pid") == first.pid)
+    lock = ring.state / "ringwatch.lock"
+    lock.unlink()
+    if poll == "short":
+        from ringd.lock import holder_pid
+        wait_until(lambda: lock.exists() and holder_pid(lock) == first.pid, 10,
+                   message="the first watcher to lock ringwatch.lock again")
+    second = ring.start_watcher()
+    rc, err = finish(second, 15)
+    assert rc == 75, err
+    assert f"pid {first.pid}" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert first.poll() is None and alive(pid) and wait_driver(ring)["pid"] == pid
+    assert watch_state(ring)["pid"] == first.pid
+    stop_watcher(ring, first)
+
+
 def test_sigstopped_driver_is_replaced_after_stale_after(ring):
     simple_ring(ring)
     watcher = ring.start_watcher()
