@@ -52,13 +52,12 @@ def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) ->
 
 
 def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Temp file (O_NOFOLLOW, 0600), fsync (``durable``), rename over ``path``."""
+    """Temp file (created afresh, 0600), fsync (``durable``), rename over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     blob = text.encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = safefile.create_new(tmp, 0o600)
     try:
         try:
-            os.fchmod(fd, 0o600)
             os.write(fd, blob)
             if durable:
                 os.fsync(fd)

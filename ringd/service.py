@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .config import Config
 from .errors import ConfigError, excerpt
-from .safefile import check_path
+from .safefile import check_path, create_new
 from .status import OperatorError
 
 MODES = ("watcher", "systemd", "launchd")
@@ -410,9 +410,8 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = create_new(tmp, 0o644)
         try:
-            os.fchmod(fd, 0o644)
             os.write(fd, t.files[name].encode())
         finally:
             os.close(fd)
