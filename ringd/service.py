@@ -388,7 +388,8 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
     clashes = []
     for name, dest in plan.items():
         if dest.exists() or dest.is_symlink():
-            if dest.is_file() and not dest.is_symlink() and dest.read_text() == t.files[name]:
+            # (bytes: a file there that is not UTF-8 is a clash, not a crash)
+            if dest.is_file() and not dest.is_symlink() and dest.read_bytes() == t.files[name].encode():
                 result.unchanged.append(dest)
             else:
                 clashes.append(dest)

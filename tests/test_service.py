@@ -257,3 +257,33 @@ def test_readme_route_fresh_venv(tmp_path):
         assert out.returncode == 0, out.stderr
         assert f"{bin_}/{prog}" in out.stdout, out.stdout
         assert "/opt/ring/bin" not in out.stdout
+
+
+def test_install_never_reads_or_writes_through_what_squats_a_destination(tmp_path):
+    """A unit file already there that is not UTF-8 (an editor's Latin-1 comment)
+    made install crash ("internal error: UnicodeDecodeError"), and a FIFO at the
+    temp name install writes first (``.<unit>.tmp``) hung it forever. A clash is
+    a clash whatever its bytes; a squatter at the temp name is removed."""
+    root = tmp_path / "root"
+    bindir = stub_bin(tmp_path)
+    unitdir = root / "etc/systemd/system"
+    unitdir.mkdir(parents=True)
+    os.mkfifo(unitdir / ".ringwatch.service.tmp", 0o600)
+    done = subprocess.Popen(ring_cmd("service", "install", "--mode", "watcher", "--root", str(root),
+                                     "--bin-dir", str(bindir)),
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = done.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(done.pid, 9)
+        done.communicate()
+        raise AssertionError("service install hung on the FIFO at its temp name")
+    assert done.returncode == 0, err
+    assert (unitdir / "ringwatch.service").is_file() and not (unitdir / ".ringwatch.service.tmp").exists()
+    latin1 = "# \xe9dit\xe9 \u00e0 la main\n".encode("latin-1")
+    (unitdir / "ringwatch.service").write_bytes(latin1)
+    clash = cli("service", "install", "--mode", "watcher", "--root", str(root), "--bin-dir", str(bindir))
+    assert clash.returncode == 1 and "never overwrites" in clash.stderr, clash.stderr
+    assert len(clash.stderr.splitlines()) == 1 and "internal error" not in clash.stderr
+    assert (unitdir / "ringwatch.service").read_bytes() == latin1
