@@ -1,11 +1,11 @@
 """State files others read: atomic JSON writes, the driver's heartbeat, staleness
 and sd_notify. The heartbeat publishes the driver's identity as pid + start
 ticks (``pid_start``, see procid), and the state dir it is the driver of
-(``state_dir``: its real path; ``state_id``: its device and inode). A
-heartbeat of another state dir (a state dir copied while its ring ran, a
-symlink to another ring's heartbeat) names a live process that is not this
-ring's driver: :func:`read_heartbeat` reads it as no heartbeat at all, so no
-reader adopts, waits for, or signals another ring's driver.
+(``state_dir``: its real path; ``state_id``: its device and inode; ringwatch.json
+likewise). A heartbeat of another state dir (a state dir copied while its ring
+ran, a symlink to another ring's heartbeat) names a live process that is not
+this ring's driver: :func:`read_own` reads it as no file at all, so no reader
+adopts, waits for, yields to, or signals another ring's process.
 
 ``write_json_atomic`` is the one way any daemon here publishes a file: temp file
 (O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
@@ -93,10 +93,22 @@ def heartbeat_path(state_dir: Path) -> Path:
 def read_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
     """This state dir's heartbeat; None if missing, unreadable, or another state
     dir's (:func:`of_state_dir`)."""
-    hb = read_json(heartbeat_path(state_dir))
-    if hb is None or of_state_dir(hb, os.path.realpath(state_dir), state_id(state_dir)):
-        return hb
+    return read_own(heartbeat_path(state_dir), state_dir)
+
+
+def read_own(path: Path, state_dir: Path) -> Optional[Dict[str, Any]]:
+    """A state file that names its writer's process (the heartbeat, ringwatch.json):
+    None if missing, unreadable, or written for another state dir - copied from a
+    running ring, or a symlink to one - whose process is not this ring's."""
+    data = read_json(path)
+    if data is None or of_state_dir(data, os.path.realpath(state_dir), state_id(state_dir)):
+        return data
     return None
+
+
+def whose(state_dir: Path) -> Dict[str, Any]:
+    """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`)."""
+    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir)}
 
 
 def state_id(state_dir: Path) -> Optional[List[int]]:
@@ -161,8 +173,7 @@ class Heartbeat:
 
     def __init__(self, state_dir: Path, notifier: "Notifier"):
         self.path = heartbeat_path(state_dir)
-        self.state_dir = os.path.realpath(state_dir)   # whose driver this is (read_heartbeat)
-        self.state_id = state_id(state_dir)
+        self.whose = whose(state_dir)   # whose driver this is (read_heartbeat)
         self.notifier = notifier
         self.pid = os.getpid()
         self.pid_start = procid.start_ticks(self.pid)  # boot-relative: immune to clock steps
@@ -179,7 +190,7 @@ class Heartbeat:
             "started_at": iso(self.started_at), "at": iso(now), "at_epoch": now,
             "lap": lap, "agent": agent, "run_id": run_id, "run_pid": run_pid,
             "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped,
-            "state_dir": self.state_dir, "state_id": self.state_id,
+            **self.whose,
         }
         if extra:
             data.update(extra)

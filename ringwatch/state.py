@@ -4,8 +4,8 @@
 ``started_at``, ``last_poll_at``, ``restarts`` (ISO 8601 UTC times of the
 restarts still inside the start-limit window) and ``gave_up``, plus ``pid_start``
 (to tell a live watcher from a recycled pid), ``gave_up_at``, ``gave_up_reason``,
-``stopped`` (true after a clean exit) and ``driver`` (pid and start time of the
-driver being watched). The restart history survives the watcher's own restarts;
+``stopped`` (true after a clean exit), ``driver`` (pid and start time of the
+driver being watched) and ``state_dir``/``state_id`` (``ringd.heartbeat.whose``). The restart history survives the watcher's own restarts;
 ``ringwatch reset`` clears it.
 
 The lock is a kernel flock (ringd.lock.KernelLock): released when the holder
@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ringd.heartbeat import iso, parse_iso, read_json, write_json_atomic
+from ringd.heartbeat import iso, parse_iso, read_own, write_json_atomic
 from ringd.procid import same_process
 
 STATE_FILE = "ringwatch.json"
@@ -71,8 +71,9 @@ def prepare_state_dir(state_dir: Path) -> None:
 
 def load(state_dir: Path) -> Dict[str, Any]:
     """The last saved state ({} if none or unreadable - a corrupt file loses only
-    the history, never blocks the watcher)."""
-    return read_json(state_path(state_dir)) or {}
+    the history, never blocks the watcher; {} too if another state dir's watcher
+    wrote it: a copy names that ring's live watcher and restarts, not ours)."""
+    return read_own(state_path(state_dir), state_dir) or {}
 
 
 def save(state_dir: Path, data: Dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
 from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
-from ringd.heartbeat import Notifier, iso, read_heartbeat
+from ringd.heartbeat import Notifier, iso, read_heartbeat, whose
 from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
 
@@ -104,7 +104,7 @@ class Watcher:
                 f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
 
     def _run(self) -> int:
-        self._save(pid=os.getpid(), pid_start=start_ticks(os.getpid()),
+        self._save(**whose(self.state_dir), pid=os.getpid(), pid_start=start_ticks(os.getpid()),
                    started_at=iso(time.time()), stopped=False, gave_up=False,
                    mode="restart_command" if self.command_mode else "owner")
         for warning in self._warnings():

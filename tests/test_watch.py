@@ -456,6 +456,38 @@ def test_a_heartbeat_of_another_state_dir_is_never_taken_for_this_rings_driver(r
         other.cleanup()
 
 
+def test_a_watcher_state_copied_from_another_running_ring_is_not_this_rings(ring, tmp_path):
+    """ringwatch.json names its watcher (pid and start ticks), and a watcher that
+    finds a live one there refuses to run beside it. A copy of another running
+    ring's state dir carries that ring's ringwatch.json: this ring's watcher must
+    neither yield to the other ring's watcher (exit 75 forever) nor count its
+    restarts, and `ringd status` must not show it as this ring's watcher."""
+    from conftest import Ring
+    (tmp_path / "other").mkdir()
+    other = Ring(tmp_path / "other")
+    try:
+        simple_ring(other)
+        theirs = other.start_watcher()
+        wait_driver(other)
+        wait_until(lambda: watch_state(other).get("pid") == theirs.pid)
+        data = watch_state(other)
+        data["restarts"] = [data["started_at"]] * 3
+        (ring.state / "ringwatch.json").write_text(json.dumps(data))
+        simple_ring(ring)
+        st = json.loads(ring.cli("status", "--json").stdout)
+        assert st["watcher"]["alive"] is False and st["watcher"]["pid"] is None, st["watcher"]
+        ours = ring.start_watcher()
+        wait_driver(ring)
+        wait_until(lambda: watch_state(ring).get("pid") == ours.pid and watch_state(ring).get("last_poll_at"))
+        assert ours.poll() is None and watch_state(ring)["restarts"] == []
+        st = json.loads(ring.cli("status", "--json").stdout)
+        assert st["watcher"]["pid"] == ours.pid and st["watcher"]["alive"] is True
+        stop_watcher(ring, ours)
+        assert theirs.poll() is None
+    finally:
+        other.cleanup()
+
+
 def test_state_files_nested_too_deep_for_the_json_parser_read_as_unreadable(ring):
     """``json.loads`` raises RecursionError (not a ValueError) on a document nested
     some thousand levels deep: a heartbeat or ringwatch.json of 64 KiB of '['
