@@ -504,3 +504,18 @@ def test_state_files_nested_too_deep_for_the_json_parser_read_as_unreadable(ring
     assert psutil.Process(hb["pid"]).ppid() == watcher.pid
     wait_until(lambda: watch_state(ring).get("pid") == watcher.pid, message="ringwatch.json rewritten")
     stop_watcher(ring, watcher)
+
+
+def test_metrics_never_report_another_rings_watcher_state(ring, tmp_path):
+    """metrics.prom's ring_watcher_restarts / ring_watcher_gave_up came from any
+    ringwatch.json, a copy of another ring's included."""
+    simple_ring(ring)
+    other = tmp_path / "other-state"
+    other.mkdir(mode=0o700)
+    from ringd.heartbeat import whose
+    (ring.state / "ringwatch.json").write_text(json.dumps(
+        {**whose(other), "pid": 1, "restarts": ["2026-01-01T00:00:00+00:00"] * 3, "gave_up": True}))
+    done = ring.cli("run", "--once")
+    assert done.returncode == 0, done.stderr
+    text = (ring.state / "metrics.prom").read_text()
+    assert "ring_watcher_gave_up 1" not in text and "ring_watcher_restarts 3" not in text, text
