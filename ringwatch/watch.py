@@ -246,14 +246,15 @@ class Watcher:
             self._stop(old, "unhealthy")
         self._sleep(time.monotonic() + self.w.restart_sec)
         data = self._load()
-        now = time.time()
-        window = policy.prune(state.restart_times(data), now, self.w.start_limit_interval)
+        clock = state.clock_now()
+        now = clock.boot   # the window is on the boot clock: a stepped wall clock moves nothing
+        window = policy.prune(state.restart_times(data, clock), now, self.w.start_limit_interval)
         if not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval):
             if old is not None and self.command_mode:
                 self._stop(old, "unhealthy")
             return self._give_up(verdict, len(window))
         window = policy.record_restart(window, now, self.w.start_limit_interval)
-        self._save(restarts=state.encode_restarts(window))
+        self._save(**state.encode_restarts(window, clock))
         n = f"restart {len(window)}/{self.w.start_limit_burst} within {self.w.start_limit_interval}s"
         if self.command_mode:
             self._run_restart_command(n)
@@ -473,8 +474,9 @@ class Watcher:
         data.setdefault("gave_up", False)
         data.update(fields)
         # only restarts still inside the window are "in window" (SPEC)
-        window = policy.prune(state.restart_times(data), time.time(), self.w.start_limit_interval)
-        data["restarts"] = state.encode_restarts(window)
+        clock = state.clock_now()
+        window = policy.prune(state.restart_times(data, clock), clock.boot, self.w.start_limit_interval)
+        data.update(state.encode_restarts(window, clock))
         try:
             state.save(self.state_dir, data)
         except OSError as e:

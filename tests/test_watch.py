@@ -519,3 +519,30 @@ def test_metrics_never_report_another_rings_watcher_state(ring, tmp_path):
     assert done.returncode == 0, done.stderr
     text = (ring.state / "metrics.prom").read_text()
     assert "ring_watcher_gave_up 1" not in text and "ring_watcher_restarts 3" not in text, text
+
+
+def test_a_wall_clock_set_back_never_turns_old_restarts_into_a_burst(ring):
+    """The restart window was kept in wall-clock times: after the clock was set
+    back an hour, restarts spread over the last minutes were all "in the future",
+    clamped to now, and counted as one burst - the next failure made the watcher
+    give up (exit 70) though the driver never failed faster than the limit. The
+    window is kept on the boot clock (ringwatch.json's restart_clock)."""
+    from ringd.heartbeat import iso
+    ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 30})
+    simple_ring(ring)
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    boot, wall = time.clock_gettime(time.CLOCK_BOOTTIME), time.time()
+    # two restarts 100 and 90 s ago by the boot clock, recorded while the wall clock was an hour ahead
+    since_boot = {iso(wall + 3600 - ago): boot - ago for ago in (100, 90)}
+    (ring.state / "ringwatch.json").write_text(json.dumps(
+        {"restarts": list(since_boot), "restart_clock": {"boot_id": boot_id, "since_boot": since_boot}}))
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    try:
+        wait_driver(ring, not_pid=pid, timeout=15)
+    except AssertionError:
+        rc = watcher.poll()
+        raise AssertionError(f"no new driver (watcher exit {rc}): {(ring.base / 'proc-0.stderr').read_text()[-600:]}")
+    assert len(watch_state(ring)["restarts"]) == 1
+    stop_watcher(ring, watcher)
