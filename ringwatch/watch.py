@@ -39,7 +39,10 @@ from .state import Refusal
 
 STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+# SIGUSR1 (the driver's "look at the journal now") is handled too: earlysig
+# releases it with the others, and its default action killed the watcher
+# without a word, leaving its driver unwatched. Here it means "check now".
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 
 
 def log(message: str) -> None:
@@ -403,7 +406,8 @@ class Watcher:
     def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False) -> Set[int]:
         """Sleep until ``until`` (monotonic), a ready fd, or a signal; ping the
         systemd watchdog on the way. SIGTERM/SIGINT raise :class:`Stop`; SIGHUP
-        reloads the configuration. Returns the ready fds (empty on timeout)."""
+        reloads the configuration; SIGUSR1 (like SIGHUP) ends the wait, so the
+        loop checks the driver at once. Returns the ready fds (empty on timeout)."""
         while True:
             now = time.monotonic()
             self._ping(now)

@@ -124,6 +124,24 @@ def test_starts_driver_replaces_a_killed_one_and_stops_cleanly(ring):
     assert watch_state(ring)["stopped"] is True
 
 
+def test_sigusr1_makes_the_watcher_check_at_once_never_kills_it(ring):
+    """SIGUSR1 (what wakes the driver; `systemctl kill -s USR1` sends it to every
+    process of the unit) had its default action in the watcher: it died without
+    a log line, exit 138, its driver left running unwatched. It is a "check now"."""
+    ring.write_config(watch={"poll_interval": 60, "stale_after": 60})
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    first = wait_until(lambda: watch_state(ring).get("last_poll_at"), message="a first poll")
+    for _ in range(3):
+        watcher.send_signal(signal.SIGUSR1)
+    wait_until(lambda: watch_state(ring).get("last_poll_at") != first, 10,
+               message="a check at once (poll_interval is 60 s)")
+    assert watcher.poll() is None, finish(watcher)
+    assert wait_driver(ring)["pid"] == pid
+    stop_watcher(ring, watcher)
+
+
 def test_second_watcher_refuses_naming_the_first(ring):
     simple_ring(ring)
     first = ring.start_watcher()
