@@ -66,6 +66,7 @@ class Target:
     config_path: Path
     user: Optional[str] = None           # None: DynamicUser (systemd) / the installing user (launchd)
     files: Dict[str, str] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
 
 
 def _defaults(mode: str, state: Optional[Path], config: Optional[Path]) -> Tuple[Path, Path]:
@@ -106,7 +107,20 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
                config_path=config_path, user=user)
     t.files = render(t)
+    t.warnings = missing_programs(t)
     return t
+
+
+def missing_programs(t: Target) -> List[str]:
+    """The programs the files start that are not executable in ``bin_dir`` here:
+    such a unit fails ``systemd-analyze verify`` and never starts. Only a warning:
+    ``--bin-dir`` may name the layout of another box."""
+    progs = ("ringd", "ringwatch") if t.mode == "systemd" else ("ringwatch",)
+    missing = [str(t.bin_dir / p) for p in progs if not os.access(t.bin_dir / p, os.X_OK)]
+    if not missing:
+        return []
+    return [f"{' and '.join(missing)}: no such executable here; the service will not start on this box "
+            f"until it exists (install ring there, or give --bin-dir)"]
 
 
 def _under_var_lib(p: Path) -> bool:

@@ -287,3 +287,24 @@ def test_install_never_reads_or_writes_through_what_squats_a_destination(tmp_pat
     assert clash.returncode == 1 and "never overwrites" in clash.stderr, clash.stderr
     assert len(clash.stderr.splitlines()) == 1 and "internal error" not in clash.stderr
     assert (unitdir / "ringwatch.service").read_bytes() == latin1
+
+
+def test_a_bin_dir_without_the_programs_is_warned_about(tmp_path):
+    """A unit whose ExecStart names a program that does not exist fails
+    ``systemd-analyze verify`` and never starts; print and install rendered one
+    silently (a --bin-dir typo, or a ring run from a checkout, not installed).
+    They warn in one line naming it (exit still 0: --bin-dir may be another box's)."""
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    root = tmp_path / "root"
+    for mode, progs in (("watcher", ["ringwatch"]), ("systemd", ["ringd", "ringwatch"]),
+                        ("launchd", ["ringwatch"])):
+        res = cli("service", "print", "--mode", mode, "--bin-dir", str(empty))
+        assert res.returncode == 0 and res.stdout, res.stderr
+        lines = res.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ringd: warning: "), res.stderr
+        assert all(f"{empty}/{p}" in lines[0] for p in progs), lines[0]
+    res = cli("service", "install", "--mode", "watcher", "--root", str(root), "--bin-dir", str(empty))
+    assert res.returncode == 0 and f"{empty}/ringwatch" in res.stderr, res.stderr
+    ok = cli("service", "print", "--mode", "systemd", "--bin-dir", str(stub_bin(tmp_path)))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
