@@ -600,6 +600,7 @@ def service_print(mode: str, user: Optional[str], state: Optional[str], config: 
     """Print the files for this installation (several: each after a '# ==> PATH <==' line)."""
     from .service import destinations
     t = service_target(mode, user, state, config, bin_dir)
+    _warn(t.warnings)
     dest = destinations(t)
     many = len(t.files) > 1
     for k, (name, text) in enumerate(t.files.items()):
@@ -621,6 +622,7 @@ def service_install(mode: str, user: Optional[str], state: Optional[str], config
     import shlex
     from .service import install, run_enable
     t = service_target(mode, user, state, config, bin_dir)
+    _warn(t.warnings)
     r = install(t, Path(os.path.abspath(root)) if root else None)
     for p in r.layout.created:
         click.echo(f"created {p}")

@@ -1,6 +1,11 @@
 """State files others read: atomic JSON writes, the driver's heartbeat, staleness
 and sd_notify. The heartbeat publishes the driver's identity as pid + start
-ticks (``pid_start``, see procid).
+ticks (``pid_start``, see procid), and the state dir it is the driver of
+(``state_dir``: its real path; ``state_id``: its device and inode; ringwatch.json
+likewise). A heartbeat of another state dir (a state dir copied while its ring
+ran, a symlink to another ring's heartbeat) names a live process that is not
+this ring's driver: :func:`read_own` reads it as no file at all, so no reader
+adopts, waits for, yields to, or signals another ring's process.
 
 ``write_json_atomic`` is the one way any daemon here publishes a file: temp file
 (O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
@@ -18,7 +23,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import procid, safefile
 
@@ -47,13 +52,12 @@ def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) ->
 
 
 def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Temp file (O_NOFOLLOW, 0600), fsync (``durable``), rename over ``path``."""
+    """Temp file (created afresh, 0600), fsync (``durable``), rename over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     blob = text.encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = safefile.create_new(tmp, 0o600)
     try:
         try:
-            os.fchmod(fd, 0o600)
             os.write(fd, blob)
             if durable:
                 os.fsync(fd)
@@ -75,7 +79,7 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
         with os.fdopen(safefile.open_regular(path), "rb") as f:
             blob = f.read(64 * 1024)
         data = json.loads(blob)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: '[' nested thousands deep
         return None
     return data if isinstance(data, dict) else None
 
@@ -87,7 +91,45 @@ def heartbeat_path(state_dir: Path) -> Path:
 
 
 def read_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
-    return read_json(heartbeat_path(state_dir))
+    """This state dir's heartbeat; None if missing, unreadable, or another state
+    dir's (:func:`of_state_dir`)."""
+    return read_own(heartbeat_path(state_dir), state_dir)
+
+
+def read_own(path: Path, state_dir: Path) -> Optional[Dict[str, Any]]:
+    """A state file that names its writer's process (the heartbeat, ringwatch.json):
+    None if missing, unreadable, or written for another state dir - copied from a
+    running ring, or a symlink to one - whose process is not this ring's."""
+    data = read_json(path)
+    if data is None or of_state_dir(data, os.path.realpath(state_dir), state_id(state_dir)):
+        return data
+    return None
+
+
+def whose(state_dir: Path) -> Dict[str, Any]:
+    """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`)."""
+    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir)}
+
+
+def state_id(state_dir: Path) -> Optional[List[int]]:
+    """The state dir's [device, inode] (None if it cannot be read)."""
+    try:
+        st = os.stat(state_dir)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def of_state_dir(hb: Dict[str, Any], real_path: str, ident: Optional[List[int]]) -> bool:
+    """Pure: was ``hb`` written by a driver of the state dir at ``real_path`` with
+    [device, inode] ``ident``? Either one matching is enough: a state dir renamed
+    while its ring was down keeps its inode, one whose device number changed at
+    a reboot keeps its path; a copy or another ring's file has neither. A
+    heartbeat without them (an older ring's) is taken as this dir's."""
+    path, sid = hb.get("state_dir"), hb.get("state_id")
+    if path is None and sid is None:
+        return True
+    return path == real_path or (ident is not None and sid == ident)
 
 
 def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
@@ -131,6 +173,7 @@ class Heartbeat:
 
     def __init__(self, state_dir: Path, notifier: "Notifier"):
         self.path = heartbeat_path(state_dir)
+        self.whose = whose(state_dir)   # whose driver this is (read_heartbeat)
         self.notifier = notifier
         self.pid = os.getpid()
         self.pid_start = procid.start_ticks(self.pid)  # boot-relative: immune to clock steps
@@ -147,6 +190,7 @@ class Heartbeat:
             "started_at": iso(self.started_at), "at": iso(now), "at_epoch": now,
             "lap": lap, "agent": agent, "run_id": run_id, "run_pid": run_pid,
             "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped,
+            **self.whose,
         }
         if extra:
             data.update(extra)

@@ -64,6 +64,27 @@ def open_regular(path, flags: int = os.O_RDONLY, *, dir_fd: Optional[int] = None
     return fd
 
 
+def create_new(path, mode: int) -> int:
+    """Create ``path`` as a new file for writing (a temp file that is then renamed
+    or linked into place): O_EXCL, so nothing already there is ever opened
+    through. Temp names are predictable, and a blocking open of a FIFO planted
+    at one waited for a reader forever (a driver stopped beating, deaf to
+    SIGTERM): a squatter - a FIFO, a symlink, a temp file a crash left - is
+    removed first. A directory there raises, and the write fails."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, mode)
+    try:
+        os.fchmod(fd, mode)   # whatever the umask
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
     """A descriptor of ``state_dir/parts...`` (no part a symlink), creating
     missing parts 0700 if ``create``."""

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .config import Config
 from .errors import ConfigError, excerpt
-from .safefile import check_path
+from .safefile import check_path, create_new
 from .status import OperatorError
 
 MODES = ("watcher", "systemd", "launchd")
@@ -66,6 +66,7 @@ class Target:
     config_path: Path
     user: Optional[str] = None           # None: DynamicUser (systemd) / the installing user (launchd)
     files: Dict[str, str] = field(default_factory=dict)
+    warnings: List[str] = field(default_factory=list)
 
 
 def _defaults(mode: str, state: Optional[Path], config: Optional[Path]) -> Tuple[Path, Path]:
@@ -106,7 +107,20 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
                config_path=config_path, user=user)
     t.files = render(t)
+    t.warnings = missing_programs(t)
     return t
+
+
+def missing_programs(t: Target) -> List[str]:
+    """The programs the files start that are not executable in ``bin_dir`` here:
+    such a unit fails ``systemd-analyze verify`` and never starts. Only a warning:
+    ``--bin-dir`` may name the layout of another box."""
+    progs = ("ringd", "ringwatch") if t.mode == "systemd" else ("ringwatch",)
+    missing = [str(t.bin_dir / p) for p in progs if not os.access(t.bin_dir / p, os.X_OK)]
+    if not missing:
+        return []
+    return [f"{' and '.join(missing)}: no such executable here; the service will not start on this box "
+            f"until it exists (install ring there, or give --bin-dir)"]
 
 
 def _under_var_lib(p: Path) -> bool:
@@ -388,7 +402,8 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
     clashes = []
     for name, dest in plan.items():
         if dest.exists() or dest.is_symlink():
-            if dest.is_file() and not dest.is_symlink() and dest.read_text() == t.files[name]:
+            # (bytes: a file there that is not UTF-8 is a clash, not a crash)
+            if dest.is_file() and not dest.is_symlink() and dest.read_bytes() == t.files[name].encode():
                 result.unchanged.append(dest)
             else:
                 clashes.append(dest)
@@ -410,9 +425,8 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = create_new(tmp, 0o644)
         try:
-            os.fchmod(fd, 0o644)
             os.write(fd, t.files[name].encode())
         finally:
             os.close(fd)

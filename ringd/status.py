@@ -26,7 +26,7 @@ from .errors import STATUS_OK as EXIT_HEALTHY
 from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
-from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_json
+from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_own
 from .journal import Journal, JournalError, RunRow, journal_path
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
@@ -438,7 +438,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         # known from this box's heartbeat; say why the rest is missing
         warnings.append(f"journal unreachable: {e}")
     hb = read_heartbeat(state_dir)
-    watcher = read_json(state_dir / WATCHER_FILE)
+    watcher = read_own(state_dir / WATCHER_FILE, state_dir)
     roster_path, roster, roster_error = roster_view(config, state_dir)
     # the clock read after everything else: a heartbeat read just now is never "from the future"
     now = time.time() if now is None else now

@@ -12,8 +12,10 @@ from long ago), a corrupt file or a half-written one therefore never kills a
 healthy driver nor keeps a hung one alive.
 
 The restart window mirrors systemd's ``StartLimitBurst`` /
-``StartLimitIntervalSec``: it is persisted across restarts of the watcher, so
-it is kept in wall-clock epoch seconds and pruned robustly against clock jumps.
+``StartLimitIntervalSec``. It is persisted across restarts of the watcher and
+kept in seconds since boot (``ringwatch.state.Clock``), so a step of the wall
+clock moves no restart into or out of it; restarts from an earlier boot are
+placed by their wall time and pruned robustly against clock jumps.
 """
 from __future__ import annotations
 
@@ -161,7 +163,7 @@ def next_check(view: DriverView, *, last_poll: float, poll_interval: float,
 # --- the restart window (systemd StartLimitBurst / StartLimitIntervalSec) ---------
 
 def prune(restarts: Sequence[Any], now: float, interval: float) -> List[float]:
-    """Restart times (epoch seconds) still inside the window ending at ``now``,
+    """Restart times (seconds on one clock) still inside the window ending at ``now``,
     oldest first. Non-numbers are dropped. A time in the future (the wall clock
     was set back) is clamped to ``now``: it still counts, but expires within
     ``interval`` instead of lingering for as long as the clock jump."""

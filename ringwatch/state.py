@@ -2,10 +2,12 @@
 
 ``ringwatch.json`` (written atomically, 0600) carries the SPEC fields ``pid``,
 ``started_at``, ``last_poll_at``, ``restarts`` (ISO 8601 UTC times of the
-restarts still inside the start-limit window) and ``gave_up``, plus ``pid_start``
+restarts still inside the start-limit window) and ``gave_up``, plus
+``restart_clock`` (the same restarts in seconds since boot: the window is kept
+on a clock nobody steps), ``pid_start``
 (to tell a live watcher from a recycled pid), ``gave_up_at``, ``gave_up_reason``,
-``stopped`` (true after a clean exit) and ``driver`` (pid and start time of the
-driver being watched). The restart history survives the watcher's own restarts;
+``stopped`` (true after a clean exit), ``driver`` (pid and start time of the
+driver being watched) and ``state_dir``/``state_id`` (``ringd.heartbeat.whose``). The restart history survives the watcher's own restarts;
 ``ringwatch reset`` clears it.
 
 The lock is a kernel flock (ringd.lock.KernelLock): released when the holder
@@ -14,12 +16,15 @@ holder's pid is published in ``ringwatch.json``, not in the lock.
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-from ringd.heartbeat import iso, parse_iso, read_json, write_json_atomic
+from ringd.heartbeat import iso, parse_iso, read_own, write_json_atomic
 from ringd.procid import same_process
 
 STATE_FILE = "ringwatch.json"
@@ -71,27 +76,71 @@ def prepare_state_dir(state_dir: Path) -> None:
 
 def load(state_dir: Path) -> Dict[str, Any]:
     """The last saved state ({} if none or unreadable - a corrupt file loses only
-    the history, never blocks the watcher)."""
-    return read_json(state_path(state_dir)) or {}
+    the history, never blocks the watcher; {} too if another state dir's watcher
+    wrote it: a copy names that ring's live watcher and restarts, not ours)."""
+    return read_own(state_path(state_dir), state_dir) or {}
 
 
 def save(state_dir: Path, data: Dict[str, Any]) -> None:
     write_json_atomic(state_path(state_dir), data)
 
 
-def restart_times(data: Dict[str, Any]) -> List[float]:
-    """The persisted restart history as epoch seconds (ISO strings or numbers)."""
-    out: List[float] = []
+@dataclass(frozen=True)
+class Clock:
+    """One reading of the clocks the restart window needs: ``boot``, seconds since
+    boot (CLOCK_BOOTTIME: never stepped, and it counts a suspend, as the window
+    should); ``boot_id``, which boot that is; ``wall``, epoch seconds, only for the
+    ISO times ringwatch.json shows."""
+    boot_id: Optional[str]
+    boot: float
+    wall: float
+
+
+def clock_now() -> Clock:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id: Optional[str] = f.read().strip() or None
+        boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, AttributeError):   # not Linux: by the wall clock, as before
+        boot_id, boot = None, time.monotonic()
+    return Clock(boot_id=boot_id, boot=boot, wall=time.time())
+
+
+def restart_times(data: Dict[str, Any], clock: Clock) -> List[float]:
+    """Pure: the persisted restart history as seconds since ``clock``'s boot.
+
+    ``restarts`` holds ISO times (SPEC); ``restart_clock`` the same restarts in
+    seconds since boot, keyed by those ISO strings, with the boot's id. A restart
+    recorded in this boot keeps its boot time: a step of the wall clock since
+    (NTP, a VM resumed from a snapshot) moves none into the window - an hour back
+    made restarts spread over an hour count as one burst, and the watcher gave
+    up - nor out of it. Anything else (an earlier boot, an older ringwatch, a
+    hand edit) is placed by its wall time (policy.prune clamps the future)."""
     raw = data.get("restarts")
+    rc = data.get("restart_clock")
+    known: Dict[str, Any] = {}
+    if isinstance(rc, dict) and clock.boot_id is not None and rc.get("boot_id") == clock.boot_id \
+            and isinstance(rc.get("since_boot"), dict):
+        known = rc["since_boot"]
+    out: List[float] = []
     for item in raw if isinstance(raw, list) else []:
+        b = known.get(item) if isinstance(item, str) else None
+        if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b):
+            out.append(float(b))
+            continue
         t = item if isinstance(item, (int, float)) and not isinstance(item, bool) else parse_iso(item)
-        if t is not None:
-            out.append(float(t))
+        if t is not None and math.isfinite(t):
+            out.append(float(t) - (clock.wall - clock.boot))
     return out
 
 
-def encode_restarts(times: List[float]) -> List[str]:
-    return [iso(t) for t in times]
+def encode_restarts(times: List[float], clock: Clock) -> Dict[str, Any]:
+    """Pure: the ringwatch.json keys for a window of restarts (seconds since boot,
+    already pruned): ``restarts`` as ISO times on today's wall clock, and
+    ``restart_clock`` (see :func:`restart_times`)."""
+    isos = [iso(clock.wall - (clock.boot - b)) for b in times]
+    return {"restarts": isos,
+            "restart_clock": {"boot_id": clock.boot_id, "since_boot": dict(zip(isos, times))}}
 
 
 def watcher_alive(data: Dict[str, Any]) -> bool:
@@ -117,6 +166,19 @@ class WatchLock:
             raise Refusal(self._holder_message(), 75) from None
         except OSError as e:
             raise Refusal(f"{self.path}: cannot lock: {e.strerror}", 78) from None
+        # A lock file deleted under a running watcher leaves its flock on the
+        # unlinked inode: we locked a fresh file. The live watcher (pid and start
+        # ticks, as ringwatch.json names it) still owns the state dir.
+        data = load(self.state_dir)
+        if watcher_alive(data) and data.get("pid") != os.getpid():
+            self.release()
+            raise Refusal(self._holder_message(), 75)
+
+    def verify(self) -> str:
+        """``ringd.lock.KernelLock.verify``: is our lock still on the file at our
+        path (``ok``), locked again after it was removed or replaced
+        (``retaken``), or does another process hold the new file (``lost``)?"""
+        return self._lock.verify() if self._lock is not None else "ok"
 
     def _holder_message(self) -> str:
         data = load(self.state_dir)
@@ -138,9 +200,9 @@ def reset(state_dir: Path) -> str:
     data = load(state_dir)
     if not data and not state_path(state_dir).exists():
         return f"{state_dir}: no watcher state; nothing to reset"
-    had = len(restart_times(data))
+    had = len(restart_times(data, clock_now()))
     was_given_up = bool(data.get("gave_up"))
-    data.update(restarts=[], gave_up=False, gave_up_at=None, gave_up_reason=None)
+    data.update(restarts=[], restart_clock=None, gave_up=False, gave_up_at=None, gave_up_reason=None)
     save(state_dir, data)
     parts = [f"cleared {had} restart(s)"]
     if was_given_up:

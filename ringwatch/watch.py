@@ -28,7 +28,7 @@ from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
 from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
-from ringd.heartbeat import Notifier, iso, read_heartbeat
+from ringd.heartbeat import Notifier, iso, read_heartbeat, whose
 from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
 
@@ -39,7 +39,10 @@ from .state import Refusal
 
 STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
+# SIGUSR1 (the driver's "look at the journal now") is handled too: earlysig
+# releases it with the others, and its default action killed the watcher
+# without a word, leaving its driver unwatched. Here it means "check now".
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 
 
 def log(message: str) -> None:
@@ -66,6 +69,8 @@ class Watcher:
         self.last_status = ""
         self.watchdog_every = _watchdog_interval()
         self.next_ping = 0.0
+        self.lock: Optional[state.WatchLock] = None
+        self.lock_lost = False
 
     @property
     def w(self):
@@ -79,7 +84,7 @@ class Watcher:
     def run(self) -> int:
         proctree.close_on_exec_all()   # nothing we inherited reaches the driver we start
         state.prepare_state_dir(self.state_dir)
-        lock = state.WatchLock(self.state_dir)
+        lock = self.lock = state.WatchLock(self.state_dir)
         lock.acquire()
         try:
             self._refuse_if_given_up()
@@ -102,7 +107,7 @@ class Watcher:
                 f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
 
     def _run(self) -> int:
-        self._save(pid=os.getpid(), pid_start=start_ticks(os.getpid()),
+        self._save(**whose(self.state_dir), pid=os.getpid(), pid_start=start_ticks(os.getpid()),
                    started_at=iso(time.time()), stopped=False, gave_up=False,
                    mode="restart_command" if self.command_mode else "owner")
         for warning in self._warnings():
@@ -153,6 +158,7 @@ class Watcher:
     def _check(self) -> Optional[int]:
         now = time.monotonic()
         self.last_poll = now
+        self._check_lock()
         hb = read_heartbeat(self.state_dir)
         self.view = policy.observe(self.view, hb, now)
         code = self._child_exit(hb, now)
@@ -167,6 +173,16 @@ class Watcher:
         if verdict.unhealthy:
             return self._replace(verdict)
         return None
+
+    def _check_lock(self) -> None:
+        """ringwatch.lock removed or replaced under us: lock it again, so a second
+        watcher is refused by the kernel lock (it also finds us in ringwatch.json)."""
+        verdict = self.lock.verify() if self.lock is not None else "ok"
+        if verdict == "retaken":
+            log(f"{self.lock.path} was removed or replaced; locked it again")
+        elif verdict == "lost" and not self.lock_lost:
+            log(f"{self.lock.path} was replaced and another process holds its lock; watching on")
+        self.lock_lost = verdict == "lost"
 
     def _child_exit(self, hb: Any, now: float) -> Optional[int]:
         """Handle the exit of a driver we started. Returns an exit code to quit with."""
@@ -233,14 +249,15 @@ class Watcher:
             self._stop(old, "unhealthy")
         self._sleep(time.monotonic() + self.w.restart_sec)
         data = self._load()
-        now = time.time()
-        window = policy.prune(state.restart_times(data), now, self.w.start_limit_interval)
+        clock = state.clock_now()
+        now = clock.boot   # the window is on the boot clock: a stepped wall clock moves nothing
+        window = policy.prune(state.restart_times(data, clock), now, self.w.start_limit_interval)
         if not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval):
             if old is not None and self.command_mode:
                 self._stop(old, "unhealthy")
             return self._give_up(verdict, len(window))
         window = policy.record_restart(window, now, self.w.start_limit_interval)
-        self._save(restarts=state.encode_restarts(window))
+        self._save(**state.encode_restarts(window, clock))
         n = f"restart {len(window)}/{self.w.start_limit_burst} within {self.w.start_limit_interval}s"
         if self.command_mode:
             self._run_restart_command(n)
@@ -389,7 +406,8 @@ class Watcher:
     def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False) -> Set[int]:
         """Sleep until ``until`` (monotonic), a ready fd, or a signal; ping the
         systemd watchdog on the way. SIGTERM/SIGINT raise :class:`Stop`; SIGHUP
-        reloads the configuration. Returns the ready fds (empty on timeout)."""
+        reloads the configuration; SIGUSR1 (like SIGHUP) ends the wait, so the
+        loop checks the driver at once. Returns the ready fds (empty on timeout)."""
         while True:
             now = time.monotonic()
             self._ping(now)
@@ -460,8 +478,9 @@ class Watcher:
         data.setdefault("gave_up", False)
         data.update(fields)
         # only restarts still inside the window are "in window" (SPEC)
-        window = policy.prune(state.restart_times(data), time.time(), self.w.start_limit_interval)
-        data["restarts"] = state.encode_restarts(window)
+        clock = state.clock_now()
+        window = policy.prune(state.restart_times(data, clock), clock.boot, self.w.start_limit_interval)
+        data.update(state.encode_restarts(window, clock))
         try:
             state.save(self.state_dir, data)
         except OSError as e:

@@ -496,3 +496,38 @@ def test_a_directory_at_the_heartbeat_reads_as_a_stale_driver_not_a_stopped_one(
     assert d.wait(timeout=20) == 0
     r = ring.cli("status", "--json")
     assert (json.loads(r.stdout)["driver"]["health"], r.returncode) == ("stopped", 3)   # no lock holder: none runs
+
+
+def test_fifos_at_the_temp_names_of_atomic_writes_never_hang_the_daemons(ring):
+    """Every state file is written to ``.<name>.<pid>.tmp`` and renamed into place.
+    That temp file was opened O_WRONLY|O_CREAT without O_NONBLOCK: a FIFO there
+    (the names are predictable: the heartbeat publishes the driver's pid) made
+    the open wait for a reader forever - the driver stopped beating and was deaf
+    to SIGTERM, the watcher stopped polling. An entry squatting a temp name is
+    removed and the file created afresh (O_EXCL): nothing is ever opened through it."""
+    ring.agent("a", "sleep 0.2")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    w = ring.start_watcher()
+    hb = wait_until(lambda: (lambda h: h and h.get("seq", 0) >= 2 and h)(ring.heartbeat()), 20,
+                    message="a driver beating")
+    wait_until(lambda: (read_json(ring.state / "ringwatch.json") or {}).get("pid") == w.pid, 20,
+               message="the watcher's state")
+    for name in (f".ringd.heartbeat.{hb['pid']}.tmp", f".ringwatch.json.{w.pid}.tmp",
+                 f".metrics.prom.{hb['pid']}.tmp"):
+        _fifo_at(ring.state / name)   # (atomic: the daemon may be writing that very name)
+    seq = hb["seq"]
+    wait_until(lambda: (ring.heartbeat() or {}).get("seq", 0) >= seq + 5, 20,
+               message="the driver beating on past the FIFO at its temp name")
+
+    def polled_after(t):
+        data = read_json(ring.state / "ringwatch.json") or {}
+        return (data.get("last_poll_at") or "") > t
+    t = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+    wait_until(lambda: polled_after(t), 20, message="the watcher polling on past the FIFO at its temp name")
+    w.send_signal(signal.SIGTERM)
+    try:
+        err = w.communicate(timeout=30)[1].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the watcher did not stop on SIGTERM")
+    assert w.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert not any(p.name.endswith(".tmp") for p in ring.state.iterdir())

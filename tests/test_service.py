@@ -257,3 +257,54 @@ def test_readme_route_fresh_venv(tmp_path):
         assert out.returncode == 0, out.stderr
         assert f"{bin_}/{prog}" in out.stdout, out.stdout
         assert "/opt/ring/bin" not in out.stdout
+
+
+def test_install_never_reads_or_writes_through_what_squats_a_destination(tmp_path):
+    """A unit file already there that is not UTF-8 (an editor's Latin-1 comment)
+    made install crash ("internal error: UnicodeDecodeError"), and a FIFO at the
+    temp name install writes first (``.<unit>.tmp``) hung it forever. A clash is
+    a clash whatever its bytes; a squatter at the temp name is removed."""
+    root = tmp_path / "root"
+    bindir = stub_bin(tmp_path)
+    unitdir = root / "etc/systemd/system"
+    unitdir.mkdir(parents=True)
+    os.mkfifo(unitdir / ".ringwatch.service.tmp", 0o600)
+    done = subprocess.Popen(ring_cmd("service", "install", "--mode", "watcher", "--root", str(root),
+                                     "--bin-dir", str(bindir)),
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = done.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(done.pid, 9)
+        done.communicate()
+        raise AssertionError("service install hung on the FIFO at its temp name")
+    assert done.returncode == 0, err
+    assert (unitdir / "ringwatch.service").is_file() and not (unitdir / ".ringwatch.service.tmp").exists()
+    latin1 = "# \xe9dit\xe9 \u00e0 la main\n".encode("latin-1")
+    (unitdir / "ringwatch.service").write_bytes(latin1)
+    clash = cli("service", "install", "--mode", "watcher", "--root", str(root), "--bin-dir", str(bindir))
+    assert clash.returncode == 1 and "never overwrites" in clash.stderr, clash.stderr
+    assert len(clash.stderr.splitlines()) == 1 and "internal error" not in clash.stderr
+    assert (unitdir / "ringwatch.service").read_bytes() == latin1
+
+
+def test_a_bin_dir_without_the_programs_is_warned_about(tmp_path):
+    """A unit whose ExecStart names a program that does not exist fails
+    ``systemd-analyze verify`` and never starts; print and install rendered one
+    silently (a --bin-dir typo, or a ring run from a checkout, not installed).
+    They warn in one line naming it (exit still 0: --bin-dir may be another box's)."""
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    root = tmp_path / "root"
+    for mode, progs in (("watcher", ["ringwatch"]), ("systemd", ["ringd", "ringwatch"]),
+                        ("launchd", ["ringwatch"])):
+        res = cli("service", "print", "--mode", mode, "--bin-dir", str(empty))
+        assert res.returncode == 0 and res.stdout, res.stderr
+        lines = res.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ringd: warning: "), res.stderr
+        assert all(f"{empty}/{p}" in lines[0] for p in progs), lines[0]
+    res = cli("service", "install", "--mode", "watcher", "--root", str(root), "--bin-dir", str(empty))
+    assert res.returncode == 0 and f"{empty}/ringwatch" in res.stderr, res.stderr
+    ok = cli("service", "print", "--mode", "systemd", "--bin-dir", str(stub_bin(tmp_path)))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr

@@ -22,3 +22,30 @@ def test_beats_are_atomic_without_fsync_and_the_last_beat_is_durable(tmp_path, m
     beat.beat(lap=1, agent=None, run_id=None, stopped=True)
     assert len(synced) == 1
     assert heartbeat.read_json(tmp_path / heartbeat.HEARTBEAT_FILE)["stopped"] is True
+
+
+def test_a_heartbeat_is_this_state_dirs_by_real_path_or_by_inode():
+    """Pure: a heartbeat names the state dir it was written for; a copy of another
+    ring's (different path and inode) is not this ring's, a renamed dir (same
+    inode) or a device renumbered at a reboot (same path) still is; an older
+    ring's heartbeat without the keys is taken as this dir's."""
+    hb = {"pid": 7, "state_dir": "/srv/ring", "state_id": [64769, 1234]}
+    assert heartbeat.of_state_dir(hb, "/srv/ring", [64769, 1234])
+    assert heartbeat.of_state_dir(hb, "/srv/ring-renamed", [64769, 1234])
+    assert heartbeat.of_state_dir(hb, "/srv/ring", [64770, 1234])
+    assert not heartbeat.of_state_dir(hb, "/srv/copy", [64769, 99])
+    assert not heartbeat.of_state_dir(hb, "/srv/copy", None)
+    assert heartbeat.of_state_dir({"pid": 7}, "/srv/anything", [1, 2])
+
+
+def test_read_heartbeat_refuses_another_state_dirs_beat(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    theirs.mkdir()
+    heartbeat.Heartbeat(theirs, heartbeat.Notifier()).beat(lap=1, agent=None, run_id=None)
+    assert heartbeat.read_heartbeat(theirs)["pid"] == os.getpid()
+    (ours / heartbeat.HEARTBEAT_FILE).write_bytes((theirs / heartbeat.HEARTBEAT_FILE).read_bytes())
+    assert heartbeat.read_heartbeat(ours) is None
+    (ours / heartbeat.HEARTBEAT_FILE).unlink()
+    (ours / heartbeat.HEARTBEAT_FILE).symlink_to(theirs / heartbeat.HEARTBEAT_FILE)
+    assert heartbeat.read_heartbeat(ours) is None

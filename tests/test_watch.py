@@ -124,6 +124,24 @@ def test_starts_driver_replaces_a_killed_one_and_stops_cleanly(ring):
     assert watch_state(ring)["stopped"] is True
 
 
+def test_sigusr1_makes_the_watcher_check_at_once_never_kills_it(ring):
+    """SIGUSR1 (what wakes the driver; `systemctl kill -s USR1` sends it to every
+    process of the unit) had its default action in the watcher: it died without
+    a log line, exit 138, its driver left running unwatched. It is a "check now"."""
+    ring.write_config(watch={"poll_interval": 60, "stale_after": 60})
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    first = wait_until(lambda: watch_state(ring).get("last_poll_at"), message="a first poll")
+    for _ in range(3):
+        watcher.send_signal(signal.SIGUSR1)
+    wait_until(lambda: watch_state(ring).get("last_poll_at") != first, 10,
+               message="a check at once (poll_interval is 60 s)")
+    assert watcher.poll() is None, finish(watcher)
+    assert wait_driver(ring)["pid"] == pid
+    stop_watcher(ring, watcher)
+
+
 def test_second_watcher_refuses_naming_the_first(ring):
     simple_ring(ring)
     first = ring.start_watcher()
@@ -132,6 +150,36 @@ def test_second_watcher_refuses_naming_the_first(ring):
     rc, err = finish(second, 10)
     assert rc == 75
     assert f"pid {first.pid}" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    stop_watcher(ring, first)
+
+
+@pytest.mark.parametrize("poll", ["long", "short"])
+def test_a_deleted_watcher_lock_never_lets_a_second_watcher_run(ring, poll):
+    """ringwatch.lock deleted under a running watcher (tmpfiles cleaners, ``git
+    clean -X``): a flock on the unlinked inode still held, so a second watcher
+    locked a fresh file and ran beside the first (both adopting, stopping and
+    replacing the same driver). Like the driver with ringd.lock: a watcher that
+    got the lock but finds a live watcher in ringwatch.json (pid and start ticks)
+    exits 75 naming it; the running watcher takes its lock file again at its
+    next check."""
+    simple_ring(ring)
+    if poll == "long":   # no check of the first watcher's between the deletion and the second's start
+        ring.write_config(watch={"poll_interval": 60, "stale_after": 60})
+    first = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    wait_until(lambda: watch_state(ring).get("pid") == first.pid)
+    lock = ring.state / "ringwatch.lock"
+    lock.unlink()
+    if poll == "short":
+        from ringd.lock import holder_pid
+        wait_until(lambda: lock.exists() and holder_pid(lock) == first.pid, 10,
+                   message="the first watcher to lock ringwatch.lock again")
+    second = ring.start_watcher()
+    rc, err = finish(second, 15)
+    assert rc == 75, err
+    assert f"pid {first.pid}" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert first.poll() is None and alive(pid) and wait_driver(ring)["pid"] == pid
+    assert watch_state(ring)["pid"] == first.pid
     stop_watcher(ring, first)
 
 
@@ -385,3 +433,134 @@ def test_symlinked_logs_are_never_followed(ring, tmp_path):
     rc, err = finish(ring.start_watcher(), 10)
     assert rc == 78 and "ringd.log" in err and len(err.strip().splitlines()) == 1
     assert precious.read_text() == "precious\n"
+
+
+# --- a heartbeat that is not this ring's ------------------------------------------------
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+def test_a_heartbeat_of_another_state_dir_is_never_taken_for_this_rings_driver(ring, tmp_path, how):
+    """A heartbeat that another ring's driver wrote (a state dir copied with
+    ``cp -a`` while its ring ran, or a symlink to another ring's heartbeat) names
+    a live process with the right pid and start ticks - but not this ring's
+    driver. The watcher adopted it: with the symlink it saw it beat and never
+    started this ring's driver; with the copy it found it stale and SIGTERMed
+    the *other* ring's driver (and this ring's own driver exited 75, "another
+    driver holds the lock", naming it)."""
+    from conftest import Ring
+    (tmp_path / "other").mkdir()
+    other = Ring(tmp_path / "other")
+    try:
+        simple_ring(other)
+        other_driver = other.start_driver()
+        theirs = wait_driver(other)
+        assert theirs["pid"] == other_driver.pid
+        if how == "symlink":
+            os.symlink(other.state / "ringd.heartbeat", ring.state / "ringd.heartbeat")
+        else:
+            (ring.state / "ringd.heartbeat").write_bytes((other.state / "ringd.heartbeat").read_bytes())
+        simple_ring(ring)
+        watcher = ring.start_watcher()
+        ours = wait_driver(ring, not_pid=theirs["pid"], timeout=15)
+        assert psutil.Process(ours["pid"]).ppid() == watcher.pid
+        # and the other ring's driver is never touched: beyond stale_after it still beats
+        deadline = time.monotonic() + ring.config["watch"]["stale_after"] + 1.0
+        wait_until(lambda: time.monotonic() > deadline, 10, message="stale_after to pass")
+        assert alive(theirs["pid"], theirs["pid_start"])
+        assert wait_driver(other)["pid"] == theirs["pid"]
+        err = stop_watcher(ring, watcher)
+        assert "already running (pid %d)" % theirs["pid"] not in err
+        assert f"pid {theirs['pid']}" not in err, err
+    finally:
+        other.cleanup()
+
+
+def test_a_watcher_state_copied_from_another_running_ring_is_not_this_rings(ring, tmp_path):
+    """ringwatch.json names its watcher (pid and start ticks), and a watcher that
+    finds a live one there refuses to run beside it. A copy of another running
+    ring's state dir carries that ring's ringwatch.json: this ring's watcher must
+    neither yield to the other ring's watcher (exit 75 forever) nor count its
+    restarts, and `ringd status` must not show it as this ring's watcher."""
+    from conftest import Ring
+    (tmp_path / "other").mkdir()
+    other = Ring(tmp_path / "other")
+    try:
+        simple_ring(other)
+        theirs = other.start_watcher()
+        wait_driver(other)
+        wait_until(lambda: watch_state(other).get("pid") == theirs.pid)
+        data = watch_state(other)
+        data["restarts"] = [data["started_at"]] * 3
+        (ring.state / "ringwatch.json").write_text(json.dumps(data))
+        simple_ring(ring)
+        st = json.loads(ring.cli("status", "--json").stdout)
+        assert st["watcher"]["alive"] is False and st["watcher"]["pid"] is None, st["watcher"]
+        ours = ring.start_watcher()
+        wait_driver(ring)
+        wait_until(lambda: watch_state(ring).get("pid") == ours.pid and watch_state(ring).get("last_poll_at"))
+        assert ours.poll() is None and watch_state(ring)["restarts"] == []
+        st = json.loads(ring.cli("status", "--json").stdout)
+        assert st["watcher"]["pid"] == ours.pid and st["watcher"]["alive"] is True
+        stop_watcher(ring, ours)
+        assert theirs.poll() is None
+    finally:
+        other.cleanup()
+
+
+def test_state_files_nested_too_deep_for_the_json_parser_read_as_unreadable(ring):
+    """``json.loads`` raises RecursionError (not a ValueError) on a document nested
+    some thousand levels deep: a heartbeat or ringwatch.json of 64 KiB of '['
+    crashed the watcher at start-up (exit 70, "internal error") and `ringd status`.
+    They read as unreadable: the watcher starts and replaces the heartbeat."""
+    simple_ring(ring)
+    (ring.state / "ringd.heartbeat").write_bytes(b"[" * 70000)
+    (ring.state / "ringwatch.json").write_bytes(b'{"a":' * 30000)
+    res = ring.cli("status", "--json")
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert json.loads(res.stdout)["driver"]["health"] == "stopped"
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    assert psutil.Process(hb["pid"]).ppid() == watcher.pid
+    wait_until(lambda: watch_state(ring).get("pid") == watcher.pid, message="ringwatch.json rewritten")
+    stop_watcher(ring, watcher)
+
+
+def test_metrics_never_report_another_rings_watcher_state(ring, tmp_path):
+    """metrics.prom's ring_watcher_restarts / ring_watcher_gave_up came from any
+    ringwatch.json, a copy of another ring's included."""
+    simple_ring(ring)
+    other = tmp_path / "other-state"
+    other.mkdir(mode=0o700)
+    from ringd.heartbeat import whose
+    (ring.state / "ringwatch.json").write_text(json.dumps(
+        {**whose(other), "pid": 1, "restarts": ["2026-01-01T00:00:00+00:00"] * 3, "gave_up": True}))
+    done = ring.cli("run", "--once")
+    assert done.returncode == 0, done.stderr
+    text = (ring.state / "metrics.prom").read_text()
+    assert "ring_watcher_gave_up 1" not in text and "ring_watcher_restarts 3" not in text, text
+
+
+def test_a_wall_clock_set_back_never_turns_old_restarts_into_a_burst(ring):
+    """The restart window was kept in wall-clock times: after the clock was set
+    back an hour, restarts spread over the last minutes were all "in the future",
+    clamped to now, and counted as one burst - the next failure made the watcher
+    give up (exit 70) though the driver never failed faster than the limit. The
+    window is kept on the boot clock (ringwatch.json's restart_clock)."""
+    from ringd.heartbeat import iso
+    ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 30})
+    simple_ring(ring)
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    boot, wall = time.clock_gettime(time.CLOCK_BOOTTIME), time.time()
+    # two restarts 100 and 90 s ago by the boot clock, recorded while the wall clock was an hour ahead
+    since_boot = {iso(wall + 3600 - ago): boot - ago for ago in (100, 90)}
+    (ring.state / "ringwatch.json").write_text(json.dumps(
+        {"restarts": list(since_boot), "restart_clock": {"boot_id": boot_id, "since_boot": since_boot}}))
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    try:
+        wait_driver(ring, not_pid=pid, timeout=15)
+    except AssertionError:
+        rc = watcher.poll()
+        raise AssertionError(f"no new driver (watcher exit {rc}): {(ring.base / 'proc-0.stderr').read_text()[-600:]}")
+    assert len(watch_state(ring)["restarts"]) == 1
+    stop_watcher(ring, watcher)

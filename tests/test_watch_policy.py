@@ -195,3 +195,39 @@ def test_prune_drops_garbage_and_clamps_future_times():
 
 def test_record_restart_prunes_and_sorts():
     assert policy.record_restart([50.0, 1.0], 60.0, 30) == [50.0, 60.0]
+
+
+# --- the persisted window: seconds since boot (ringwatch.state, pure given a Clock) -------
+
+def test_restarts_of_this_boot_keep_their_boot_time_whatever_the_wall_clock_did():
+    """Three restarts 100-80 s ago by the boot clock; the wall clock was then set
+    back an hour. Their ISO times are now an hour in the future: placed by the
+    wall clock (clamped to now) they were a burst in the window and the watcher
+    gave up; by their boot time they are long out of a 30 s window."""
+    from ringwatch.state import Clock, encode_restarts, restart_times
+    before = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
+    saved = encode_restarts([900.0, 910.0, 920.0], before)
+    assert saved["restarts"][0] == "2027-01-15T07:58:20+00:00"
+    after = Clock(boot_id="b1", boot=1000.0 + 5, wall=before.wall - 3600 + 5)   # stepped back an hour
+    times = restart_times(saved, after)
+    assert times == [900.0, 910.0, 920.0]
+    assert policy.prune(times, after.boot, 30) == []
+    # and stepped forward a day: still in a 200 s window, not forgotten
+    ahead = Clock(boot_id="b1", boot=1005.0, wall=before.wall + 86400)
+    assert policy.prune(restart_times(saved, ahead), ahead.boot, 200) == [900.0, 910.0, 920.0]
+
+
+def test_restarts_of_another_boot_or_an_older_ringwatch_are_placed_by_wall_time():
+    from ringwatch.state import Clock, encode_restarts, restart_times
+    old = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
+    saved = encode_restarts([990.0], old)
+    rebooted = Clock(boot_id="b2", boot=30.0, wall=old.wall + 60)   # 60 s later by the wall clock
+    assert restart_times(saved, rebooted) == [30.0 - 70.0]
+    legacy = {"restarts": saved["restarts"] + [old.wall - 5, "garbage", None, True]}
+    assert restart_times(legacy, old) == [990.0, 995.0]
+    # a hand-edited or stale restart_clock never gives a bad number
+    bad = dict(saved, restart_clock={"boot_id": "b1", "since_boot": {saved["restarts"][0]: "x"}})
+    assert restart_times(bad, old) == [990.0]
+    bad = dict(saved, restart_clock={"boot_id": "b1", "since_boot": {saved["restarts"][0]: float("nan")}})
+    assert restart_times(bad, old) == [990.0]
+    assert restart_times({"restarts": "x", "restart_clock": []}, old) == []
