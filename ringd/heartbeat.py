@@ -106,6 +106,12 @@ def read_own(path: Path, state_dir: Path) -> Optional[Dict[str, Any]]:
     return None
 
 
+def watcher_alive(data: Optional[Dict[str, Any]]) -> bool:
+    """Is the watcher that wrote ``ringwatch.json`` (``data``) still running: its
+    pid *and* start ticks, never a recycled pid; not after its clean stop."""
+    return bool(data) and not data.get("stopped") and procid.same_process(data.get("pid"), data.get("pid_start"))
+
+
 def whose(state_dir: Path) -> Dict[str, Any]:
     """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`)."""
     return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir)}

@@ -26,7 +26,7 @@ from .errors import STATUS_OK as EXIT_HEALTHY
 from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
-from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_own
+from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_own, watcher_alive
 from .journal import Journal, JournalError, RunRow, journal_path
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
@@ -180,16 +180,6 @@ def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
 def _future(ts: Optional[float], now: float) -> Optional[str]:
     """ISO time of ``ts`` if it is still ahead, else None (a passed back-off is over)."""
     return iso(ts) if ts is not None and ts > now else None
-
-
-def watcher_alive(data: Optional[Mapping[str, Any]]) -> bool:
-    """Is the watcher that wrote ``ringwatch.json`` alive (pid *and* start time)?"""
-    if not data or data.get("stopped"):
-        return False
-    pid = data.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool):
-        return False
-    return process_alive(pid, data.get("pid_start"))
 
 
 def build_status(*, state_dir: Path, config: Config, now: float,

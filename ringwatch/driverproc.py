@@ -37,6 +37,7 @@ def open_log(state_dir: Path) -> int:
     neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed (the
     directory is opened O_NOFOLLOW and the file relative to it)."""
     dfd = safefile.open_dir(state_dir, ("logs",))
+    unrotated = None
     try:
         try:
             st = os.stat(DRIVER_LOG, dir_fd=dfd, follow_symlinks=False)
@@ -44,10 +45,15 @@ def open_log(state_dir: Path) -> int:
                 os.replace(DRIVER_LOG, DRIVER_LOG + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             pass
+        except OSError as e:   # a directory at ringd.log.1, a read-only logs/: the driver starts anyway
+            unrotated = e
         fd = safefile.open_in(dfd, DRIVER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     finally:
         os.close(dfd)
     os.fchmod(fd, 0o600)
+    if unrotated is not None:
+        os.write(fd, f"ringwatch: cannot rotate {DRIVER_LOG} to {DRIVER_LOG}.1 "
+                     f"({unrotated.strerror}); appending on\n".encode())
     return fd
 
 

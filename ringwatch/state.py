@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ringd.heartbeat import iso, parse_iso, read_own, write_json_atomic
-from ringd.procid import same_process
+from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
 
 STATE_FILE = "ringwatch.json"
 LOCK_FILE = "ringwatch.lock"
@@ -141,11 +140,6 @@ def encode_restarts(times: List[float], clock: Clock) -> Dict[str, Any]:
     isos = [iso(clock.wall - (clock.boot - b)) for b in times]
     return {"restarts": isos,
             "restart_clock": {"boot_id": clock.boot_id, "since_boot": dict(zip(isos, times))}}
-
-
-def watcher_alive(data: Dict[str, Any]) -> bool:
-    """Is the watcher recorded in ``data`` still running (pid *and* start time)?"""
-    return bool(data) and not data.get("stopped") and same_process(data.get("pid"), data.get("pid_start"))
 
 
 class WatchLock:

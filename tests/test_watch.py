@@ -142,6 +142,28 @@ def test_sigusr1_makes_the_watcher_check_at_once_never_kills_it(ring):
     stop_watcher(ring, watcher)
 
 
+def test_a_driver_log_that_cannot_be_rotated_never_stops_the_watcher_starting_the_driver(ring):
+    """ringd.log past its rotation size with a directory at ringd.log.1: the
+    rotation's rename failed, the driver was never started, and the watcher
+    gave up. The driver starts; ringd.log says why it grows on."""
+    from ringwatch.driverproc import ROTATE_BYTES
+    simple_ring(ring)
+    logs = ring.state / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    with open(logs / "ringd.log", "wb") as f:
+        f.truncate(ROTATE_BYTES + 1)   # sparse: no 16 MiB written
+    (logs / "ringd.log.1").mkdir()
+    watcher = ring.start_watcher()
+    wait_driver(ring)
+    assert watcher.poll() is None, finish(watcher)
+    stop_watcher(ring, watcher)
+    with open(logs / "ringd.log", "rb") as f:
+        f.seek(ROTATE_BYTES)
+        tail = f.read().decode("utf-8", "replace")
+    assert "cannot rotate ringd.log to ringd.log.1" in tail and "appending on" in tail
+    assert (logs / "ringd.log.1").is_dir()
+
+
 def test_second_watcher_refuses_naming_the_first(ring):
     simple_ring(ring)
     first = ring.start_watcher()
