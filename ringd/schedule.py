@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Iterable, List, Optional, Sequence
 
-_MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
+_MAX_WALL_SKIPS = 100   # guard: matches looked at (a repeated stretch is jumped over at once)
 
 
 class ScheduleError(ValueError):
@@ -113,6 +113,12 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
             match = next(it)
             if last_wall is None or match.replace(tzinfo=None) > last_wall:
                 return match.timestamp()
+            # A wall-clock reading repeated (fall-back: an hour, two in some zones):
+            # go on from the reading's later occurrence, never match by match - an
+            # every-minute job would pass over 60 or 120 of them
+            later = last_wall.replace(tzinfo=zone, fold=1)
+            if later.timestamp() > match.timestamp():
+                it = CronSim(schedule.cron, later)
     except StopIteration:  # no match within cronsim's 50-year horizon
         pass
     return float("inf")

@@ -121,6 +121,22 @@ def test_hourly_jobs_stay_an_hour_apart_through_fall_back():
     assert all(3600 - 30 <= g <= 2 * 3600 + 30 for g in gaps), gaps
 
 
+def test_an_every_minute_job_goes_on_after_a_two_hour_fall_back():
+    """Antarctica/Troll falls back two hours (03:00 +02 -> 01:00 +00): the
+    repeated readings (120 every-minute slots) are passed over at once - the
+    job never stops for good (a next due of infinity), nor runs a slot twice."""
+    zone = ZoneInfo("Antarctica/Troll")
+    s = Schedule(cron="* * * * *")
+    ran = ts(zone, 2026, 10, 25, 2, 59, 10)
+    assert local(next_due(s, ran, ran - 60, zone, wall_clock(ran, zone)), zone) == \
+        datetime(2026, 10, 25, 3, 0, tzinfo=zone)
+    start = ts(zone, 2026, 10, 25, 2, 30)
+    starts = simulate(s, start, start + 4 * 3600, 30.0, lambda _: zone)
+    slots = [local(t, zone).replace(tzinfo=None) for t in starts]
+    assert len(set(slots)) == len(slots)
+    assert slots[-1] >= datetime(2026, 10, 25, 4, 29)        # still running, minute by minute
+
+
 def test_a_time_zone_change_neither_repeats_nor_skips_a_day():
     s = Schedule(cron="0 9 * * *")
     start = ts(BERLIN, 2026, 6, 1, 0, 0)
