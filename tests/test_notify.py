@@ -264,6 +264,26 @@ def test_ringd_notify_sends_a_status_that_is_not_utf_8_with_u_fffd(sock):
         send("STATUS=\ud800", address=sock.env)
 
 
+def test_ringd_notify_cuts_a_long_status_to_the_phase_the_ring_keeps(sock):
+    """SPEC: a longer STATUS= text is cut to its first 200 characters. ``ringd
+    notify --status "$(cat report)"`` with 10 000 of them is that phase, exit 0 -
+    not a datagram over 4 KiB refused with exit 1."""
+    sock.set_agent(os.getpid())
+    text = "".join(chr(0x4e00 + i % 500) for i in range(10_000))   # 3 bytes each in UTF-8
+    p = subprocess.Popen([sys.executable, "-m", "ringd", "notify", "--status", text],
+                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO)),
+                         stderr=subprocess.PIPE)
+    got = Heard()
+    deadline = time.monotonic() + 20
+    while p.poll() is None and time.monotonic() < deadline:
+        select.select([sock.fileno()], [], [], 0.05)
+        got.phase = sock.drain().phase or got.phase
+    _, err = p.communicate(timeout=10)
+    got.phase = sock.drain().phase or got.phase
+    assert p.returncode == 0, err
+    assert got.phase == text[:200]
+
+
 def test_oversized_and_malformed_datagrams_are_dropped(sock):
     sock.set_agent(os.getpid())
     _raw_send(sock.env, b"STATUS=" + b"x" * MAX_DATAGRAM)
