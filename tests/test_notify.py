@@ -49,9 +49,11 @@ def test_exactly_four_kib_is_heard():
 def test_phase_is_one_line_cut_to_200_characters():
     assert clean_phase("a" * 500) == "a" * 200
     assert clean_phase("red \x1b[31mtext\r\tand\x07") == "red  [31mtext  and"
-    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True)
-    assert meaning({"WATCHDOG": "0"}) == (None, False)
-    assert meaning({"WATCHDOG": "trigger"}) == (None, False)
+    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True, False)
+    assert meaning({"WATCHDOG": "0"}) == (None, False, False)
+    assert meaning({"WATCHDOG": "trigger"}) == (None, False, True)     # systemd: act as if it starved
+    for ignored in ("WATCHDOG_USEC", "EXTEND_TIMEOUT_USEC", "MAINPID", "READY"):   # not the agent's to change
+        assert meaning({ignored: "1"}) == (None, False, False)
 
 
 def test_phase_is_one_line_in_unicode_aware_tools_too():

@@ -108,6 +108,26 @@ def test_watchdog_never_ends_an_agent_that_pings(ring):
     assert row["duration"] >= 2.5
 
 
+def test_watchdog_trigger_ends_the_run_as_stalled_at_once_without_a_watchdog(ring):
+    """systemd's WATCHDOG=trigger ("I found an internal error: act as if my
+    watchdog starved", WatchdogSec= or not): the run ends ``stalled`` at once,
+    reason ``watchdog: ...``, its tree killed - not at its 30 s budget."""
+    agent = ring.agents_dir / "wedged.py"
+    agent.write_text("import sdnotify, subprocess, time\n"
+                     "subprocess.Popen(['sleep', '60'])\n"
+                     "sdnotify.SystemdNotifier(debug=True).notify('STATUS=stuck\\nWATCHDOG=trigger')\n"
+                     "time.sleep(60)\n")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"wedged {sys.executable} {agent}")
+    drv = ring.start_driver()
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=20,
+                     message="the triggered run ended")[0]
+    stop(ring, drv)
+    assert row["status"] == "stalled" and row["reason"].startswith("watchdog:"), dict(row)
+    assert row["duration"] < 10 and row["phase"] == "stuck"
+    assert "WATCHDOG=trigger" in drv.communicate()[1].decode()
+
+
 def test_a_run_that_gets_no_notify_socket_is_not_ended_by_a_watchdog_it_cannot_ping(ring):
     """Run 1 leaves a directory where run 2's socket goes: run 2 gets no
     socket (logged), so no voice - and no watchdog to starve: it runs its
