@@ -58,27 +58,56 @@ def check_cron(expr: object) -> str:
 
 
 def local_zone() -> tzinfo:
-    """The box's local time zone as a zoneinfo zone (so DST rules are known):
-    ``$TZ`` if it names a zone, else ``/etc/localtime``, else UTC."""
-    from zoneinfo import ZoneInfo
-
+    """The box's local time zone as its C library reads it (cron's "local time"),
+    as a zoneinfo zone (so DST rules are known): ``$TZ`` - a zone name, a TZif
+    file (``:/path``), a POSIX rule (``CET-1CEST,M3.5.0,M10.5.0/3``), UTC when
+    empty or unusable, as libc takes it - else ``/etc/localtime``, else UTC.
+    Never raises: whatever TZ says, ``ringd run`` runs what ``ringd check`` accepted."""
     tz = os.environ.get("TZ")
-    if tz:
-        key = tz[1:] if tz.startswith(":") else tz
-        try:
-            if key.startswith("/"):
-                with open(key, "rb") as f:
-                    return ZoneInfo.from_file(f, key=key)
-            return ZoneInfo(key)
-        except (OSError, ValueError):
-            pass  # a POSIX rule string such as "CET-1CEST,M3.5.0,M10.5.0/3": fall back below
-        if key in ("UTC", "UTC0", "GMT", "GMT0"):
-            return timezone.utc
-    try:
-        with open("/etc/localtime", "rb") as f:
-            return ZoneInfo.from_file(f, key="localtime")
-    except (OSError, ValueError):
+    if tz is None:
+        return _zone_file("/etc/localtime", "localtime") or timezone.utc
+    key = tz[1:] if tz.startswith(":") else tz
+    if not key:
         return timezone.utc
+    if key.startswith("/"):
+        return _zone_file(key, key) or timezone.utc
+    from zoneinfo import ZoneInfo
+    try:
+        return ZoneInfo(key)
+    except (ValueError, OSError, KeyError):   # KeyError: ZoneInfoNotFoundError
+        pass
+    return _posix_rule(key) or timezone.utc
+
+
+def _zone_file(path: str, key: str) -> Optional[tzinfo]:
+    from zoneinfo import ZoneInfo
+    from .safefile import open_regular
+    try:
+        f = os.fdopen(open_regular(path), "rb")
+    except OSError:
+        return None
+    with f:
+        try:
+            return ZoneInfo.from_file(f, key=key)
+        except (ValueError, OSError):
+            return None
+
+
+def _posix_rule(rule: str) -> Optional[tzinfo]:
+    """A POSIX TZ rule as a zone: a TZif file (RFC 8536, version 2) with no
+    transitions, whose footer rule then holds for every instant. None when
+    zoneinfo cannot read the rule (libc then uses UTC too)."""
+    import io
+    import struct
+    from zoneinfo import ZoneInfo
+    if not rule.isascii() or "\n" in rule:
+        return None
+    # one time type (UTC, "UTC\0"), no transitions: in the 32- and the 64-bit block alike
+    block = b"TZif2" + bytes(15) + struct.pack(">6l", 0, 0, 0, 0, 1, 4) + struct.pack(">lBB", 0, 0, 0) + b"UTC\0"
+    try:
+        return ZoneInfo.from_file(io.BytesIO(block + block + b"\n" + rule.encode() + b"\n"), key=rule)
+    except (ValueError, OSError):
+        return None
 
 
 def next_due(schedule: Schedule, last_start: Optional[float], since: float,

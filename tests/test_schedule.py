@@ -169,6 +169,20 @@ def test_local_zone_follows_tz(monkeypatch):
     assert next_due(s, None, since) == ts(BERLIN, 2026, 1, 5, 12, 0)   # zone taken from TZ
 
 
+def test_local_zone_reads_tz_as_libc_does_and_never_raises(monkeypatch):
+    """A POSIX rule is a zone with its DST; an empty or unusable TZ is UTC (as
+    libc takes it) - never ZoneInfoNotFoundError out of every turn of the driver."""
+    monkeypatch.setenv("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")
+    rule = local_zone()
+    for t in (ts(BERLIN, 2026, 1, 5, 12, 0), ts(BERLIN, 2026, 7, 5, 12, 0),
+              ts(BERLIN, 2026, 10, 25, 2, 30, fold=0), ts(BERLIN, 2026, 10, 25, 2, 30, fold=1)):
+        assert local(t, rule).replace(tzinfo=None) == local(t, BERLIN).replace(tzinfo=None)
+    assert next_due(Schedule(cron="0 12 * * *"), None, ts(BERLIN, 2026, 7, 5, 11, 0)) == ts(BERLIN, 2026, 7, 5, 12, 0)
+    for unusable in ("Nowhere/Land", "", ":", "/nonexistent", "/etc/passwd", "CET-1CEST", "\u00e9", "../../etc/passwd"):
+        monkeypatch.setenv("TZ", unusable)
+        assert local_zone().utcoffset(datetime(2026, 7, 5)) == timedelta(0), unusable
+
+
 @pytest.mark.parametrize("expr,why", [
     ("* * * *", "five fields"), ("* * * * * *", "five fields"), ("61 * * * *", "minute"),
     ("0 0 30 2 *", "day-of-month"), (5, "cron expression in quotes"), ("@daily", "five fields"),

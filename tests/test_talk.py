@@ -259,6 +259,27 @@ def test_status_names_the_turn_the_driver_takes_around_scheduled_agents(ring):
     assert [r["agent"] for r in ring.runs()][:4] == ["a", "b", "job", "c"]
 
 
+def test_a_tz_that_names_no_zone_file_still_runs_the_ring_check_accepted(ring):
+    """TZ as a POSIX rule (no zone file of that name) or a name no zone has:
+    ``ringd check`` accepts the ring, so ``ringd run`` runs it and ``status``
+    shows each scheduled agent's next due - never a ZoneInfoNotFoundError."""
+    ring.agent("a", "exit 0")
+    ring.agent("job", "exit 0")
+    ring.write_config(agents={"job": {"every": 3600}, "cron": {"schedule": "0 12 * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"job {ring.agents_dir}/job.sh", f"cron {ring.agents_dir}/job.sh")
+    for tz in ("CET-1CEST,M3.5.0,M10.5.0/3", "Nowhere/Land"):
+        env = dict(ring.env, TZ=tz)
+        assert ring.cli("check", env=env).returncode == 0
+        drv = ring.start_driver("--once", env=env)
+        out, err = drv.communicate(timeout=60)
+        assert drv.returncode == 0 and b"Traceback" not in err, err.decode()
+        r = ring.cli("status", "--json", env=env)
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        due = {a["name"]: a["next_due"] for a in json.loads(r.stdout)["agents"]}
+        assert due["a"] is None and due["job"] and due["cron"], due
+    assert {r["agent"] for r in ring.runs() if r["status"] == "ok"} == {"a", "job"}
+
+
 def test_bad_cron_exits_78_naming_the_key(ring):
     ring.agent("a", "true")
     ring.roster(f"a {ring.agents_dir}/a.sh")
