@@ -224,13 +224,21 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         # step's length later (a smaller step stretches one wait, to twice the period at most;
         # a cron slot is a wall-clock reading instead, never run twice: next_due)
         last_start = now - schedule.every
+    if kept["since"] > now:
+        # first seen on a wall clock stepped back since: a schedule that never ran has no
+        # slot to run twice - due at its next match from now (kept: a since that moved
+        # with the clock would never reach its match), not once the clock is back
+        kept["since"] = now
+        if write:
+            tx.set_meta(_meta_key(name), json.dumps(kept))
+    since = float(kept["since"])
     wall = None
     if isinstance(kept.get("last_wall"), str):
         try:
             wall = datetime.fromisoformat(kept["last_wall"])
         except ValueError:
             wall = None
-    return Entry(name, schedule, last_start, float(kept["since"]), wall)
+    return Entry(name, schedule, last_start, since, wall)
 
 
 def last_turn(journal, config, newest):
