@@ -218,6 +218,9 @@ def test_schedule_and_watchdog_keys_reach_the_config():
     assert cfg.schedule_for("b") == Schedule(every=2)
     assert cfg.schedule_for("c") is None
     assert (cfg.watchdog_for("a"), cfg.watchdog_for("b")) == (30, 5)
+    # null turns the ring's watchdog off for one agent (an agent that does not speak the protocol)
+    cfg = parse_config({"ring": {"watchdog": 30}, "agents": {"legacy": {"watchdog": None}, "c": {"cwd": "/"}}})
+    assert (cfg.watchdog_for("legacy"), cfg.watchdog_for("c"), cfg.watchdog_for("other")) == (None, 30, 30)
     assert parse_config({}).watchdog_for("a") is None
 
 

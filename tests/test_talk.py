@@ -88,6 +88,25 @@ def test_watchdog_ends_a_silent_agent_in_about_n_seconds(ring):
     assert agent["consecutive_failures"] >= 1                      # a bad ending ("Whose fault")
 
 
+def test_agents_watchdog_null_exempts_one_agent_from_the_rings_watchdog(ring):
+    """``ring.watchdog: 1`` for every agent, ``agents.legacy.watchdog: null`` for
+    one that does not speak the protocol: it runs its 2.5 s to ``ok``, with no
+    WATCHDOG_USEC to honour, while a silent agent without the exemption is ended."""
+    seen = ring.base / "legacy-env"
+    ring.agent("legacy", f'echo "${{WATCHDOG_USEC:-none}}" > {seen}\nsleep 2.5')
+    ring.agent("silent", "exec sleep 30")
+    ring.write_config(ring={"watchdog": 1.0, "run_budget": 30, "stall_threshold": 40},
+                      agents={"legacy": {"watchdog": None}})
+    ring.roster(f"legacy {ring.agents_dir}/legacy.sh", f"silent {ring.agents_dir}/silent.sh")
+    drv = ring.start_driver("--once")
+    out, err = drv.communicate(timeout=60)
+    assert drv.returncode == 0, err.decode()
+    rows = {r["agent"]: r for r in ring.runs()}
+    assert rows["legacy"]["status"] == "ok" and rows["legacy"]["duration"] >= 2.4, dict(rows["legacy"])
+    assert seen.read_text().strip() == "none"
+    assert rows["silent"]["status"] == "stalled" and rows["silent"]["reason"].startswith("watchdog:")
+
+
 def test_watchdog_never_ends_an_agent_that_pings(ring):
     agent = ring.agents_dir / "pinger.py"
     agent.write_text("import sdnotify, time\n"
