@@ -548,7 +548,8 @@ class Driver:
             self.ended(hop.run())
             return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
-            self.ran_scheduled.clear()
+            if not self.once:   # ``--once``: one lap, each scheduled agent once in it at most
+                self.ran_scheduled.clear()
             self.at_lap_start = False
             self.cursor = (agent.name, plan.index)
             self.prev_index = plan.index

@@ -431,6 +431,18 @@ def test_a_cron_job_that_never_ran_is_due_at_its_next_match_after_the_clock_step
     assert len(starts) >= 3 and all(abs(b - a - 3600.0) < 1.0 for a, b in zip(starts, starts[1:])), starts
 
 
+@pytest.mark.parametrize("names", [["j1", "j2"], ["a", "j1"]])
+def test_once_ends_its_lap_though_a_scheduled_agent_is_due_again(tmp_path, names):
+    """``ringd run --once`` (one lap, each agent once) with ``every: 0.5`` jobs
+    whose runs last 1 s: each is due again as soon as it ends. The lap still
+    ends - each agent ran once - instead of running the job again and again."""
+    d, env, j = make(tmp_path, names, once=True, default=Behaviour(runs_for=1.0),
+                     agents={n: AgentOverride(every=0.5) for n in names if n.startswith("j")})
+    env.send(300.0, signal.SIGTERM)   # a bound: the lap takes 2 s
+    assert d.run() == 0
+    assert sorted(r.agent for r in rows(j)) == sorted(names) and env.t < 10.0, (env.t, len(rows(j)))
+
+
 class TakenOver:
     """A many-host driver's leadership just taken over from a lapsed leader
     (the part of ringd.leader.Leader that Driver.lead uses)."""

@@ -278,6 +278,10 @@ def test_once_counts_scheduled_agents_as_passed_positions():
     p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
                              scheduled={"tick": 300.0, "nightly": 200.0}))
     assert (p.index, p.passed, p.until) == (None, [0, 1], 200.0)
+    # due again already (its run outlasted its period): under --once the lap is over
+    p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
+                             scheduled={"tick": 99.0, "nightly": 200.0}, ran_scheduled=frozenset({"tick"})))
+    assert (p.index, p.passed) == (None, [0, 1])
 
 
 def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
