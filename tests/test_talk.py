@@ -70,6 +70,25 @@ def test_phases_show_in_status_and_history(ring):
     stop(ring, drv)
 
 
+def test_a_run_force_failed_or_reaped_keeps_the_last_phase_it_said(ring):
+    """SPEC: the last STATUS= is kept on the run (``phase`` in history). A run an
+    operator force-fails, and one whose driver dies (SIGKILL) and that the
+    reaper closes, keep it too - they are the runs whose phase says most."""
+    ring.agent("talker", f'{NOTIFY} --status "phase of run $RING_RUN_ID"\nexec sleep 60')
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"talker {ring.agents_dir}/talker.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: current(ring).get("phase") == "phase of run 1", timeout=20, message="run 1's phase")
+    assert ring.cli("force-fail").returncode == 0
+    wait_until(lambda: current(ring).get("phase") == "phase of run 2", timeout=20, message="run 2's phase")
+    drv.kill()                      # the driver dies; its agent is an orphan until a reaper runs
+    drv.wait(timeout=10)
+    runs = {r["id"]: r for r in history_json(ring)}   # history reaps first
+    assert (runs[1]["status"], runs[1]["phase"]) == ("interrupted", "phase of run 1"), runs[1]
+    assert (runs[2]["status"], runs[2]["phase"]) == ("interrupted", "phase of run 2"), runs[2]
+    assert "died" in runs[2]["reason"]
+
+
 def test_watchdog_ends_a_silent_agent_in_about_n_seconds(ring):
     out = ring.base / "wd-env"
     ring.agent("silent", f'echo "$WATCHDOG_USEC $WATCHDOG_PID $$" > {out}\nexec sleep 60')
