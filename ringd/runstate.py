@@ -9,8 +9,8 @@ a stall at the same instant as an exit - is a plain function call to test.
 
 Rules (SPEC "An agent's life"): at the budget SIGTERM to the group; at the stall
 threshold, or when the agent's watchdog starves (or it says WATCHDOG=trigger),
-the run is killed and counts as ``stalled``; an operator skip or a driver stop SIGTERMs the group and kills the
-tree after a short grace. The first ending decided stays decided: a skipped run
+the run is killed and counts as ``stalled``; an operator skip or a driver stop
+SIGTERMs the group and kills the tree after a short grace. The first ending decided stays decided: a skipped run
 stays ``skipped`` if the driver stops during the skip's grace. An exit observed
 together with a deadline or a stop is the agent's own ending.
 """

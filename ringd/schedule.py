@@ -80,6 +80,8 @@ def local_zone() -> tzinfo:
 
 
 def _zone_file(path: str, key: str) -> Optional[tzinfo]:
+    """The TZif file at ``path`` as a zone; None when it is missing, not a regular
+    file (never a blocking read of a FIFO) or not TZif."""
     from zoneinfo import ZoneInfo
     from .safefile import open_regular
     try:
