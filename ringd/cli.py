@@ -524,8 +524,10 @@ def notify(text: Optional[str], ping: bool) -> None:
     """For agents: speak to the ring's $NOTIFY_SOCKET like systemd-notify.
 
     Exit 1 when NOTIFY_SOCKET is not set or the message cannot be sent."""
-    from .notify import NotifyError, send   # stdlib only: no journal, no rich, no psutil
-    lines = ([f"STATUS={' '.join(text.splitlines())}"] if text is not None else []) + (["WATCHDOG=1"] if ping else [])
+    from .notify import PHASE_CHARS, NotifyError, send   # stdlib only: no journal, no rich, no psutil
+    # cut as the ring cuts it (SPEC): a long text is a phase, never a datagram too big to be heard
+    phase = " ".join(text.splitlines())[:PHASE_CHARS] if text is not None else None
+    lines = ([f"STATUS={phase}"] if phase is not None else []) + (["WATCHDOG=1"] if ping else [])
     if not lines:
         raise fail("nothing to send: give --status TEXT and/or --ping", 2)
     try:

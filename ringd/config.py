@@ -29,7 +29,7 @@ class AgentOverride:
     run_budget: Optional[float] = None
     stall_threshold: Optional[float] = None
     cwd: Optional[str] = None
-    watchdog: Optional[float] = None       # s without WATCHDOG=1 before the run is ended
+    watchdog: Optional[float] = None       # s without WATCHDOG=1 before the run is ended; 0: off (null)
     schedule: Optional[str] = None         # five-field cron (local time): a scheduled agent
     every: Optional[float] = None          # s between starts: a scheduled agent
 
@@ -95,8 +95,12 @@ class Config:
         )
 
     def watchdog_for(self, agent: str) -> Optional[float]:
+        """The agent's watchdog in seconds, or None (off): its own, else ``ring.watchdog``;
+        ``agents.<name>.watchdog: null`` turns the ring's off for that agent."""
         o = self.agents.get(agent)
-        return o.watchdog if o and o.watchdog is not None else self.ring.watchdog
+        if o is None or o.watchdog is None:
+            return self.ring.watchdog
+        return o.watchdog or None
 
     def schedule_for(self, agent: str):
         """The agent's :class:`ringd.schedule.Schedule`, or None for an ordinary agent."""
@@ -325,8 +329,8 @@ def _talk_keys(section: str, spec: Mapping[str, Any]) -> dict:
     """``watchdog``, ``schedule`` and ``every`` of one agent (null = off)."""
     from .schedule import ScheduleError, check_cron
     values: dict = {}
-    if spec.get("watchdog") is not None:
-        values["watchdog"] = _number(f"{section}.watchdog", spec["watchdog"])
+    if "watchdog" in spec:   # null: off for this agent, whatever ring.watchdog says
+        values["watchdog"] = 0.0 if spec["watchdog"] is None else _number(f"{section}.watchdog", spec["watchdog"])
     if spec.get("schedule") is not None and spec.get("every") is not None:
         raise ConfigError(f"{section}.every: give either schedule or every, not both")
     if spec.get("schedule") is not None:

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 from . import transitions
 from .config import Config
 from .heartbeat import read_heartbeat
-from .notify import without_controls
+from .notify import read_notes, without_controls
 from .procid import same_process
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
@@ -160,7 +160,8 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         _, roster, _ = roster_view(config, state_dir)
         line = dict(roster).get(row.agent) if roster else None
         closed = transitions.close_row(writer, row, "interrupted", source="operator", now=time.time(),
-                                       ring=config.ring, line=line, reason=text)
+                                       ring=config.ring, line=line, reason=text,
+                                       phase=read_notes(state_dir, row.id).get("phase"))
         after = writer.run(row.id)
         result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed is not None,
                                  status=after.status if after else "interrupted")

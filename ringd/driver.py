@@ -38,6 +38,7 @@ from .roster import RosterSource, next_index
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
 JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
+CLOCK_STEP = 1.0            # s the wall clock must jump (against the monotonic one) to count as stepped
 UNCONFIRMED_START = ("its start was committed, but the driver never heard so (the journal's connection "
                      "was lost at the commit): no process was started")
 
@@ -246,18 +247,23 @@ class Driver:
               wall_until: Optional[float] = None) -> None:
         """Sleep ``seconds`` (None: until something happens) while beating; returns
         early on a signal that asks for something, or on a roster edit. ``wall_until``:
-        also return once the wall clock reaches it (looked at every beat): a due
-        time is a wall-clock time, and the wall clock may be stepped forward, or
-        move on through a suspend, while the monotonic clock does not."""
+        also return once the wall clock reaches it, or is stepped (looked at every
+        beat): a due time is a wall-clock time, and the wall clock may be stepped
+        forward, move on through a suspend, or be stepped back - bringing a due
+        time of the new clock nearer than ``seconds`` - while the monotonic clock
+        does not."""
         env = self.env
         self.flush()   # never wait with a run's end unrecorded
         end = None if seconds is None else env.monotonic() + seconds
+        skew = env.wall() - env.monotonic()
         while not self.stop_requested:
             now = env.monotonic()
             if end is not None and now >= end:
                 return
-            if wall_until is not None and env.wall() >= wall_until:
-                return
+            if wall_until is not None:
+                wall = env.wall()
+                if wall >= wall_until or abs(wall - now - skew) > CLOCK_STEP:
+                    return
             self.beat_if_due()
             # the roster file is looked at (one stat) at least once a heartbeat
             timeout = wait_timeout(now, end, self.next_beat, self.next_beat)
@@ -542,7 +548,8 @@ class Driver:
             self.ended(hop.run())
             return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
-            self.ran_scheduled.clear()
+            if not self.once:   # ``--once``: one lap, each scheduled agent once in it at most
+                self.ran_scheduled.clear()
             self.at_lap_start = False
             self.cursor = (agent.name, plan.index)
             self.prev_index = plan.index

@@ -27,7 +27,7 @@ from .journal import Journal, JournalError
 from .notify import Notes, watchdog_usec
 from .policy import Requests
 from .roster import Agent, resolve_program
-from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick
+from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
 
 PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
 
@@ -249,6 +249,8 @@ class Hop:
             events.append(Phase(heard.phase))
         if heard.pings:
             events.append(Ping())
+        if heard.triggered:
+            events.append(Trigger())
         return events
 
     def _publish_notes(self, now: float, force: bool = False) -> None:

@@ -87,10 +87,17 @@ def watchdog_usec(seconds: float) -> str:
     return str(max(1, int(seconds * 1_000_000)))
 
 
-def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool]:
-    """(phase or None, pinged) of one parsed datagram."""
+def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool, bool]:
+    """(phase or None, pinged, triggered) of one parsed datagram. ``WATCHDOG=trigger``
+    is systemd's "I detected an internal error: act as if my watchdog starved"
+    (with or without a configured watchdog). What else systemd's protocol says
+    is not the agent's to change here: ``WATCHDOG_USEC=`` (its watchdog is the
+    operator's setting), ``EXTEND_TIMEOUT_USEC=`` (the budget is), ``MAINPID=``
+    (the run's process is the one the driver started), ``READY=1``, ``FDSTORE=1``
+    ...: heard and ignored."""
     phase = clean_phase(fields["STATUS"]) if "STATUS" in fields else None
-    return phase, fields.get("WATCHDOG") == "1"
+    watchdog = fields.get("WATCHDOG")
+    return phase, watchdog == "1", watchdog == "trigger"
 
 
 # --- who may speak -------------------------------------------------------------------
@@ -196,6 +203,7 @@ class Heard:
     """What one drain of the socket brought."""
     phase: Optional[str] = None     # the last STATUS= among accepted datagrams
     pings: int = 0                  # accepted WATCHDOG=1
+    triggered: bool = False         # an accepted WATCHDOG=trigger
     accepted: int = 0
     dropped: int = 0
     more: bool = False              # the cap was reached: datagrams may be waiting
@@ -312,11 +320,12 @@ class NotifySocket:
                 heard.dropped += 1
                 continue
             heard.accepted += 1
-            phase, pinged = meaning(fields)
+            phase, pinged, triggered = meaning(fields)
             if phase is not None:
                 heard.phase = phase
             if pinged:
                 heard.pings += 1
+            heard.triggered = heard.triggered or triggered
         heard.more = True
         return heard
 

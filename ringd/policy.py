@@ -183,7 +183,8 @@ def plan_turn(inp: TurnInputs) -> Plan:
     or is skipped takes the turn; agents that pass, that an operator paused,
     and scheduled ones are stepped over. A scheduled agent due again already
     (its run outlasted its period) waits for the ordinary turn, unless no
-    ordinary agent wants it."""
+    ordinary agent wants it - and never under ``--once`` (a ``limit``): one lap
+    runs each agent once, and a job due again forever would never end it."""
     n = len(inp.roster)
     if inp.requested is not None:
         names = [name for name, _ in inp.roster]
@@ -220,7 +221,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
         passed.append(i)
         if d.until is not None:
             dues.append(d.until)
-    if again is not None:
+    if again is not None and inp.limit is None:
         return again
     return Plan(None, None, passed, min(dues) if dues else None)
 

@@ -16,6 +16,7 @@ from typing import Callable, List, Optional
 
 from . import cgroup, proctree
 from .config import Config
+from .notify import read_notes
 from .procid import same_process
 from .journal import Journal, RunRow
 from .transitions import Closed, close_row
@@ -54,8 +55,9 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     reason = f"driver (pid {row.driver_pid}) died while it ran"
     if killed:
         reason += f"; killed {killed} leftover process(es)"
+    # the run's last phase is on the run (SPEC), also when its driver died: as it last published it
     closed = close_row(journal, row, "interrupted", source="reaper", now=time.time(), ring=config.ring,
-                       line=line_of(row.agent), reason=reason)
+                       line=line_of(row.agent), reason=reason, phase=read_notes(state_dir, row.id).get("phase"))
     if closed is None:
         return []
     log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")

@@ -8,9 +8,9 @@ ordering that matters - a skip during the budget's grace, a stop during a skip,
 a stall at the same instant as an exit - is a plain function call to test.
 
 Rules (SPEC "An agent's life"): at the budget SIGTERM to the group; at the stall
-threshold, or when the agent's watchdog starves, the run is killed and counts as
-``stalled``; an operator skip or a driver stop SIGTERMs the group and kills the
-tree after a short grace. The first ending decided stays decided: a skipped run
+threshold, or when the agent's watchdog starves (or it says WATCHDOG=trigger),
+the run is killed and counts as ``stalled``; an operator skip or a driver stop
+SIGTERMs the group and kills the tree after a short grace. The first ending decided stays decided: a skipped run
 stays ``skipped`` if the driver stops during the skip's grace. An exit observed
 together with a deadline or a stop is the agent's own ending.
 """
@@ -58,12 +58,17 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Trigger:
+    """The agent said WATCHDOG=trigger: end it as if its watchdog starved."""
+
+
+@dataclass(frozen=True)
 class Phase:
     """The agent said STATUS=text."""
     text: str
 
 
-Event = Union[Exited, Tick, Stop, Skip, Ping, Phase]
+Event = Union[Exited, Tick, Stop, Skip, Ping, Trigger, Phase]
 
 
 # --- actions ----------------------------------------------------------------------
@@ -174,6 +179,12 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
         return s2, [Log("skipped by operator")] + acts
     if isinstance(ev, Ping):
         return (replace(s, watchdog_at=now + s.watchdog) if s.watchdog else s), []
+    if isinstance(ev, Trigger):
+        if s.ending is not None:
+            return s, []
+        s, acts = _ending(s, "watchdog", "watchdog: the agent asked to be ended (WATCHDOG=trigger)",
+                          WATCHDOG_GRACE, now)
+        return s, [Log(f"{s.reason}; ending it like a stall")] + acts
     if isinstance(ev, Phase):
         text = ev.text[:PHASE_CHARS]
         return replace(s, phase=text), [SetPhase(text)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Iterable, List, Optional, Sequence
 
-_MAX_WALL_SKIPS = 100   # matches passed over in a repeated wall-clock stretch (DST, TZ moved west)
+_MAX_WALL_SKIPS = 100   # guard: matches looked at (a repeated stretch is jumped over at once)
 
 
 class ScheduleError(ValueError):
@@ -58,27 +58,58 @@ def check_cron(expr: object) -> str:
 
 
 def local_zone() -> tzinfo:
-    """The box's local time zone as a zoneinfo zone (so DST rules are known):
-    ``$TZ`` if it names a zone, else ``/etc/localtime``, else UTC."""
-    from zoneinfo import ZoneInfo
-
+    """The box's local time zone as its C library reads it (cron's "local time"),
+    as a zoneinfo zone (so DST rules are known): ``$TZ`` - a zone name, a TZif
+    file (``:/path``), a POSIX rule (``CET-1CEST,M3.5.0,M10.5.0/3``), UTC when
+    empty or unusable, as libc takes it - else ``/etc/localtime``, else UTC.
+    Never raises: whatever TZ says, ``ringd run`` runs what ``ringd check`` accepted."""
     tz = os.environ.get("TZ")
-    if tz:
-        key = tz[1:] if tz.startswith(":") else tz
-        try:
-            if key.startswith("/"):
-                with open(key, "rb") as f:
-                    return ZoneInfo.from_file(f, key=key)
-            return ZoneInfo(key)
-        except (OSError, ValueError):
-            pass  # a POSIX rule string such as "CET-1CEST,M3.5.0,M10.5.0/3": fall back below
-        if key in ("UTC", "UTC0", "GMT", "GMT0"):
-            return timezone.utc
-    try:
-        with open("/etc/localtime", "rb") as f:
-            return ZoneInfo.from_file(f, key="localtime")
-    except (OSError, ValueError):
+    if tz is None:
+        return _zone_file("/etc/localtime", "localtime") or timezone.utc
+    key = tz[1:] if tz.startswith(":") else tz
+    if not key:
         return timezone.utc
+    if key.startswith("/"):
+        return _zone_file(key, key) or timezone.utc
+    from zoneinfo import ZoneInfo
+    try:
+        return ZoneInfo(key)
+    except (ValueError, OSError, KeyError):   # KeyError: ZoneInfoNotFoundError
+        pass
+    return _posix_rule(key) or timezone.utc
+
+
+def _zone_file(path: str, key: str) -> Optional[tzinfo]:
+    """The TZif file at ``path`` as a zone; None when it is missing, not a regular
+    file (never a blocking read of a FIFO) or not TZif."""
+    from zoneinfo import ZoneInfo
+    from .safefile import open_regular
+    try:
+        f = os.fdopen(open_regular(path), "rb")
+    except OSError:
+        return None
+    with f:
+        try:
+            return ZoneInfo.from_file(f, key=key)
+        except (ValueError, OSError):
+            return None
+
+
+def _posix_rule(rule: str) -> Optional[tzinfo]:
+    """A POSIX TZ rule as a zone: a TZif file (RFC 8536, version 2) with no
+    transitions, whose footer rule then holds for every instant. None when
+    zoneinfo cannot read the rule (libc then uses UTC too)."""
+    import io
+    import struct
+    from zoneinfo import ZoneInfo
+    if not rule.isascii() or "\n" in rule:
+        return None
+    # one time type (UTC, "UTC\0"), no transitions: in the 32- and the 64-bit block alike
+    block = b"TZif2" + bytes(15) + struct.pack(">6l", 0, 0, 0, 0, 1, 4) + struct.pack(">lBB", 0, 0, 0) + b"UTC\0"
+    try:
+        return ZoneInfo.from_file(io.BytesIO(block + block + b"\n" + rule.encode() + b"\n"), key=rule)
+    except (ValueError, OSError):
+        return None
 
 
 def next_due(schedule: Schedule, last_start: Optional[float], since: float,
@@ -113,6 +144,12 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
             match = next(it)
             if last_wall is None or match.replace(tzinfo=None) > last_wall:
                 return match.timestamp()
+            # A wall-clock reading repeated (fall-back: an hour, two in some zones):
+            # go on from the reading's later occurrence, never match by match - an
+            # every-minute job would pass over 60 or 120 of them
+            later = last_wall.replace(tzinfo=zone, fold=1)
+            if later.timestamp() > match.timestamp():
+                it = CronSim(schedule.cron, later)
     except StopIteration:  # no match within cronsim's 50-year horizon
         pass
     return float("inf")
@@ -189,13 +226,21 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         # step's length later (a smaller step stretches one wait, to twice the period at most;
         # a cron slot is a wall-clock reading instead, never run twice: next_due)
         last_start = now - schedule.every
+    if kept["since"] > now:
+        # first seen on a wall clock stepped back since: a schedule that never ran has no
+        # slot to run twice - due at its next match from now (kept: a since that moved
+        # with the clock would never reach its match), not once the clock is back
+        kept["since"] = now
+        if write:
+            tx.set_meta(_meta_key(name), json.dumps(kept))
+    since = float(kept["since"])
     wall = None
     if isinstance(kept.get("last_wall"), str):
         try:
             wall = datetime.fromisoformat(kept["last_wall"])
         except ValueError:
             wall = None
-    return Entry(name, schedule, last_start, float(kept["since"]), wall)
+    return Entry(name, schedule, last_start, since, wall)
 
 
 def last_turn(journal, config, newest):

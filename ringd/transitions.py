@@ -71,11 +71,13 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
 
 
 def close_row(journal: Journal, row: RunRow, status: str, *, source: str, now: float,
-              ring: RingSettings, line: Optional[str] = None, reason: Optional[str] = None) -> Optional[Closed]:
-    """Close ``row`` in a transaction of its own (the reaper, an operator's force-fail)."""
+              ring: RingSettings, line: Optional[str] = None, reason: Optional[str] = None,
+              phase: Optional[str] = None) -> Optional[Closed]:
+    """Close ``row`` in a transaction of its own (the reaper, an operator's force-fail).
+    ``phase``: the agent's last STATUS= as its driver published it (ringd.notify.read_notes)."""
     with journal.transaction() as tx:
         return close_in(tx, row.id, row.agent, row.position, status, source=source, now=now,
-                        ring=ring, line=line, reason=reason)
+                        ring=ring, line=line, reason=reason, phase=phase)
 
 
 def skip_turn(tx: Tx, agent: str, position: int, reason: str, now: float) -> int:

@@ -413,6 +413,36 @@ def test_a_wall_clock_stepped_back_a_day_stretches_no_back_off_nor_every_schedul
         assert starts[0] <= 3.0 + longest + RING["heartbeat_interval"] + 1e-6, (name, starts)
 
 
+def test_a_cron_job_that_never_ran_is_due_at_its_next_match_after_the_clock_stepped_back_a_day(tmp_path):
+    """An hourly job first seen at WALL0 (03:33:20 UTC) waits for 04:00. The wall
+    clock is stepped back a day meanwhile. It never ran, so it has no slot to run
+    twice: it is due at the next full hour of the new clock (SPEC: "at the next
+    matching minute"), 04:00 again - the idle driver wakes at the step to look -
+    not a day later, when the clock is back where it first saw the schedule; and
+    then hourly, never chasing a match it cannot reach."""
+    d, env, j = make(tmp_path, ["job"], default=Behaviour(runs_for=0.5),
+                     agents={"job": AgentOverride(schedule="0 * * * *")}, heartbeat_interval=60.0)
+    env.at(3.0, lambda: setattr(env, "wall_step", -86400.0))
+    env.send(4 * 3600.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [r.started_at - WALL0 + 86400.0 for r in rows(j)]   # fake-clock seconds (all on the new clock)
+    assert starts and all(r.started_at < WALL0 for r in rows(j)), starts
+    assert 1600.0 <= starts[0] <= 1600.0 + 60.0 + 1e-6, starts   # 04:00 on the new clock (a beat is 60 s)
+    assert len(starts) >= 3 and all(abs(b - a - 3600.0) < 1.0 for a, b in zip(starts, starts[1:])), starts
+
+
+@pytest.mark.parametrize("names", [["j1", "j2"], ["a", "j1"]])
+def test_once_ends_its_lap_though_a_scheduled_agent_is_due_again(tmp_path, names):
+    """``ringd run --once`` (one lap, each agent once) with ``every: 0.5`` jobs
+    whose runs last 1 s: each is due again as soon as it ends. The lap still
+    ends - each agent ran once - instead of running the job again and again."""
+    d, env, j = make(tmp_path, names, once=True, default=Behaviour(runs_for=1.0),
+                     agents={n: AgentOverride(every=0.5) for n in names if n.startswith("j")})
+    env.send(300.0, signal.SIGTERM)   # a bound: the lap takes 2 s
+    assert d.run() == 0
+    assert sorted(r.agent for r in rows(j)) == sorted(names) and env.t < 10.0, (env.t, len(rows(j)))
+
+
 class TakenOver:
     """A many-host driver's leadership just taken over from a lapsed leader
     (the part of ringd.leader.Leader that Driver.lead uses)."""

@@ -49,9 +49,11 @@ def test_exactly_four_kib_is_heard():
 def test_phase_is_one_line_cut_to_200_characters():
     assert clean_phase("a" * 500) == "a" * 200
     assert clean_phase("red \x1b[31mtext\r\tand\x07") == "red  [31mtext  and"
-    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True)
-    assert meaning({"WATCHDOG": "0"}) == (None, False)
-    assert meaning({"WATCHDOG": "trigger"}) == (None, False)
+    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True, False)
+    assert meaning({"WATCHDOG": "0"}) == (None, False, False)
+    assert meaning({"WATCHDOG": "trigger"}) == (None, False, True)     # systemd: act as if it starved
+    for ignored in ("WATCHDOG_USEC", "EXTEND_TIMEOUT_USEC", "MAINPID", "READY"):   # not the agent's to change
+        assert meaning({ignored: "1"}) == (None, False, False)
 
 
 def test_phase_is_one_line_in_unicode_aware_tools_too():
@@ -262,6 +264,26 @@ def test_ringd_notify_sends_a_status_that_is_not_utf_8_with_u_fffd(sock):
     assert got.phase == "caf\ufffd \u00e9"
     with pytest.raises(NotifyError, match="lone surrogate"):   # a caller's str that no bytes ever were
         send("STATUS=\ud800", address=sock.env)
+
+
+def test_ringd_notify_cuts_a_long_status_to_the_phase_the_ring_keeps(sock):
+    """SPEC: a longer STATUS= text is cut to its first 200 characters. ``ringd
+    notify --status "$(cat report)"`` with 10 000 of them is that phase, exit 0 -
+    not a datagram over 4 KiB refused with exit 1."""
+    sock.set_agent(os.getpid())
+    text = "".join(chr(0x4e00 + i % 500) for i in range(10_000))   # 3 bytes each in UTF-8
+    p = subprocess.Popen([sys.executable, "-m", "ringd", "notify", "--status", text],
+                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO)),
+                         stderr=subprocess.PIPE)
+    got = Heard()
+    deadline = time.monotonic() + 20
+    while p.poll() is None and time.monotonic() < deadline:
+        select.select([sock.fileno()], [], [], 0.05)
+        got.phase = sock.drain().phase or got.phase
+    _, err = p.communicate(timeout=10)
+    got.phase = sock.drain().phase or got.phase
+    assert p.returncode == 0, err
+    assert got.phase == text[:200]
 
 
 def test_oversized_and_malformed_datagrams_are_dropped(sock):

@@ -1,6 +1,6 @@
 """The run state machine: every ordering that matters, in microseconds."""
 from ringd.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, KillTree, Phase, Ping, SetPhase, Skip,
-                            Stop, Term, Tick, next_deadline, start, step)
+                            Stop, Term, Tick, Trigger, WATCHDOG_GRACE, next_deadline, start, step)
 
 
 def new(**kw):
@@ -106,6 +106,20 @@ def test_the_watchdog_starves_into_a_stall_unless_pinged():
     c = closes(acts)[0]
     assert kinds(acts) == ["Term", "KillTree", "Close"]
     assert c.status == "stalled" and c.reason.startswith("watchdog:")
+
+
+def test_watchdog_trigger_ends_the_run_as_a_starved_watchdog_with_or_without_one():
+    for watchdog in (None, 30.0):
+        s, acts = run(new(watchdog=watchdog), (1.0, Trigger()))
+        assert kinds(acts) == ["Term"] and next_deadline(s) == 1.0 + WATCHDOG_GRACE
+        s, acts = run(s, (1.0 + WATCHDOG_GRACE, Tick()), (1.6, Exited(None, 9)))
+        c = closes(acts)[0]
+        assert kinds(acts) == ["KillTree", "KillTree", "Close"]
+        assert c.status == "stalled" and c.reason.startswith("watchdog:") and "WATCHDOG=trigger" in c.reason
+    # an ending already decided stays (a skip is a skip)
+    s, _ = run(new(), (1.0, Skip()))
+    s, acts = run(s, (1.1, Trigger()), (1.2, Exited(None, 15)))
+    assert closes(acts)[0].status == "skipped"
 
 
 def test_phase_is_kept_and_cut():

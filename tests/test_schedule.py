@@ -121,6 +121,22 @@ def test_hourly_jobs_stay_an_hour_apart_through_fall_back():
     assert all(3600 - 30 <= g <= 2 * 3600 + 30 for g in gaps), gaps
 
 
+def test_an_every_minute_job_goes_on_after_a_two_hour_fall_back():
+    """Antarctica/Troll falls back two hours (03:00 +02 -> 01:00 +00): the
+    repeated readings (120 every-minute slots) are passed over at once - the
+    job never stops for good (a next due of infinity), nor runs a slot twice."""
+    zone = ZoneInfo("Antarctica/Troll")
+    s = Schedule(cron="* * * * *")
+    ran = ts(zone, 2026, 10, 25, 2, 59, 10)
+    assert local(next_due(s, ran, ran - 60, zone, wall_clock(ran, zone)), zone) == \
+        datetime(2026, 10, 25, 3, 0, tzinfo=zone)
+    start = ts(zone, 2026, 10, 25, 2, 30)
+    starts = simulate(s, start, start + 4 * 3600, 30.0, lambda _: zone)
+    slots = [local(t, zone).replace(tzinfo=None) for t in starts]
+    assert len(set(slots)) == len(slots)
+    assert slots[-1] >= datetime(2026, 10, 25, 4, 29)        # still running, minute by minute
+
+
 def test_a_time_zone_change_neither_repeats_nor_skips_a_day():
     s = Schedule(cron="0 9 * * *")
     start = ts(BERLIN, 2026, 6, 1, 0, 0)
@@ -151,6 +167,20 @@ def test_local_zone_follows_tz(monkeypatch):
     s = Schedule(cron="0 12 * * *")
     since = ts(BERLIN, 2026, 1, 5, 11, 0)
     assert next_due(s, None, since) == ts(BERLIN, 2026, 1, 5, 12, 0)   # zone taken from TZ
+
+
+def test_local_zone_reads_tz_as_libc_does_and_never_raises(monkeypatch):
+    """A POSIX rule is a zone with its DST; an empty or unusable TZ is UTC (as
+    libc takes it) - never ZoneInfoNotFoundError out of every turn of the driver."""
+    monkeypatch.setenv("TZ", "CET-1CEST,M3.5.0,M10.5.0/3")
+    rule = local_zone()
+    for t in (ts(BERLIN, 2026, 1, 5, 12, 0), ts(BERLIN, 2026, 7, 5, 12, 0),
+              ts(BERLIN, 2026, 10, 25, 2, 30, fold=0), ts(BERLIN, 2026, 10, 25, 2, 30, fold=1)):
+        assert local(t, rule).replace(tzinfo=None) == local(t, BERLIN).replace(tzinfo=None)
+    assert next_due(Schedule(cron="0 12 * * *"), None, ts(BERLIN, 2026, 7, 5, 11, 0)) == ts(BERLIN, 2026, 7, 5, 12, 0)
+    for unusable in ("Nowhere/Land", "", ":", "/nonexistent", "/etc/passwd", "CET-1CEST", "\u00e9", "../../etc/passwd"):
+        monkeypatch.setenv("TZ", unusable)
+        assert local_zone().utcoffset(datetime(2026, 7, 5)) == timedelta(0), unusable
 
 
 @pytest.mark.parametrize("expr,why", [
@@ -188,6 +218,9 @@ def test_schedule_and_watchdog_keys_reach_the_config():
     assert cfg.schedule_for("b") == Schedule(every=2)
     assert cfg.schedule_for("c") is None
     assert (cfg.watchdog_for("a"), cfg.watchdog_for("b")) == (30, 5)
+    # null turns the ring's watchdog off for one agent (an agent that does not speak the protocol)
+    cfg = parse_config({"ring": {"watchdog": 30}, "agents": {"legacy": {"watchdog": None}, "c": {"cwd": "/"}}})
+    assert (cfg.watchdog_for("legacy"), cfg.watchdog_for("c"), cfg.watchdog_for("other")) == (None, 30, 30)
     assert parse_config({}).watchdog_for("a") is None
 
 
@@ -245,6 +278,10 @@ def test_once_counts_scheduled_agents_as_passed_positions():
     p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
                              scheduled={"tick": 300.0, "nightly": 200.0}))
     assert (p.index, p.passed, p.until) == (None, [0, 1], 200.0)
+    # due again already (its run outlasted its period): under --once the lap is over
+    p = plan_turn(TurnInputs([("tick", "t"), ("nightly", "n")], 0, {}, 100.0, limit=2,
+                             scheduled={"tick": 99.0, "nightly": 200.0}, ran_scheduled=frozenset({"tick"})))
+    assert (p.index, p.passed) == (None, [0, 1])
 
 
 def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():

@@ -70,6 +70,25 @@ def test_phases_show_in_status_and_history(ring):
     stop(ring, drv)
 
 
+def test_a_run_force_failed_or_reaped_keeps_the_last_phase_it_said(ring):
+    """SPEC: the last STATUS= is kept on the run (``phase`` in history). A run an
+    operator force-fails, and one whose driver dies (SIGKILL) and that the
+    reaper closes, keep it too - they are the runs whose phase says most."""
+    ring.agent("talker", f'{NOTIFY} --status "phase of run $RING_RUN_ID"\nexec sleep 60')
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"talker {ring.agents_dir}/talker.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: current(ring).get("phase") == "phase of run 1", timeout=20, message="run 1's phase")
+    assert ring.cli("force-fail").returncode == 0
+    wait_until(lambda: current(ring).get("phase") == "phase of run 2", timeout=20, message="run 2's phase")
+    drv.kill()                      # the driver dies; its agent is an orphan until a reaper runs
+    drv.wait(timeout=10)
+    runs = {r["id"]: r for r in history_json(ring)}   # history reaps first
+    assert (runs[1]["status"], runs[1]["phase"]) == ("interrupted", "phase of run 1"), runs[1]
+    assert (runs[2]["status"], runs[2]["phase"]) == ("interrupted", "phase of run 2"), runs[2]
+    assert "died" in runs[2]["reason"]
+
+
 def test_watchdog_ends_a_silent_agent_in_about_n_seconds(ring):
     out = ring.base / "wd-env"
     ring.agent("silent", f'echo "$WATCHDOG_USEC $WATCHDOG_PID $$" > {out}\nexec sleep 60')
@@ -86,6 +105,25 @@ def test_watchdog_ends_a_silent_agent_in_about_n_seconds(ring):
     assert usec == "1000000" and wd_pid == pid                     # WATCHDOG_PID is the agent itself
     agent = [a for a in status_json(ring)["agents"] if a["name"] == "silent"][0]
     assert agent["consecutive_failures"] >= 1                      # a bad ending ("Whose fault")
+
+
+def test_agents_watchdog_null_exempts_one_agent_from_the_rings_watchdog(ring):
+    """``ring.watchdog: 1`` for every agent, ``agents.legacy.watchdog: null`` for
+    one that does not speak the protocol: it runs its 2.5 s to ``ok``, with no
+    WATCHDOG_USEC to honour, while a silent agent without the exemption is ended."""
+    seen = ring.base / "legacy-env"
+    ring.agent("legacy", f'echo "${{WATCHDOG_USEC:-none}}" > {seen}\nsleep 2.5')
+    ring.agent("silent", "exec sleep 30")
+    ring.write_config(ring={"watchdog": 1.0, "run_budget": 30, "stall_threshold": 40},
+                      agents={"legacy": {"watchdog": None}})
+    ring.roster(f"legacy {ring.agents_dir}/legacy.sh", f"silent {ring.agents_dir}/silent.sh")
+    drv = ring.start_driver("--once")
+    out, err = drv.communicate(timeout=60)
+    assert drv.returncode == 0, err.decode()
+    rows = {r["agent"]: r for r in ring.runs()}
+    assert rows["legacy"]["status"] == "ok" and rows["legacy"]["duration"] >= 2.4, dict(rows["legacy"])
+    assert seen.read_text().strip() == "none"
+    assert rows["silent"]["status"] == "stalled" and rows["silent"]["reason"].startswith("watchdog:")
 
 
 def test_watchdog_never_ends_an_agent_that_pings(ring):
@@ -106,6 +144,26 @@ def test_watchdog_never_ends_an_agent_that_pings(ring):
     stop(ring, drv)
     assert row["status"] == "ok", dict(row)
     assert row["duration"] >= 2.5
+
+
+def test_watchdog_trigger_ends_the_run_as_stalled_at_once_without_a_watchdog(ring):
+    """systemd's WATCHDOG=trigger ("I found an internal error: act as if my
+    watchdog starved", WatchdogSec= or not): the run ends ``stalled`` at once,
+    reason ``watchdog: ...``, its tree killed - not at its 30 s budget."""
+    agent = ring.agents_dir / "wedged.py"
+    agent.write_text("import sdnotify, subprocess, time\n"
+                     "subprocess.Popen(['sleep', '60'])\n"
+                     "sdnotify.SystemdNotifier(debug=True).notify('STATUS=stuck\\nWATCHDOG=trigger')\n"
+                     "time.sleep(60)\n")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"wedged {sys.executable} {agent}")
+    drv = ring.start_driver()
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=20,
+                     message="the triggered run ended")[0]
+    stop(ring, drv)
+    assert row["status"] == "stalled" and row["reason"].startswith("watchdog:"), dict(row)
+    assert row["duration"] < 10 and row["phase"] == "stuck"
+    assert "WATCHDOG=trigger" in drv.communicate()[1].decode()
 
 
 def test_a_run_that_gets_no_notify_socket_is_not_ended_by_a_watchdog_it_cannot_ping(ring):
@@ -237,6 +295,27 @@ def test_status_names_the_turn_the_driver_takes_around_scheduled_agents(ring):
     wait_until(lambda: len(ring.runs()) >= 4, timeout=20, message="the turn after job")
     stop(ring, drv)
     assert [r["agent"] for r in ring.runs()][:4] == ["a", "b", "job", "c"]
+
+
+def test_a_tz_that_names_no_zone_file_still_runs_the_ring_check_accepted(ring):
+    """TZ as a POSIX rule (no zone file of that name) or a name no zone has:
+    ``ringd check`` accepts the ring, so ``ringd run`` runs it and ``status``
+    shows each scheduled agent's next due - never a ZoneInfoNotFoundError."""
+    ring.agent("a", "exit 0")
+    ring.agent("job", "exit 0")
+    ring.write_config(agents={"job": {"every": 3600}, "cron": {"schedule": "0 12 * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"job {ring.agents_dir}/job.sh", f"cron {ring.agents_dir}/job.sh")
+    for tz in ("CET-1CEST,M3.5.0,M10.5.0/3", "Nowhere/Land"):
+        env = dict(ring.env, TZ=tz)
+        assert ring.cli("check", env=env).returncode == 0
+        drv = ring.start_driver("--once", env=env)
+        out, err = drv.communicate(timeout=60)
+        assert drv.returncode == 0 and b"Traceback" not in err, err.decode()
+        r = ring.cli("status", "--json", env=env)
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        due = {a["name"]: a["next_due"] for a in json.loads(r.stdout)["agents"]}
+        assert due["a"] is None and due["job"] and due["cron"], due
+    assert {r["agent"] for r in ring.runs() if r["status"] == "ok"} == {"a", "job"}
 
 
 def test_bad_cron_exits_78_naming_the_key(ring):
