@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple, Optional, Set
 from . import alerts, cgroup, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
-from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError
+from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
 from .heartbeat import read_heartbeat
 from .procid import same_process
 from .hop import Hop, HopResult, Pending
@@ -89,7 +89,7 @@ def prepare_state_dir(state_dir: Path) -> None:
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
         except OSError as e:
-            raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", EX_CONFIG) from None
+            raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
     st = os.stat(state_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise RingError(f"{state_dir}: state dir is not a directory", EX_CONFIG)
@@ -111,7 +111,7 @@ def acquire_lock(state_dir: Path) -> KernelLock:
         raise RingError(f"{path}: another driver holds the lock"
                         f"{f' (pid {holder})' if holder else ''}", EX_TEMPFAIL) from None
     except OSError as e:
-        raise RingError(f"{path}: cannot lock: {e.strerror}", EX_CONFIG) from None
+        raise RingError(f"{path}: cannot lock: {e.strerror}", exit_for(e)) from None
 
 
 def live_driver(state_dir: Path, me: tuple) -> Optional[int]:

@@ -6,6 +6,7 @@ uses the LSB init-script status codes. Every error meant for the operator is a
 """
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -22,6 +23,18 @@ STATUS_OK = 0
 STATUS_DEAD = 1                 # dead or stale
 STATUS_STOPPED = 3              # stopped, or never ran
 STATUS_UNKNOWN = 4              # cannot be told
+
+
+# What a file system says when it is full, read-only (a bind mount, remounted
+# read-only after an error) or failing: outages a restart can outlive. A daemon
+# that meets one at start-up exits 69, never 78 - ringwatch and systemd
+# (RestartPreventExitStatus=78) never restart a configuration error.
+OUTAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def exit_for(e: OSError) -> int:
+    """The start-up exit code for an OSError on the state dir: 69 for an outage, else 78."""
+    return EX_UNAVAILABLE if e.errno in OUTAGE_ERRNOS else EX_CONFIG
 
 
 class RingError(Exception):

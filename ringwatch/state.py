@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ringd.errors import exit_for
 from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
 
 STATE_FILE = "ringwatch.json"
@@ -49,7 +50,7 @@ def prepare_state_dir(state_dir: Path) -> None:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         st = os.stat(state_dir)
     except OSError as e:
-        raise Refusal(f"{state_dir}: cannot create state dir: {e.strerror}", 78) from None
+        raise Refusal(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
     if not stat.S_ISDIR(st.st_mode):
         raise Refusal(f"{state_dir}: state dir is not a directory", 78)
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -61,7 +62,7 @@ def prepare_state_dir(state_dir: Path) -> None:
     except FileExistsError:
         pass
     except OSError as e:
-        raise Refusal(f"{logs}: cannot create log dir: {e.strerror}", 78) from None
+        raise Refusal(f"{logs}: cannot create log dir: {e.strerror}", exit_for(e)) from None
     st = os.lstat(logs)
     if stat.S_ISLNK(st.st_mode):
         raise Refusal(f"{logs}: log dir is a symbolic link; refusing to follow it "
@@ -159,7 +160,7 @@ class WatchLock:
         except LockHeld:
             raise Refusal(self._holder_message(), 75) from None
         except OSError as e:
-            raise Refusal(f"{self.path}: cannot lock: {e.strerror}", 78) from None
+            raise Refusal(f"{self.path}: cannot lock: {e.strerror}", exit_for(e)) from None
         # A lock file deleted under a running watcher leaves its flock on the
         # unlinked inode: we locked a fresh file. The live watcher (pid and start
         # ticks, as ringwatch.json names it) still owns the state dir.

@@ -567,14 +567,20 @@ def test_state_dir_unwritable_says_why_keeps_alive_and_recovers(ring, immutable)
     _fault_and_recover(ring, lambda: freeze(ring.state, j, j + "-wal"), thaw)
 
 
-def test_read_only_state_dir_at_startup_is_one_line(ring):
-    """The state dir on a read-only bind mount: refuse in one line, record nothing."""
+@pytest.mark.parametrize("daemon", ["driver", "watcher"])
+def test_read_only_state_dir_at_startup_is_one_line_and_no_configuration_error(ring, daemon):
+    """The state dir on a read-only bind mount: refuse in one line, record
+    nothing, exit 69 - an outage, never 78: the driver's lock (and the
+    watcher's) said "cannot lock: Read-only file system" with 78, after which
+    ringwatch and systemd (RestartPreventExitStatus=78) never start the ring
+    again once the file system is writable."""
     if os.geteuid() != 0:
         pytest.skip("needs root for a bind mount")
     ring.agent("a", "true")
     ring.roster(f"a {ring.agents_dir}/a.sh")
     code, err = finish(ring.start_driver("--once"))
     assert code == 0, err
+    (ring.state / "logs").mkdir(mode=0o700, exist_ok=True)
     n = len(ring.runs())
     st = str(ring.state)
     r = subprocess.run(["mount", "--bind", st, st], capture_output=True, text=True)
@@ -584,8 +590,9 @@ def test_read_only_state_dir_at_startup_is_one_line(ring):
         r = subprocess.run(["mount", "-o", "remount,bind,ro", st], capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip(f"cannot make a read-only bind mount here: {r.stderr.strip()}")
-        code, err = finish(ring.start_driver("--once"))
-        assert code != 0, err
+        proc = ring.start_driver("--once") if daemon == "driver" else ring.start_watcher()
+        code, err = finish(proc)
+        assert code == 69, (code, err)
         line = assert_one_clear_line(err)
         assert any(w in line for w in TROUBLE_WORDS + ("cannot", "not usable")), line
     finally:
@@ -602,9 +609,9 @@ def test_full_state_dir_at_startup_is_one_line(small_state):
     assert code != 0 and "Traceback" not in err, err[-2000:]
     assert_one_clear_line(err)
     assert any(w in err for w in ("No space left", "disk is full")), err
-    # not 78, a configuration error, after which ringwatch and systemd (RestartPreventExitStatus=78)
+    # 69, never 78, a configuration error, after which ringwatch and systemd (RestartPreventExitStatus=78)
     # would never start the ring again once space returns
-    assert code != 78, err
+    assert code == 69, err
 
 
 # --- heartbeat corrupt or from another time ---------------------------------------------------
