@@ -79,10 +79,27 @@ class RunCgroup:
             os.close(fd)
 
     def pids(self) -> List[int]:
-        try:
-            return [int(x) for x in read_small(f"{self.dir}/cgroup.procs").split()]
-        except (OSError, ValueError):
-            return []
+        """Every process in the cgroup's subtree: an agent running as root can
+        make sub-cgroups of its run's and move processes into them."""
+        out: List[int] = []
+        for d in self.subtree():
+            try:
+                out.extend(int(x) for x in read_small(f"{d}/cgroup.procs").split())
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def subtree(self) -> List[str]:
+        """This cgroup's directory and every sub-cgroup's, children after their parents."""
+        dirs, i = [self.dir], 0
+        while i < len(dirs):
+            try:
+                with os.scandir(dirs[i]) as it:
+                    dirs.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+            except OSError:
+                pass
+            i += 1
+        return dirs
 
     def populated(self) -> bool:
         try:
@@ -162,19 +179,24 @@ class RunCgroup:
         return None
 
     def remove(self, timeout: float = KILL_WAIT) -> bool:
-        """rmdir the cgroup (it must be empty; retried while the kernel releases
-        the last exited task). True if it is gone."""
+        """rmdir the cgroup and any sub-cgroups (it must be empty; retried while
+        the kernel releases the last exited task). True if it is gone."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                os.rmdir(self.dir)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.005)
+            gone = _rmdir(self.dir)
+            if gone is None:
+                # Busy: the kernel still releases an exited task, or the agent
+                # (as root) made sub-cgroups, which rmdir never takes along.
+                subs = self.subtree()[1:]
+                for sub in reversed(subs):   # deepest first
+                    _rmdir(sub)
+                if subs:
+                    gone = _rmdir(self.dir)
+            if gone is not None:
+                return gone
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
 
 class Containment:
@@ -333,6 +355,17 @@ def detect(state_dir: Path, prove: bool = True) -> Containment:
     if prove:
         c.prove()
     return c
+
+
+def _rmdir(path: str) -> Optional[bool]:
+    """rmdir a cgroup: True if it is gone, None if it is busy, False if it cannot be."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        return None if e.errno == errno.EBUSY else False
 
 
 def _write_pid0(procs: str) -> None:
