@@ -10,6 +10,7 @@ agent of an orphaned run is killed first.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -30,7 +31,31 @@ def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
 
 
 def kill_orphan(state_dir: Path, row: RunRow) -> int:
-    """Kill what is left of an orphaned run anywhere on the host. Returns count."""
+    """Kill what is left of an orphaned run anywhere on the host. Returns count.
+
+    With the privileges of the ring's owner (the state dir's): whoever owns it
+    can write every row and record the kill trusts (pids, start ticks, the run
+    cgroup's place), so root reading another user's ring (``sudo ringd status``,
+    ``force-fail``) must kill no process that user could not kill itself -
+    never one of root's named by a forged row."""
+    owner = _other_owner(state_dir)
+    if owner is not None:
+        return proctree.call_as(owner[0], owner[1], lambda: _kill_orphan(state_dir, row))
+    return _kill_orphan(state_dir, row)
+
+
+def _other_owner(state_dir: Path) -> Optional[tuple]:
+    """(uid, gid) of the state dir when we are root and it belongs to another user."""
+    if os.geteuid() != 0:
+        return None   # the kernel already keeps us to our own processes
+    try:
+        st = os.stat(state_dir)
+    except OSError:
+        return None
+    return (st.st_uid, st.st_gid) if st.st_uid != 0 else None
+
+
+def _kill_orphan(state_dir: Path, row: RunRow) -> int:
     leader_ours = bool(row.pid) and same_process(row.pid, row.pid_start)
     pgid = row.pid if leader_ours else None  # a dead leader's pid may be recycled
     if leader_ours:
