@@ -430,7 +430,9 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
     is that run's, whatever its session, group or environment (``setsid env -i``
     included). ``scope="host"``: processes anywhere on the host that carry the
     run's key or group (the reaper, when the run's driver is dead). ``dead``:
-    our children known to have exited (not walked into).
+    our children known to have exited (not walked into). ``pgid`` is signalled
+    and matched in every round: only for a group whose id cannot be reused
+    meanwhile (its leader our own child, kept an unreaped zombie).
     Returns how many processes were signalled."""
     keep = set(keep_unreaped)
     killed = 0

@@ -11,6 +11,7 @@ agent of an orphaned run is killed first.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -56,13 +57,16 @@ def _other_owner(state_dir: Path) -> Optional[tuple]:
 
 
 def _kill_orphan(state_dir: Path, row: RunRow) -> int:
-    leader_ours = bool(row.pid) and same_process(row.pid, row.pid_start)
-    pgid = row.pid if leader_ours else None  # a dead leader's pid may be recycled
-    if leader_ours:
-        proctree.signal_process(row.pid, row.pid_start, 9)
+    if bool(row.pid) and same_process(row.pid, row.pid_start):
+        # The group now, while its leader (just identified) holds the group id,
+        # and never again: the leader is no child of ours, whoever reaps it
+        # frees the id for any new session. One killpg is enough: a fork racing
+        # it fails, so no member of the group is left to find by its id.
+        proctree.signal_group(row.pid, signal.SIGKILL)
+        proctree.signal_process(row.pid, row.pid_start, signal.SIGKILL)   # should it have left its group
     # the run's cgroup, escapees included (never its driver, should it be alive and inside)
     killed = cgroup.kill_recorded(state_dir, row.id, driver=(row.driver_pid, row.driver_start))
-    return killed + proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
+    return killed + proctree.kill_run(str(state_dir), row.id, None, scope="host")
 
 
 def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,
