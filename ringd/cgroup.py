@@ -184,14 +184,12 @@ class RunCgroup:
         deadline = time.monotonic() + timeout
         while True:
             gone = _rmdir(self.dir)
-            if gone is None:
-                # Busy: the kernel still releases an exited task, or the agent
-                # (as root) made sub-cgroups, which rmdir never takes along.
-                subs = self.subtree()[1:]
-                for sub in reversed(subs):   # deepest first
+            if gone is None and _has_subdirs(self.dir):
+                # Busy with sub-cgroups the agent (as root) made: rmdir never
+                # takes them along. (Else the kernel still releases a task.)
+                for sub in reversed(self.subtree()[1:]):   # deepest first
                     _rmdir(sub)
-                if subs:
-                    gone = _rmdir(self.dir)
+                gone = _rmdir(self.dir)
             if gone is not None:
                 return gone
             if time.monotonic() >= deadline:
@@ -366,6 +364,14 @@ def _rmdir(path: str) -> Optional[bool]:
         return True
     except OSError as e:
         return None if e.errno == errno.EBUSY else False
+
+
+def _has_subdirs(path: str) -> bool:
+    """One stat: cgroupfs (kernfs) counts a directory's sub-directories in its links."""
+    try:
+        return os.stat(path).st_nlink > 2
+    except OSError:
+        return False
 
 
 def _write_pid0(procs: str) -> None:
