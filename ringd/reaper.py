@@ -31,15 +31,17 @@ def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
     return same_process(row.driver_pid, row.driver_start)
 
 
-def kill_orphan(state_dir: Path, row: RunRow) -> int:
+def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int:
     """Kill what is left of an orphaned run anywhere on the host. Returns count.
 
     With the privileges of the ring's owner (the state dir's): whoever owns it
     can write every row and record the kill trusts (pids, start ticks, the run
     cgroup's place), so root reading another user's ring (``sudo ringd status``,
     ``force-fail``) must kill no process that user could not kill itself -
-    never one of root's named by a forged row."""
-    owner = _other_owner(state_dir)
+    never one of root's named by a forged row. ``by_driver``: the ring's own
+    driver, which runs whatever the ring's files say with its own privileges
+    anyway, kills with them (a root driver's orphans are root's)."""
+    owner = None if by_driver else _other_owner(state_dir)
     if owner is not None:
         return proctree.call_as(owner[0], owner[1], lambda: _kill_orphan(state_dir, row))
     return _kill_orphan(state_dir, row)
@@ -80,7 +82,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     row = journal.running_row()
     if row is None or driver_alive(row, me):
         return []
-    killed = kill_orphan(state_dir, row)
+    killed = kill_orphan(state_dir, row, by_driver=me is not None)
     reason = f"driver (pid {row.driver_pid}) died while it ran"
     if killed:
         reason += f"; killed {killed} leftover process(es)"
