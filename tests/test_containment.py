@@ -411,3 +411,48 @@ def test_the_reaper_never_kills_a_new_session_that_got_a_dead_leaders_pid_as_its
     out = json.loads(r.stdout)
     assert out["stranger"] == out["leader"], f"the pid was not recycled: {out}"
     assert out["alive"], "the reaper killed a new session that merely reused the dead leader's group id"
+
+
+# --- a leader that SIGKILL cannot end ---------------------------------------------------
+
+_FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
+
+
+def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
+    """A process in uninterruptible sleep (a hung mount; here: a frozen cgroup v1
+    freezer, which holds even SIGKILL) does not die of the stall's SIGKILL. The
+    run waited for its exit forever and the ring stood still. Now the run is
+    closed `stalled` a bounded while after the kill, saying so, the next agent
+    runs, and the driver still stops cleanly; the leader, once thawed, dies of
+    the SIGKILL it holds and is collected."""
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+    ice = _FREEZER_V1 / f"ring-test-ice-{os.getpid()}"
+    ice.mkdir()
+    leader = None
+    try:
+        ring.agent("ice", f"""
+            echo $$ > {ice}/cgroup.procs
+            echo FROZEN > {ice}/freezer.state
+            exit 0
+            """)
+        ring.agent("next", "exit 0")
+        ring.write_config(ring={"run_budget": 0.3, "stall_threshold": 0.6})
+        ring.roster(f"ice {ring.agents_dir}/ice.sh", f"next {ring.agents_dir}/next.sh")
+        drv = ring.start_driver()
+        leader = int(wait_until(lambda: (ice / "cgroup.procs").read_text().split(), 20,
+                                message="the agent froze itself")[0])
+        # the stall (0.6 s), the kill's bounds, runstate.UNKILLABLE_WAIT (5 s): headroom for a loaded box
+        wait_until(lambda: [r for r in ring.runs() if r["agent"] == "next" and r["status"] == "ok"], 60,
+                   message="the next agent ran")
+        first = ring.runs()[0]
+        assert first["status"] == "stalled" and "did not die of SIGKILL" in first["reason"], dict(first)
+        assert procid.start_ticks(leader) is not None, "the frozen leader still lives (the test's premise)"
+        drv.send_signal(signal.SIGTERM)
+        assert drv.wait(timeout=30) == 0
+    finally:
+        (ice / "freezer.state").write_text("THAWED")   # it dies of the SIGKILL it holds
+        if leader is not None:
+            wait_until(lambda: procid.start_ticks(leader) is None, 10, message="the thawed leader gone")
+        wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
+        ice.rmdir()
