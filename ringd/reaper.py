@@ -20,7 +20,7 @@ from . import cgroup, proctree
 from .config import Config
 from .notify import read_notes
 from .procid import same_process
-from .journal import Journal, RunRow
+from .journal import Journal, RunRow, journal_path
 from .transitions import Closed, close_row
 
 
@@ -48,14 +48,20 @@ def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int
 
 
 def _other_owner(state_dir: Path) -> Optional[tuple]:
-    """(uid, gid) of the state dir when we are root and it belongs to another user."""
+    """(uid, gid) of another user who can write what the kill trusts, when we
+    are root: the state dir's owner, or the owner of the journal or the cgroup
+    record in a state dir of root's."""
     if os.geteuid() != 0:
         return None   # the kernel already keeps us to our own processes
-    try:
-        st = os.stat(state_dir)
-    except OSError:
-        return None
-    return (st.st_uid, st.st_gid) if st.st_uid != 0 else None
+    journal = journal_path(state_dir)
+    for path in (state_dir, journal, Path(f"{journal}-wal"), state_dir / cgroup.RECORD):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != 0:
+            return st.st_uid, st.st_gid
+    return None
 
 
 def _kill_orphan(state_dir: Path, row: RunRow) -> int:

@@ -636,11 +636,13 @@ def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(sh
 
 # --- root reaping another user's ring ----------------------------------------------------------
 
-@pytest.mark.parametrize("whose", ["root", "the ring's user"])
-def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, whose):
+@pytest.mark.parametrize("whose,owned", [("root", "state dir"), ("root", "journal only"),
+                                         ("the ring's user", "state dir")])
+def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, whose, owned):
     """The ring's user owns its state dir, so it can write any row the reaper
     trusts: a `running` row of a dead driver naming a process of root's (pid
-    and start ticks are public). Root running `ringd status` on that ring
+    and start ticks are public); so can the owner of its journal in a state
+    dir of root's. Root running `ringd status` on that ring
     reaps the row but kills with the ring user's privileges: root's process
     lives; the user's own orphan still dies."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
@@ -663,7 +665,8 @@ def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, w
         con.close()
         for root, dirs, files in os.walk(ring.state):   # the ring is the user's (nobody's)
             for name in [root, *(os.path.join(root, f) for f in files)]:
-                os.chown(name, NOBODY, NOBODY)
+                if owned == "state dir" or os.path.basename(name).startswith("journal.db"):
+                    os.chown(name, NOBODY, NOBODY)
         ring.cli("status", "--json")   # as root
         assert ring.rows("SELECT status FROM runs ORDER BY id DESC LIMIT 1")[0]["status"] == "interrupted"
         if whose == "root":
