@@ -161,6 +161,11 @@ def _ending(s: RunState, kind: str, reason: str, grace: float, now: float) -> Tu
     return replace(s, ending=kind, reason=reason, kill_at=now + grace), [Term()]
 
 
+def _source(s: RunState) -> str:
+    """Who ended the run, for its row's closing event."""
+    return "operator" if s.ending == "skip" else "driver"
+
+
 def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
     if s.closed:
         return s, []
@@ -170,9 +175,8 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
             ended_by = None   # it ended by itself (the budget's SIGTERM) before the kill landed
         status = classify(ev.exit_code, ev.signal, ended_by=ended_by, termed_at_budget=s.termed_at_budget,
                           tempfail_exit_code=s.tempfail_exit_code)
-        source = "operator" if s.ending == "skip" else "driver"
         # the tree is killed again even after a kill: a process re-parented late is caught now
-        return replace(s, closed=True), [KillTree(), Close(status, source, ev.exit_code, ev.signal, s.reason)]
+        return replace(s, closed=True), [KillTree(), Close(status, _source(s), ev.exit_code, ev.signal, s.reason)]
     if isinstance(ev, Stop):
         if s.ending is None and not s.termed_at_budget:
             return _ending(s, "stop", ev.reason, STOP_GRACE, now)
@@ -205,8 +209,7 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
             f"its process did not die of SIGKILL within {UNKILLABLE_WAIT:g}s (uninterruptible sleep?): left behind"
         status = classify(None, SIGKILL, ended_by=s.ending, termed_at_budget=s.termed_at_budget,
                           tempfail_exit_code=s.tempfail_exit_code)
-        source = "operator" if s.ending == "skip" else "driver"
-        return replace(s, closed=True), acts + [Log(reason), Close(status, source, None, None, reason)]
+        return replace(s, closed=True), acts + [Log(reason), Close(status, _source(s), None, None, reason)]
     if s.kill_at is not None and not s.killed and now >= s.kill_at:
         acts.append(KillTree())
         s = replace(s, killed=True, killed_at=now)
