@@ -138,3 +138,34 @@ def test_a_run_cgroup_the_agent_made_sub_cgroups_in_is_killed_and_removed_whole(
                 sub.rmdir()
             except OSError:
                 pass
+
+
+@pytest.mark.parametrize("escape", ["leaves the run's cgroup", "its own pid namespace"])
+def test_an_escapee_out_of_the_cgroup_or_in_a_pid_namespace_dies_with_the_run(ring, tmp_path, escape):
+    """cgroup.kill misses a process the agent (as root) moved out of its run's
+    cgroup; the driver's own rule - every live descendant but its helpers -
+    does not. A pid namespace (`unshare -fp`) is still a subtree of the driver's."""
+    import shutil
+    c = cgroup.detect(ring.state)
+    if c.kind != "cgroup" or not shutil.which("unshare") or not shutil.which("pgrep"):
+        pytest.skip("no writable cgroup2 (or no unshare, pgrep) here")
+    pidfile = ring.base / "escapee.pid"
+    if escape == "leaves the run's cgroup":
+        body = (f"setsid env -i /bin/sh -c 'echo 0 > {c.parent}/cgroup.procs && echo $$ > {pidfile}.tmp"
+                f" && mv {pidfile}.tmp {pidfile} && exec sleep 300' &")
+    else:   # its host pid: the one child of unshare (setsid and env exec in place)
+        body = (f"unshare -fp setsid env -i sleep 300 &\n"
+                f"until pgrep -P $! > {pidfile}.tmp; do sleep 0.01; done; mv {pidfile}.tmp {pidfile}")
+    ring.agent("esc", body + f"\nwhile [ ! -s {pidfile} ]; do sleep 0.01; done\nexit 0\n")
+    ring.roster(f"esc {ring.agents_dir}/esc.sh")
+    escapee = None
+    try:
+        drv = ring.start_driver("--once")
+        escapee = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
+                                 message="the escapee started"))
+        assert drv.wait(timeout=30) == 0
+        wait_until(lambda: not _alive(escapee), timeout=10, message="the escapee killed with its run")
+        assert ring.rows("SELECT status FROM runs")[0]["status"] == "ok"
+    finally:
+        if escapee is not None and _alive(escapee):
+            os.kill(escapee, signal.SIGKILL)
