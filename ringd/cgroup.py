@@ -79,10 +79,27 @@ class RunCgroup:
             os.close(fd)
 
     def pids(self) -> List[int]:
-        try:
-            return [int(x) for x in read_small(f"{self.dir}/cgroup.procs").split()]
-        except (OSError, ValueError):
-            return []
+        """Every process in the cgroup's subtree: an agent running as root can
+        make sub-cgroups of its run's and move processes into them."""
+        out: List[int] = []
+        for d in self.subtree():
+            try:
+                out.extend(int(x) for x in read_small(f"{d}/cgroup.procs").split())
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def subtree(self) -> List[str]:
+        """This cgroup's directory and every sub-cgroup's, children after their parents."""
+        dirs, i = [self.dir], 0
+        while i < len(dirs):
+            try:
+                with os.scandir(dirs[i]) as it:
+                    dirs.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+            except OSError:
+                pass
+            i += 1
+        return dirs
 
     def populated(self) -> bool:
         try:
@@ -162,19 +179,22 @@ class RunCgroup:
         return None
 
     def remove(self, timeout: float = KILL_WAIT) -> bool:
-        """rmdir the cgroup (it must be empty; retried while the kernel releases
-        the last exited task). True if it is gone."""
+        """rmdir the cgroup and any sub-cgroups (it must be empty; retried while
+        the kernel releases the last exited task). True if it is gone."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                os.rmdir(self.dir)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.005)
+            gone = _rmdir(self.dir)
+            if gone is None and _has_subdirs(self.dir):
+                # Busy with sub-cgroups the agent (as root) made: rmdir never
+                # takes them along. (Else the kernel still releases a task.)
+                for sub in reversed(self.subtree()[1:]):   # deepest first
+                    _rmdir(sub)
+                gone = _rmdir(self.dir)
+            if gone is not None:
+                return gone
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
 
 class Containment:
@@ -333,6 +353,25 @@ def detect(state_dir: Path, prove: bool = True) -> Containment:
     if prove:
         c.prove()
     return c
+
+
+def _rmdir(path: str) -> Optional[bool]:
+    """rmdir a cgroup: True if it is gone, None if it is busy, False if it cannot be."""
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        return None if e.errno == errno.EBUSY else False
+
+
+def _has_subdirs(path: str) -> bool:
+    """One stat: cgroupfs (kernfs) counts a directory's sub-directories in its links."""
+    try:
+        return os.stat(path).st_nlink > 2
+    except OSError:
+        return False
 
 
 def _write_pid0(procs: str) -> None:

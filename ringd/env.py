@@ -21,7 +21,7 @@ from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 from . import cgroup, logline, meanwhile, proctree, safefile
 from . import notify as voice   # imported here, not by the helper thread in the first run (~9 ms)
 from .heartbeat import Heartbeat, Notifier
-from .procid import start_ticks
+from .procid import same_process, start_ticks
 from .wakeup import Wakeups
 
 MAX_WAIT = 86400.0   # s; selectors overflow past ~24.8 days (2^31 ms): never ask for more
@@ -71,6 +71,7 @@ class RealEnv:
         self._notes_written = True   # and its notes file with our first run's end
         self._helper = meanwhile.Helper()
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
+        self._stuck: Dict[int, int] = {}   # pid -> start ticks: leaders that outlived SIGKILL (reap)
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once: here, or by the driver just before its first run), else
         # the subreaper rule alone - said once.
@@ -188,7 +189,7 @@ class RealEnv:
             # children are still being re-parented to us, and a walk of our process
             # tree at that moment misses them (found by the soak).
             dead = proctree.wait_exit(child.pidfd, timeout=2.0)
-        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid],
+        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid, *self._stuck_pids()],
                                  dead=[child.pid] if dead else [])
 
     def reap(self, child: Child) -> None:
@@ -201,10 +202,24 @@ class RealEnv:
             self._spent_cgroups.append(child.cgroup)
             child.cgroup = None
         try:
-            os.waitpid(child.pid, 0)
+            if child.exited:
+                os.waitpid(child.pid, 0)   # a zombie: at once
+            elif os.waitpid(child.pid, os.WNOHANG)[0] == 0:
+                # Closed without its exit: SIGKILL could not end it (runstate.UNKILLABLE_WAIT).
+                # Collected whenever it dies (reap_helpers); never walked again meanwhile,
+                # or every later run's tree kill would spend its whole bound on it.
+                ticks = self.start_time(child)
+                if ticks is not None:
+                    self._stuck[child.pid] = ticks
         except ChildProcessError:
             pass
         child.close()
+
+    def _stuck_pids(self) -> List[int]:
+        """Leaders of earlier runs that outlived SIGKILL and still live."""
+        if self._stuck:
+            self._stuck = {pid: t for pid, t in self._stuck.items() if same_process(pid, t)}
+        return list(self._stuck)
 
     @staticmethod
     def reap_helpers(keep: Iterable[int] = (), helpers_only: bool = False) -> None:

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from . import earlysig, procid
 
@@ -430,7 +430,9 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
     is that run's, whatever its session, group or environment (``setsid env -i``
     included). ``scope="host"``: processes anywhere on the host that carry the
     run's key or group (the reaper, when the run's driver is dead). ``dead``:
-    our children known to have exited (not walked into).
+    our children known to have exited (not walked into). ``pgid`` is signalled
+    and matched in every round: only for a group whose id cannot be reused
+    meanwhile (its leader our own child, kept an unreaped zombie).
     Returns how many processes were signalled."""
     keep = set(keep_unreaped)
     killed = 0
@@ -454,6 +456,39 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         if time.monotonic() >= deadline:
             return killed
         time.sleep(0.01)
+
+
+def call_as(uid: int, gid: int, fn: Callable[[], int]) -> int:
+    """``fn()`` (a count) in a forked child that has become ``uid``/``gid`` (no
+    supplementary groups): its kills and its reads of other processes are
+    then held to what that user may do by the kernel itself. 0 if the child
+    cannot switch or fails."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into the caller's code
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            os.write(w, str(int(fn())).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        with os.fdopen(r, "rb") as f:
+            out = f.read()
+    finally:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass   # collected by a subreaper's own reaping meanwhile
+    try:
+        return int(out or b"0")
+    except ValueError:
+        return 0
 
 
 def errno_reason(e: OSError) -> str:

@@ -10,6 +10,8 @@ agent of an orphaned run is killed first.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -18,7 +20,7 @@ from . import cgroup, proctree
 from .config import Config
 from .notify import read_notes
 from .procid import same_process
-from .journal import Journal, RunRow
+from .journal import Journal, RunRow, journal_path
 from .transitions import Closed, close_row
 
 
@@ -29,15 +31,50 @@ def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
     return same_process(row.driver_pid, row.driver_start)
 
 
-def kill_orphan(state_dir: Path, row: RunRow) -> int:
-    """Kill what is left of an orphaned run anywhere on the host. Returns count."""
-    leader_ours = bool(row.pid) and same_process(row.pid, row.pid_start)
-    pgid = row.pid if leader_ours else None  # a dead leader's pid may be recycled
-    if leader_ours:
-        proctree.signal_process(row.pid, row.pid_start, 9)
+def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int:
+    """Kill what is left of an orphaned run anywhere on the host. Returns count.
+
+    With the privileges of the ring's owner (the state dir's): whoever owns it
+    can write every row and record the kill trusts (pids, start ticks, the run
+    cgroup's place), so root reading another user's ring (``sudo ringd status``,
+    ``force-fail``) must kill no process that user could not kill itself -
+    never one of root's named by a forged row. ``by_driver``: the ring's own
+    driver, which runs whatever the ring's files say with its own privileges
+    anyway, kills with them (a root driver's orphans are root's)."""
+    owner = None if by_driver else _other_owner(state_dir)
+    if owner is not None:
+        return proctree.call_as(owner[0], owner[1], lambda: _kill_orphan(state_dir, row))
+    return _kill_orphan(state_dir, row)
+
+
+def _other_owner(state_dir: Path) -> Optional[tuple]:
+    """(uid, gid) of another user who can write what the kill trusts, when we
+    are root: the state dir's owner, or the owner of the journal or the cgroup
+    record in a state dir of root's."""
+    if os.geteuid() != 0:
+        return None   # the kernel already keeps us to our own processes
+    journal = journal_path(state_dir)
+    for path in (state_dir, journal, Path(f"{journal}-wal"), state_dir / cgroup.RECORD):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != 0:
+            return st.st_uid, st.st_gid
+    return None
+
+
+def _kill_orphan(state_dir: Path, row: RunRow) -> int:
+    if bool(row.pid) and same_process(row.pid, row.pid_start):
+        # The group now, while its leader (just identified) holds the group id,
+        # and never again: the leader is no child of ours, whoever reaps it
+        # frees the id for any new session. One killpg is enough: a fork racing
+        # it fails, so no member of the group is left to find by its id.
+        proctree.signal_group(row.pid, signal.SIGKILL)
+        proctree.signal_process(row.pid, row.pid_start, signal.SIGKILL)   # should it have left its group
     # the run's cgroup, escapees included (never its driver, should it be alive and inside)
     killed = cgroup.kill_recorded(state_dir, row.id, driver=(row.driver_pid, row.driver_start))
-    return killed + proctree.kill_run(str(state_dir), row.id, pgid, scope="host")
+    return killed + proctree.kill_run(str(state_dir), row.id, None, scope="host")
 
 
 def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,
@@ -51,7 +88,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     row = journal.running_row()
     if row is None or driver_alive(row, me):
         return []
-    killed = kill_orphan(state_dir, row)
+    killed = kill_orphan(state_dir, row, by_driver=me is not None)
     reason = f"driver (pid {row.driver_pid}) died while it ran"
     if killed:
         reason += f"; killed {killed} leftover process(es)"

@@ -27,6 +27,10 @@ SKIP_GRACE = 0.5   # s between SIGTERM and SIGKILL when an operator skips (ring 
 STOP_GRACE = 3.0   # s between SIGTERM and SIGKILL when the driver itself stops
 WATCHDOG_GRACE = 0.5  # s between SIGTERM and SIGKILL when the agent's watchdog starved
 PHASE_CHARS = 200
+# s after the tree kill: a leader not dead by then is not dying (uninterruptible
+# sleep: a hung mount, a frozen cgroup v1): the run is closed without its exit and
+# the ring moves on - a wedged agent costs one slot, never the whole ring
+UNKILLABLE_WAIT = 5.0
 
 
 # --- events -----------------------------------------------------------------------
@@ -124,6 +128,7 @@ class RunState:
     termed_at_budget: bool = False
     kill_at: Optional[float] = None     # the end of a grace: kill the tree then
     killed: bool = False
+    killed_at: Optional[float] = None   # when the tree kill was sent (UNKILLABLE_WAIT runs from it)
     reason: Optional[str] = None
     phase: Optional[str] = None
     closed: bool = False
@@ -141,6 +146,8 @@ def next_deadline(s: RunState) -> float:
     times = [s.beat_at]
     if s.kill_at is not None and not s.killed:
         times.append(s.kill_at)
+    if s.killed_at is not None:
+        times.append(s.killed_at + UNKILLABLE_WAIT)
     if s.ending is None:
         times.append(s.stall_at)
         if not s.termed_at_budget:
@@ -154,6 +161,11 @@ def _ending(s: RunState, kind: str, reason: str, grace: float, now: float) -> Tu
     return replace(s, ending=kind, reason=reason, kill_at=now + grace), [Term()]
 
 
+def _source(s: RunState) -> str:
+    """Who ended the run, for its row's closing event."""
+    return "operator" if s.ending == "skip" else "driver"
+
+
 def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
     if s.closed:
         return s, []
@@ -163,9 +175,8 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
             ended_by = None   # it ended by itself (the budget's SIGTERM) before the kill landed
         status = classify(ev.exit_code, ev.signal, ended_by=ended_by, termed_at_budget=s.termed_at_budget,
                           tempfail_exit_code=s.tempfail_exit_code)
-        source = "operator" if s.ending == "skip" else "driver"
         # the tree is killed again even after a kill: a process re-parented late is caught now
-        return replace(s, closed=True), [KillTree(), Close(status, source, ev.exit_code, ev.signal, s.reason)]
+        return replace(s, closed=True), [KillTree(), Close(status, _source(s), ev.exit_code, ev.signal, s.reason)]
     if isinstance(ev, Stop):
         if s.ending is None and not s.termed_at_budget:
             return _ending(s, "stop", ev.reason, STOP_GRACE, now)
@@ -193,11 +204,17 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
     if now >= s.beat_at:
         acts.append(Beat())
         s = replace(s, beat_at=now + s.beat_every)
+    if s.killed_at is not None and now >= s.killed_at + UNKILLABLE_WAIT:
+        reason = (f"{s.reason}; " if s.reason else "") + \
+            f"its process did not die of SIGKILL within {UNKILLABLE_WAIT:g}s (uninterruptible sleep?): left behind"
+        status = classify(None, SIGKILL, ended_by=s.ending, termed_at_budget=s.termed_at_budget,
+                          tempfail_exit_code=s.tempfail_exit_code)
+        return replace(s, closed=True), acts + [Log(reason), Close(status, _source(s), None, None, reason)]
     if s.kill_at is not None and not s.killed and now >= s.kill_at:
         acts.append(KillTree())
-        s = replace(s, killed=True)
+        s = replace(s, killed=True, killed_at=now)
     if s.ending is None and now >= s.stall_at:
-        s = replace(s, ending="stall", reason=f"no exit {s.stall:g}s after start", killed=True)
+        s = replace(s, ending="stall", reason=f"no exit {s.stall:g}s after start", killed=True, killed_at=now)
         acts += [Log("stalled; SIGKILL to its whole process tree"), KillTree()]
     elif s.ending is None and s.watchdog_at is not None and now >= s.watchdog_at:
         s, more = _ending(s, "watchdog", f"watchdog: no ping for {s.watchdog:g} s", WATCHDOG_GRACE, now)

@@ -346,3 +346,113 @@ def test_killing_all_but_the_driver_kills_the_rest_of_the_cgroup(containment, tm
     wait_until(lambda: _gone(escaped), 10, message="escapee killed")
     containment.finish(cg)
     assert not cg.path.exists()
+
+
+# --- the reaper and a recycled group id -------------------------------------------------
+
+_RECYCLE = r'''
+"""pid 1 of a fresh pid namespace: a dead driver's run whose leader, reaped at
+once by a subreaper not ours, leaves its pid - its group id - to a new session."""
+import ctypes, json, os, subprocess, sys, tempfile, time
+from pathlib import Path
+from ringd import procid, reaper
+from ringd.records import RunRow
+
+r, w = os.pipe()
+if os.fork() == 0:   # the run's old parent: reaps the leader the moment it dies
+    os.close(r)
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    leader = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    os.write(w, b"%d\n" % leader.pid)
+    leader.wait()
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:   # the next pid is the leader's
+        f.write(str(leader.pid - 1))
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    os.write(w, b"%d\n" % stranger.pid)
+    stranger.wait()
+    os._exit(0)
+os.close(w)
+f = os.fdopen(r)
+leader = int(f.readline())
+row = RunRow(id=7, agent="a", position=0, status="running", started_at=time.time(), ended_at=None,
+             duration=None, exit_code=None, signal=None, reason=None, pid=leader,
+             pid_start=procid.start_ticks(leader), run_budget=1, stall_threshold=2, log_path=None,
+             driver_pid=2 ** 23, driver_start=1)
+reaper.kill_orphan(Path(tempfile.mkdtemp()), row)
+stranger = int(f.readline())
+ticks = procid.start_ticks(stranger)
+deadline = time.monotonic() + 1.0   # any kill was sent before kill_orphan returned: headroom to land
+while procid.same_process(stranger, ticks) and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(json.dumps({"leader": leader, "stranger": stranger, "alive": procid.same_process(stranger, ticks)}))
+'''
+
+
+def test_the_reaper_never_kills_a_new_session_that_got_a_dead_leaders_pid_as_its_group_id(tmp_path):
+    """The reaper signalled the run's group id again after it killed the leader
+    (and went on matching processes by it), but the leader of a dead driver's
+    run is no child of the reaper's: reaped at once elsewhere, its pid may be
+    the next new session's group id. Forced here in a private pid namespace
+    (ns_last_pid): the stranger lives, the leader does not."""
+    import json
+    import shutil
+    from conftest import REPO
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a private pid namespace")
+    script = tmp_path / "recycle.py"
+    script.write_text(_RECYCLE)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the namespace's pid 1 takes every process in it along when it ends (or unshare dies: --kill-child)
+    r = subprocess.run(["unshare", "-fp", "--mount-proc", "--kill-child", sys.executable, str(script)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stranger"] == out["leader"], f"the pid was not recycled: {out}"
+    assert out["alive"], "the reaper killed a new session that merely reused the dead leader's group id"
+
+
+# --- a leader that SIGKILL cannot end ---------------------------------------------------
+
+_FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
+
+
+def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
+    """A process in uninterruptible sleep (a hung mount; here: a frozen cgroup v1
+    freezer, which holds even SIGKILL) does not die of the stall's SIGKILL. The
+    run waited for its exit forever and the ring stood still. Now the run is
+    closed `stalled` a bounded while after the kill, saying so, the next agent
+    runs, and the driver still stops cleanly; the leader, once thawed, dies of
+    the SIGKILL it holds and is collected."""
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+    ice = _FREEZER_V1 / f"ring-test-ice-{os.getpid()}"
+    ice.mkdir()
+    leader = None
+    try:
+        ring.agent("ice", f"""
+            echo $$ > {ice}/cgroup.procs
+            echo FROZEN > {ice}/freezer.state
+            exit 0
+            """)
+        ring.agent("next", "exit 0")
+        ring.write_config(ring={"run_budget": 0.3, "stall_threshold": 0.6})
+        ring.roster(f"ice {ring.agents_dir}/ice.sh", f"next {ring.agents_dir}/next.sh")
+        drv = ring.start_driver()
+        leader = int(wait_until(lambda: (ice / "cgroup.procs").read_text().split(), 20,
+                                message="the agent froze itself")[0])
+        # the stall (0.6 s), the kill's bounds, runstate.UNKILLABLE_WAIT (5 s): headroom for a loaded box
+        wait_until(lambda: [r for r in ring.runs() if r["agent"] == "next" and r["status"] == "ok"], 60,
+                   message="the next agent ran")
+        first = ring.runs()[0]
+        assert first["status"] == "stalled" and "did not die of SIGKILL" in first["reason"], dict(first)
+        assert procid.start_ticks(leader) is not None, "the frozen leader still lives (the test's premise)"
+        drv.send_signal(signal.SIGTERM)
+        assert drv.wait(timeout=30) == 0
+    finally:
+        (ice / "freezer.state").write_text("THAWED")   # it dies of the SIGKILL it holds
+        if leader is not None:
+            wait_until(lambda: procid.start_ticks(leader) is None, 10, message="the thawed leader gone")
+        wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
+        ice.rmdir()

@@ -137,3 +137,22 @@ def test_a_stall_the_agent_beat_by_exiting_is_its_own_ending():
     # termed at the budget, it exits from that SIGTERM just as the stall threshold falls due
     s, acts = run(new(), (10.0, Tick()), (20.0, Tick()), (20.0, Exited(None, 15)))
     assert closes(acts)[0].status == "timeout"
+
+
+def test_a_leader_that_outlives_sigkill_is_closed_a_bounded_while_after_the_kill():
+    from ringd.runstate import UNKILLABLE_WAIT
+    # stalled: killed at 20, no exit ever (uninterruptible sleep) -> closed at 20 + UNKILLABLE_WAIT
+    s, acts = run(new(beat_at=1e9), (20.0, Tick()))
+    assert kinds(acts) == ["KillTree"] and next_deadline(s) == 20.0 + UNKILLABLE_WAIT
+    s, acts = run(s, (20.0 + UNKILLABLE_WAIT - 0.1, Tick()))
+    assert not closes(acts)
+    s, acts = run(s, (20.0 + UNKILLABLE_WAIT, Tick()), (21.0 + UNKILLABLE_WAIT, Exited(None, 9)))
+    assert kinds(acts) == ["Close"] and s.closed   # closed once; the late exit changes nothing
+    c = closes(acts)[0]
+    assert c.status == "stalled" and c.exit_code is None and "did not die of SIGKILL" in c.reason
+    # a skip's or a stop's kill that does not land ends the same way, as that ending
+    for ev, status, source in ((Skip(), "skipped", "operator"), (Stop(), "interrupted", "driver")):
+        s, acts = run(new(beat_at=1e9), (1.0, ev), (1.0 + STOP_GRACE, Tick()),
+                      (1.0 + STOP_GRACE + UNKILLABLE_WAIT, Tick()))
+        c = closes(acts)[0]
+        assert (c.status, c.source) == (status, source), c

@@ -632,3 +632,50 @@ def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(sh
     assert r.returncode == 0, r.stderr
     wait_until(lambda: ring.rows("SELECT status FROM runs WHERE agent = 'long' ORDER BY id LIMIT 1")[0]["status"]
                == "skipped", 10, message="skip works for the owner")
+
+
+# --- root reaping another user's ring ----------------------------------------------------------
+
+@pytest.mark.parametrize("whose,owned", [("root", "state dir"), ("root", "journal only"),
+                                         ("the ring's user", "state dir")])
+def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, whose, owned):
+    """The ring's user owns its state dir, so it can write any row the reaper
+    trusts: a `running` row of a dead driver naming a process of root's (pid
+    and start ticks are public); so can the owner of its journal in a state
+    dir of root's. Root running `ringd status` on that ring
+    reaps the row but kills with the ring user's privileges: root's process
+    lives; the user's own orphan still dies."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    import sqlite3
+    from ringd import procid
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0   # a journal, as the ring makes it
+    drop = [] if whose == "root" else ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
+                                       "--clear-groups"]
+    target = subprocess.Popen([*drop, "sleep", "300"], start_new_session=True)
+    try:
+        ticks = wait_until(lambda: psutil.Process(target.pid).name() == "sleep"
+                           and procid.start_ticks(target.pid), 10, message="the target exec'd sleep")
+        con = sqlite3.connect(ring.journal_path)
+        con.execute("INSERT INTO runs(agent, status, started_at, pid, pid_start, driver_pid, driver_start)"
+                    " VALUES ('a', 'running', ?, ?, ?, ?, 1)", (time.time(), target.pid, ticks, 2 ** 23))
+        con.commit()
+        con.close()
+        for root, dirs, files in os.walk(ring.state):   # the ring is the user's (nobody's)
+            for name in [root, *(os.path.join(root, f) for f in files)]:
+                if owned == "state dir" or os.path.basename(name).startswith("journal.db"):
+                    os.chown(name, NOBODY, NOBODY)
+        ring.cli("status", "--json")   # as root
+        assert ring.rows("SELECT status FROM runs ORDER BY id DESC LIMIT 1")[0]["status"] == "interrupted"
+        if whose == "root":
+            # any kill was sent before status returned: a second is headroom for it to land
+            with pytest.raises(subprocess.TimeoutExpired):
+                target.wait(timeout=1)
+        else:
+            assert target.wait(timeout=10) == -signal.SIGKILL, "the ring user's own orphan survived"
+    finally:
+        if target.poll() is None:
+            target.kill()
+        target.wait(timeout=10)
