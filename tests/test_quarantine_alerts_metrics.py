@@ -179,3 +179,32 @@ def test_watcher_alerts_when_it_replaces_the_driver(ring):
                message="driver-replaced alert")
     event = json.loads(seen.read_text().strip().splitlines()[0])
     assert event["event"] == "driver-replaced" and event["state_dir"] == str(ring.state)
+
+
+def test_metrics_are_never_half_written_when_the_disk_fills(tmp_path):
+    """A write cut short (a full disk, a file size limit) leaves the old
+    metrics.prom whole: the collector never reads half a file."""
+    import subprocess
+    import sys
+    import textwrap
+    from conftest import REPO
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "metrics.prom").write_text("# old\n")
+    # RLIMIT_FSIZE: write() stores what fits and returns a short count, as on a full disk
+    code = textwrap.dedent(f"""
+        import resource
+        from pathlib import Path
+        from ringd.metrics import write_metrics
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            write_metrics(Path({str(state)!r}), "x" * 10000 + "\\n")
+        except OSError as e:
+            print("refused", e.errno)
+        """)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "refused" in r.stdout
+    assert (state / "metrics.prom").read_text() == "# old\n"
+    assert [p.name for p in state.iterdir()] == ["metrics.prom"], "a temp file was left behind"
