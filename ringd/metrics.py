@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .config import RingSettings
 from .policy import seen_at
@@ -93,16 +93,24 @@ def render(s: Snapshot) -> str:
 
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
-             laps: int = 0, roster_agents: int = 0, roster_error: bool = False,
+             laps: int = 0, roster: Sequence[str] = (), roster_error: bool = False,
              state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
-    """Read what the metrics need from the journal (a few small, indexed queries)."""
+    """Read what the metrics need from the journal (a few small, indexed queries).
+    ``roster``: the names on the roster in use. The counters keep every agent the
+    journal knows (a counter never goes back); an agent's state gauges
+    (quarantined, backing off, failures in a row) are the roster's agents' only,
+    as in ``ringd status``: an agent renamed or removed while quarantined is no
+    longer held, and ``ringd resume`` could not lift it (unknown name)."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
-                 driver_started_at=driver_started_at, laps=laps, roster_agents=roster_agents,
+                 driver_started_at=driver_started_at, laps=laps, roster_agents=len(roster),
                  roster_error=roster_error, role=role)
     for name, r in journal.last_runs().items():
         s.last_runs[name] = (r.duration, r.ended_at)
+    on_roster = set(roster)
     for name, st in journal.agent_states().items():
+        if name not in on_roster:
+            continue
         st = seen_at(st, now, ring)
         s.consecutive_failures[name] = st.consecutive_failures
         if st.quarantined_until is not None and st.quarantined_until > now:

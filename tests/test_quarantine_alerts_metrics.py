@@ -208,3 +208,33 @@ def test_metrics_are_never_half_written_when_the_disk_fills(tmp_path):
     assert "refused" in r.stdout
     assert (state / "metrics.prom").read_text() == "# old\n"
     assert [p.name for p in state.iterdir()] == ["metrics.prom"], "a temp file was left behind"
+
+
+def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
+    """An agent renamed or removed from the roster while quarantined or backing
+    off is no longer held: metrics say so, as status does (and ``ringd resume``
+    could not lift it: unknown name). Its run counter stays (counters never go back)."""
+    from ringd.config import RingSettings
+    from ringd.journal import Journal
+    from ringd.metrics import render, snapshot
+    from ringd.records import AgentState
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = Journal.open(state)
+    try:
+        with journal.transaction() as tx:
+            tx.put_agent(AgentState(name="old-name", quarantined_until=now + 600, bad_streak=3,
+                                    consecutive_failures=3))
+            tx.put_agent(AgentState(name="gone", backoff_until=now + 60, consecutive_deferrals=1))
+            tx.put_agent(AgentState(name="kept", quarantined_until=now + 600, bad_streak=3))
+            tx.add_skipped("old-name", 0, "quarantined", "driver", now)
+        snap = snapshot(journal, now=now, roster=["new-name", "kept"], ring=RingSettings())
+    finally:
+        journal.close()
+    assert snap.quarantined == ["kept"] and snap.deferred == []
+    assert set(snap.consecutive_failures) == {"kept"}
+    assert snap.roster_agents == 2
+    text = render(snap)
+    assert "ring_quarantined_agents 1\n" in text and "ring_deferred_agents 0\n" in text
+    assert 'ring_runs_total{agent="old-name",status="skipped"} 1' in text
