@@ -3,9 +3,10 @@
 The command gets the event as JSON on stdin and as ``RING_EVENT``,
 ``RING_AGENT``, ``RING_DETAIL`` in its environment, so ``mail``, ``curl`` or
 ``logger`` work as one-liners. It runs under a small supervisor process
-(``python -m ringd.alerts``) in its own session that kills it after
-``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing command never
-slows or stops the ring: the driver only forks and forgets (and reaps).
+(``python -m ringd.alerts``) in its own session that kills it, and whatever
+it forked, after ``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing
+command never slows or stops the ring: the driver only forks and forgets (and
+reaps).
 Output goes to ``<state>/logs/alerts.log``.
 """
 from __future__ import annotations
@@ -85,24 +86,92 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
 
 
 def _supervise(timeout: float, argv: Sequence[str]) -> int:
-    """Run ``argv`` with our stdin, in its own process group; kill it at ``timeout``."""
+    """Run ``argv`` with our stdin, in its own session, and end it and all it
+    started at ``timeout``. We are its subreaper: a daemon it forks (setsid,
+    double fork) re-parents to us, so we outlive - and stay the driver's helper
+    for - everything of the alert's, and nothing of it outlives the timeout.
+    Its output goes to our stdout (alerts.log)."""
+    import select
+    from . import proctree
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     event = os.environ.get("RING_EVENT", "?")
+    proctree.set_child_subreaper()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)   # (a handled signal is reset at exec)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
     try:
-        child = subprocess.Popen(list(argv), stdin=sys.stdin, start_new_session=True)
+        child = subprocess.Popen(list(argv), stdin=sys.stdin, stdout=out_w, stderr=out_w,
+                                 start_new_session=True)
     except OSError as e:
         print(f"{stamp} alert {event}: cannot start {argv[0]!r}: {e.strerror}", flush=True)
         return 127
-    try:
-        code = child.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    finally:
+        os.close(out_w)
+    os.set_blocking(out_r, False)
+    child.returncode = 0   # collected below (waitpid -1), never by Popen
+    deadline = time.monotonic() + timeout
+    code: Optional[int] = None
+    killed = False
+    kept = dropped = 0
+    reading = True   # until every copy of the output pipe is closed
+    while True:
+        try:
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                if pid == child.pid:
+                    code = os.waitstatus_to_exitcode(status)
+            alive = True
+        except ChildProcessError:
+            alive = False   # none of the alert's processes is left (they all re-parent to us)
+        while reading:
+            try:
+                chunk = os.read(out_r, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                reading = False
+                break
+            keep = chunk
+            try:
+                if keep:
+                    os.write(1, keep)
+            except OSError:   # a full state dir: the alert still runs to its end
+                keep = b""
+            kept += len(keep)
+            dropped += len(chunk) - len(keep)
+        if not alive:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0 and not killed:
+            killed = True
+            # (its group only while the command is unreaped: its pid cannot be reused then)
+            proctree.kill_run("", 0, child.pid if code is None else None, scope="descendants")
+            deadline = time.monotonic() + 5.0   # SIGKILLed: only their reaping is left
+            continue
+        if left <= 0:
+            break   # (never: a SIGKILLed process ends) - the driver reaps what is left
+        try:
+            select.select([wake_r, out_r] if reading else [wake_r], [], [], left)
+        except InterruptedError:
+            pass
+        try:
+            while os.read(wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+    if killed and code is not None:
+        print(f"{stamp} alert {event}: {argv[0]!r} exited {code}; what it left running was killed "
+              f"after {timeout:g}s", flush=True)
+        return 124
+    if killed:
         print(f"{stamp} alert {event}: {argv[0]!r} killed after {timeout:g}s", flush=True)
         return 124
     if code:
         print(f"{stamp} alert {event}: {argv[0]!r} exited {code}", flush=True)
-    return code
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -238,3 +238,27 @@ def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
     text = render(snap)
     assert "ring_quarantined_agents 1\n" in text and "ring_deferred_agents 0\n" in text
     assert 'ring_runs_total{agent="old-name",status="skipped"} 1' in text
+
+
+def _pid_gone(pid):
+    import psutil
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_what_an_alert_command_leaves_behind_ends_at_its_timeout(ring):
+    """An alert command that forks a daemon (setsid, double fork) and exits: the
+    daemon ends at the alert's timeout, even when the ring then runs nothing
+    more (here: the driver is gone), never lives on."""
+    pids = ring.base / "daemon.pid"
+    alert = ring.agent("alert", f"setsid sh -c 'echo $$ > {pids}.tmp; mv {pids}.tmp {pids}; exec sleep 300' &\nexit 0")
+    ring.write_config(alerts={"command": [str(alert)], "failures_in_a_row": 1, "timeout": 1.0})
+    ring.agent("bad", "exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    daemon = int(wait_until(lambda: pids.exists() and pids.read_text().strip(), timeout=15,
+                            message="the alert's daemon started"))
+    wait_until(lambda: _pid_gone(daemon), timeout=10, message="the alert's daemon ended at the alert's timeout")
+
