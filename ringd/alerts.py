@@ -7,7 +7,8 @@ The command gets the event as JSON on stdin and as ``RING_EVENT``,
 it forked, after ``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing
 command never slows or stops the ring: the driver only forks and forgets (and
 reaps).
-Output goes to ``<state>/logs/alerts.log``.
+Output goes to ``<state>/logs/alerts.log`` (the first ``ALERT_OUTPUT_BYTES``
+of each alert's).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
 ALERT_TIMEOUT = 30.0
+ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
 
 # Event kinds.
 QUARANTINED = "quarantined"
@@ -90,7 +92,8 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
     started at ``timeout``. We are its subreaper: a daemon it forks (setsid,
     double fork) re-parents to us, so we outlive - and stay the driver's helper
     for - everything of the alert's, and nothing of it outlives the timeout.
-    Its output goes to our stdout (alerts.log)."""
+    Its output goes to our stdout (alerts.log), the first ALERT_OUTPUT_BYTES of
+    it: a command printing without end cannot fill the state dir."""
     import select
     from . import proctree
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -134,7 +137,7 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
             if not chunk:
                 reading = False
                 break
-            keep = chunk
+            keep = chunk[:max(0, ALERT_OUTPUT_BYTES - kept)]
             try:
                 if keep:
                     os.write(1, keep)
@@ -162,6 +165,8 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
                 pass
         except BlockingIOError:
             pass
+    if dropped:
+        print(f"\n{stamp} alert {event}: output cut at {kept} bytes, {dropped} more not kept", flush=True)
     if killed and code is not None:
         print(f"{stamp} alert {event}: {argv[0]!r} exited {code}; what it left running was killed "
               f"after {timeout:g}s", flush=True)

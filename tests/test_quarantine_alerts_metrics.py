@@ -262,3 +262,16 @@ def test_what_an_alert_command_leaves_behind_ends_at_its_timeout(ring):
                             message="the alert's daemon started"))
     wait_until(lambda: _pid_gone(daemon), timeout=10, message="the alert's daemon ended at the alert's timeout")
 
+
+def test_an_alert_command_that_floods_its_output_cannot_fill_the_disk(ring):
+    """alerts.log keeps the first part of one alert's output, and says how much
+    it dropped: a command printing without end cannot fill the state dir."""
+    alert = ring.agent("alert", "head -c 3000000 /dev/zero | tr '\\0' x\necho; echo done >&2")
+    ring.write_config(alerts={"command": [str(alert)], "failures_in_a_row": 1, "timeout": 10.0})
+    ring.agent("bad", "exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    log = ring.state / "logs" / "alerts.log"
+    wait_until(lambda: log.exists() and b"not kept" in log.read_bytes(), timeout=15,
+               message="alerts.log says the output was cut")
+    assert log.stat().st_size < 100 * 1024
