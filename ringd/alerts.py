@@ -23,6 +23,11 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 ALERT_TIMEOUT = 30.0
 ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
+# Alert commands running at once. A whole ring failing while the command hangs
+# would otherwise start a supervisor (a Python interpreter) per alert until the
+# box runs out of memory; past this, an alert is dropped, and the log says so.
+MAX_ALERTS_RUNNING = 16
+_dropped = 0   # alerts dropped since the last one sent
 
 # Event kinds.
 QUARANTINED = "quarantined"
@@ -55,8 +60,19 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
     Never raises: an alert must never hurt the ring. ``reaped_by_caller``: the
     caller collects exited children itself (the driver does, as a subreaper), so
     Popen must never waitpid this pid later (it could be recycled by then)."""
+    global _dropped
     if not command:
         return None
+    from .proctree import helpers_running
+    if helpers_running() >= MAX_ALERTS_RUNNING:
+        _dropped += 1
+        if _dropped == 1:   # said once per storm
+            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {MAX_ALERTS_RUNNING} alert "
+                f"commands are still running (alerts.timeout {timeout:g}s); alerts are dropped until one ends")
+        return None
+    if _dropped:
+        log(f"{_dropped} alert(s) were not sent while {MAX_ALERTS_RUNNING} alert commands ran")
+        _dropped = 0
     payload = event_payload(kind, agent, detail, state_dir, extra)
     try:
         from .proctree import clean_env

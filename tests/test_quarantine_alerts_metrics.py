@@ -275,3 +275,24 @@ def test_an_alert_command_that_floods_its_output_cannot_fill_the_disk(ring):
     wait_until(lambda: log.exists() and b"not kept" in log.read_bytes(), timeout=15,
                message="alerts.log says the output was cut")
     assert log.stat().st_size < 100 * 1024
+
+
+def test_an_alert_storm_runs_a_bounded_number_of_alert_commands_at_once(ring):
+    """A whole ring failing while the alert command hangs: at most
+    MAX_ALERTS_RUNNING alert commands (and their supervisors) live at once, the
+    rest are dropped, and the driver says so, instead of a process (and a Python
+    interpreter) per alert piling up until the box runs out of memory."""
+    from ringd.alerts import MAX_ALERTS_RUNNING
+    started = ring.base / "alerts.started"
+    alert = ring.agent("alert", f"echo $$ >> {started}\nexec sleep 60")
+    ring.write_config(ring={"fast_fail": 0.01},
+                      alerts={"command": [str(alert)], "failures_in_a_row": 1, "timeout": 30.0})
+    ring.agent("bad", "sleep 0.05; exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: len(ring.runs()) >= MAX_ALERTS_RUNNING + 10, timeout=30,
+               message="more failures than alert commands may run")
+    lines = started.read_text().split() if started.exists() else []
+    assert 0 < len(lines) <= MAX_ALERTS_RUNNING, f"{len(lines)} alert commands started at once"
+    err = driver.err_path.read_text()
+    assert "not sent" in err, err[-2000:]
