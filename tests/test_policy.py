@@ -167,3 +167,39 @@ def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
     probation = seen_at(held, now - 86400, RING)
     assert decide(probation, now - 86400).reason == "probation run after quarantine cool-off"
     assert probation.bad_streak == 3                             # only the clock's reading changed
+
+
+def test_the_spec_defaults_of_quarantine_back_off_and_alerts():
+    """SPEC "Configuration" and "Quarantine, alerts and metrics": the numbers."""
+    from ringd.config import AlertSettings
+    ring, alerts = RingSettings(), AlertSettings()
+    assert (ring.quarantine_after, ring.quarantine_cooloff) == (3, 86400)
+    assert (ring.tempfail_exit_code, ring.backoff_initial, ring.backoff_max) == (75, 60, 3600)
+    assert ring.fast_fail == 1
+    assert (alerts.command, alerts.failures_in_a_row) == (None, 5)
+    # the default failures alert comes at the 5th failure in a row, and each 5th after
+    s, fired = A, []
+    for n in range(1, 11):
+        settled = after_run(s, "failed", "driver", float(n), ring)
+        s = settled.state
+        if alerts_after("a", "failed", "driver", settled, alerts.failures_in_a_row):
+            fired.append(n)
+    assert fired == [5, 10]
+
+
+def test_quarantine_after_zero_never_quarantines():
+    off = RingSettings(quarantine_after=0)
+    s = A
+    for _ in range(50):
+        settled = after_run(s, "stalled", "driver", 0.0, off)
+        assert not settled.entered_quarantine
+        s = settled.state
+    assert s.quarantined_until is None and decide(s, 1.0).action is Action.RUN
+
+
+def test_back_off_never_overflows_and_a_max_below_the_initial_caps_it():
+    assert backoff_delay(2 ** 1000, 60, 3600) == 3600
+    assert backoff_delay(1, 60, 10) == 10 and backoff_delay(5, 60, 10) == 10
+    s = A.with_(consecutive_deferrals=10 ** 18)
+    s = after_run(s, "deferred", "driver", 1000.0, RingSettings(backoff_initial=60, backoff_max=30)).state
+    assert s.backoff_until == 1030

@@ -98,7 +98,7 @@ def test_a_changed_roster_line_lifts_the_quarantine(ring):
 def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
     seen = ring.base / "alerts.jsonl"
     pids = ring.base / "alert.pids"
-    alert = ring.agent("alert", f"echo $$ >> {pids}\ncat >> {seen}\necho \"$RING_EVENT $RING_AGENT\" >> {seen}.env\nexec sleep 60")
+    alert = ring.agent("alert", f"echo $$ >> {pids}\ncat >> {seen}\necho \"$RING_EVENT $RING_AGENT|$RING_DETAIL\" >> {seen}.env\nexec sleep 60")
     # fast_fail below the agent's run time: this ring must turn at full speed (no spin wait)
     ring.write_config(ring={"fast_fail": 0.01},
                       alerts={"command": [str(alert)], "failures_in_a_row": 2, "timeout": 1.0})
@@ -112,7 +112,9 @@ def test_hanging_alert_command_is_killed_and_never_slows_the_ring(ring):
                and env_seen.read_text().endswith("\n"), timeout=15, message="alert received")
     event = next(e for e in map(json.loads, seen.read_text().splitlines()) if "2 times" in e["detail"])
     assert event["event"] == "failures" and event["agent"] == "bad"
-    assert env_seen.read_text().split("\n")[0] == "failures bad"
+    env_event, env_detail = env_seen.read_text().split("\n")[0].split("|")
+    assert env_event == "failures bad" and env_detail.startswith("bad failed ")   # RING_DETAIL
+    assert event["detail"].startswith("bad failed ") and isinstance(event["run_id"], int)
     n = len(ring.runs())
     wait_until(lambda: len(ring.runs()) >= n + 6, timeout=10, message="ring keeps turning during the alert")
     import psutil
