@@ -38,9 +38,13 @@ RUN_REAPED = "run-reaped"
 
 
 def open_alert_log(state_dir: Path) -> int:
-    """Append-only ``logs/alerts.log`` (0600), never through a planted symlink."""
-    from .safefile import open_file
-    return open_file(state_dir, ("logs",), "alerts.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    """Append-only ``logs/alerts.log`` (0600), never through a planted symlink,
+    rotated like ringd.log (safefile.open_log)."""
+    from .safefile import open_log
+    fd, unrotated = open_log(state_dir, ("logs",), "alerts.log")
+    if unrotated is not None:
+        os.write(fd, f"cannot rotate alerts.log to alerts.log.1 ({unrotated.strerror}); appending on\n".encode())
+    return fd
 
 
 def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,

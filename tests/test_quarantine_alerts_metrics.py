@@ -300,3 +300,23 @@ def test_an_alert_storm_runs_a_bounded_number_of_alert_commands_at_once(ring):
                message="alert commands started")
     lines = started.read_text().split()
     assert len(lines) <= MAX_ALERTS_RUNNING, f"{len(lines)} alert commands started at once"
+
+
+def test_alerts_log_is_rotated_like_ringd_log(ring):
+    """logs/alerts.log past its rotation size is moved to alerts.log.1 (one old
+    copy) before the next alert writes: it never grows without end."""
+    from ringd.safefile import LOG_ROTATE_BYTES
+    logs = ring.state / "logs"
+    logs.mkdir(mode=0o700)
+    log = logs / "alerts.log"
+    with open(log, "wb") as f:
+        f.truncate(LOG_ROTATE_BYTES + 1)   # sparse: no 16 MiB written
+    os.chmod(log, 0o600)
+    alert = ring.agent("alert", "echo alert-ran")
+    ring.write_config(alerts={"command": [str(alert)], "failures_in_a_row": 1})
+    ring.agent("bad", "exit 1")
+    ring.roster(f"bad {ring.agents_dir}/bad.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    wait_until(lambda: log.exists() and b"alert-ran" in log.read_bytes(), timeout=15, message="alert output")
+    assert log.stat().st_size < 1024
+    assert (logs / "alerts.log.1").stat().st_size == LOG_ROTATE_BYTES + 1
