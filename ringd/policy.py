@@ -93,15 +93,17 @@ def after_run(state: AgentState, status: str, source: str, now: float, ring: Rin
 
 
 def seen_at(state: AgentState, now: float, ring: RingSettings) -> AgentState:
-    """``state`` as it stands at ``now``. A back-off is set to end at most
-    ``backoff_max`` ahead, a quarantine ``quarantine_cooloff``; a wall clock
+    """``state`` as it stands at ``now``. A back-off is set to end its own length
+    ahead (:func:`backoff_delay` of its streak: 60 s for a first one, never more
+    than ``backoff_max``), a quarantine ``quarantine_cooloff``; a wall clock
     stepped back since stretches the wait by the step. Stretched to no more than
-    twice that longest wait, it is kept (an NTP step of seconds changes nothing
-    that matters); further, it would last as long as the step (a day, for a clock
-    set back a day), so it ends now - a quarantine's probation run is due. (A
-    config lowered since shortens it the same way.)"""
+    twice its length, it is kept (an NTP step of seconds changes nothing that
+    matters); further, it would last as long as the step (an hour for a minute's
+    back-off, for a clock set back an hour), so it ends now - a quarantine's
+    probation run is due. (A config lowered since shortens it the same way.)"""
     s = state
-    if s.backoff_until is not None and s.backoff_until > now + 2 * ring.backoff_max:
+    if s.backoff_until is not None and s.backoff_until > now + 2 * backoff_delay(
+            s.consecutive_deferrals, ring.backoff_initial, ring.backoff_max):
         s = s.with_(backoff_until=now)
     if s.quarantined_until is not None and s.quarantined_until > now + 2 * ring.quarantine_cooloff:
         s = s.with_(quarantined_until=now)

@@ -99,7 +99,8 @@ def test_pause_one_agent_and_resume_lifts_everything(ring):
 
 
 def test_next_takes_the_very_next_turn_once(ring):
-    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
+    # back-offs of an hour (the fast config's 2 s maximum would end d's at once)
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30, "backoff_initial": 3600, "backoff_max": 3600})
     ring.agent("slow", "sleep 3")
     for name in ("b", "c", "d"):
         ring.agent(name, "exit 0")

@@ -154,9 +154,9 @@ def test_idle_wait_never_sleeps_past_a_beat_or_a_roster_look():
 
 
 def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
-    # a back-off or quarantine stretched past twice the config's longest wait ends now
+    # a back-off or quarantine stretched past twice its own length ends now
     now = 10_000.0
-    backing = A.with_(backoff_until=now + 3600)                 # backoff_max: 3600 (a fresh maximum)
+    backing = A.with_(backoff_until=now + 3600, consecutive_deferrals=7)   # backoff_max: 3600 (a fresh maximum)
     assert seen_at(backing, now, RING) == backing
     assert seen_at(backing, now - 2, RING) == backing            # an NTP step: stretched, kept
     assert seen_at(backing, now - 3600, RING) == backing         # stretched to twice backoff_max at most: kept
@@ -203,3 +203,20 @@ def test_back_off_never_overflows_and_a_max_below_the_initial_caps_it():
     s = A.with_(consecutive_deferrals=10 ** 18)
     s = after_run(s, "deferred", "driver", 1000.0, RingSettings(backoff_initial=60, backoff_max=30)).state
     assert s.backoff_until == 1030
+
+
+def test_a_short_back_off_is_never_stretched_to_the_longest_by_a_clock_step():
+    """A first back-off (60 s) when the clock is stepped back an hour: it was
+    kept as long as it ended within twice backoff_max (3600 s), so the agent
+    waited 61 minutes instead of one. It is judged by its own length."""
+    now = 10_000.0
+    first = after_run(A, "deferred", "driver", now, RING).state
+    assert first.backoff_until == now + 60 and first.consecutive_deferrals == 1
+    assert seen_at(first, now - 30, RING) == first                # stretched by an NTP-sized step: kept
+    stepped = seen_at(first, now - 3600, RING)                    # an hour back: it ends now
+    assert stepped.backoff_until == now - 3600 and decide(stepped, now - 3600).action is Action.RUN
+    assert stepped.consecutive_deferrals == 1                     # the next one still doubles
+    third = after_run(after_run(first, "deferred", "driver", now, RING).state, "error", "driver", now, RING).state
+    assert third.backoff_until == now + 240
+    assert seen_at(third, now - 200, RING) == third
+    assert seen_at(third, now - 3600, RING).backoff_until == now - 3600
