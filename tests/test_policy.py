@@ -220,3 +220,22 @@ def test_a_short_back_off_is_never_stretched_to_the_longest_by_a_clock_step():
     assert third.backoff_until == now + 240
     assert seen_at(third, now - 200, RING) == third
     assert seen_at(third, now - 3600, RING).backoff_until == now - 3600
+
+
+@pytest.mark.parametrize("status,source,ends", [
+    ("failed", "driver", True), ("error", "driver", True), ("deferred", "driver", True), ("ok", "driver", True),
+    ("skipped", "operator", False), ("interrupted", "driver", False), ("interrupted", "reaper", False),
+])
+def test_a_probation_run_that_fails_is_skipped_or_is_interrupted(status, source, ends):
+    """A probation run that did not wedge ends the quarantine; one that was
+    skipped or interrupted by the ring's stop is no verdict: the probation is
+    due again, and the streak is unchanged."""
+    held = A.with_(quarantined_until=100.0, bad_streak=3, quarantine_line="a x")
+    settled = after_run(held, status, source, 150.0, RING, "a x")
+    assert not settled.entered_quarantine
+    s = settled.state
+    if ends:
+        assert s.quarantined_until is None and decide(s, 151.0, "a x").reason != "probation run after quarantine cool-off"
+    else:
+        assert s.quarantined_until == 100.0 and s.bad_streak == 3
+        assert decide(s, 151.0, "a x").reason == "probation run after quarantine cool-off"
