@@ -320,3 +320,29 @@ def test_alerts_log_is_rotated_like_ringd_log(ring):
     wait_until(lambda: log.exists() and b"alert-ran" in log.read_bytes(), timeout=15, message="alert output")
     assert log.stat().st_size < 1024
     assert (logs / "alerts.log.1").stat().st_size == LOG_ROTATE_BYTES + 1
+
+
+def test_a_quarantine_a_force_fail_completed_says_so(tmp_path):
+    """The quarantine's skipped row names the ending that completed the streak:
+    a force-failed run is no 'stalled or timeout'."""
+    from ringd.config import RingSettings
+    from ringd.journal import Journal
+    from ringd.records import AgentState
+    from ringd.transitions import close_in
+    now = time.time()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = Journal.open(state)
+    try:
+        with journal.transaction() as tx:
+            tx.put_agent(AgentState(name="w", bad_streak=2))
+            run_id = tx.start_run("w", 0, now=now, run_budget=1.0, stall_threshold=2.0,
+                                  driver_pid=os.getpid(), driver_start=None)
+            closed = close_in(tx, run_id, "w", 0, "interrupted", source="operator", now=now + 1,
+                              ring=RingSettings(quarantine_after=3), line="w ./w")
+        assert closed.settled.entered_quarantine
+        (row,) = [r for r in journal.history("w") if r.status == "skipped"]
+    finally:
+        journal.close()
+    assert "quarantined" in row.reason and "3 bad endings in a row" in row.reason
+    assert "interrupted" in row.reason and "stalled or timeout" not in row.reason
