@@ -97,17 +97,18 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
              state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries).
     ``roster``: the names on the roster in use. The counters keep every agent the
-    journal knows (a counter never goes back); an agent's state gauges
-    (quarantined, backing off, failures in a row) are the roster's agents' only,
-    as in ``ringd status``: an agent renamed or removed while quarantined is no
-    longer held, and ``ringd resume`` could not lift it (unknown name)."""
+    journal knows (a counter never goes back); the per-agent gauges (last run,
+    quarantined, backing off, failures in a row) are the roster's agents' only,
+    as in ``ringd status``: an agent renamed or removed is no longer held (and
+    ``ringd resume`` could not lift it: unknown name), nor late forever."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
                  driver_started_at=driver_started_at, laps=laps, roster_agents=len(roster),
                  roster_error=roster_error, role=role)
-    for name, r in journal.last_runs().items():
-        s.last_runs[name] = (r.duration, r.ended_at)
     on_roster = set(roster)
+    for name, r in journal.last_runs().items():
+        if name in on_roster:
+            s.last_runs[name] = (r.duration, r.ended_at)
     for name, st in journal.agent_states().items():
         if name not in on_roster:
             continue

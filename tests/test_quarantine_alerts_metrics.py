@@ -240,6 +240,8 @@ def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
     text = render(snap)
     assert "ring_quarantined_agents 1\n" in text and "ring_deferred_agents 0\n" in text
     assert 'ring_runs_total{agent="old-name",status="skipped"} 1' in text
+    # nor is its last run late forever (an alert on the last run's age)
+    assert 'ring_last_run_end_timestamp_seconds{agent="old-name"}' not in text
 
 
 def _pid_gone(pid):
