@@ -170,7 +170,9 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
         left = deadline - time.monotonic()
         if left <= 0 and not killed:
             killed = True
-            # (its group only while the command is unreaped: its pid cannot be reused then)
+            # every descendant of ours: as their subreaper, that is all of the alert's
+            # (no run key needed); its group only while the command is unreaped (its
+            # pid cannot be reused then)
             proctree.kill_run("", 0, child.pid if code is None else None, scope="descendants")
             deadline = time.monotonic() + 5.0   # SIGKILLed: only their reaping is left
             continue
