@@ -170,6 +170,7 @@ class Driver:
         self._metrics_dirty = False
         self._metrics_failing = False
         self._prune_failing = False
+        self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
         self._runs_since_prune = 0
         self.paused_said = False
         self._view = RingView(None, None, [], [], [])
@@ -214,6 +215,8 @@ class Driver:
                 self.log("heartbeat written again")
             self.beat_error = None
         self.check_lock()
+        if not self.journal_moved and self.journal.moved():   # (a stat, once a beat)
+            self.journal_moved = True
         if self._runs_since_prune:
             self.prune_journal()
         due = self.config.ring.heartbeat_interval * 0.9
@@ -397,6 +400,26 @@ class Driver:
         self.prev_index = None
         return True
 
+    def reopen_journal(self) -> None:
+        """journal.db was removed (to start afresh) or replaced under us: our
+        connection wrote where no reader looks, and operator requests (pause,
+        skip, resume) went to a journal we never read. Between runs, take up the
+        file now at the path - made anew if there is none, as at start-up - and
+        say so; the history and counters are the new file's."""
+        self.flush()   # the last run's end, into the journal it started in
+        old = self.journal
+        new = Journal.open(self.state_dir, verify=True)
+        new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
+        self.journal, self.journal_moved, self.unconfirmed = new, False, {}
+        old.close()
+        self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
+                 f"(history and counters start from it)")
+        try:
+            self.journal.set_meta("roster_error", self.roster.error)   # what status reads of it
+        except JournalError as e:
+            self.log(f"cannot record the roster state in the journal: {e}")
+        self._metrics_dirty = True
+
     def resume_from_journal(self) -> None:
         """Go on after the last turn the journal records (a scheduled agent's
         run is not one: schedule.last_turn), at start-up and after a takeover."""
@@ -438,6 +461,8 @@ class Driver:
                 if not self.lead():
                     break
                 self.reload()
+                if self.journal_moved:
+                    self.reopen_journal()
                 taken = self.turn(turns_left)
             except JournalError as e:
                 if not e.transient:
@@ -738,6 +763,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
     if swept:
         logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
+    driver = None
     try:
         driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
                         agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
@@ -755,5 +781,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         return driver.run()
     finally:
         journal.close()
+        if driver is not None and driver.journal is not journal:   # reopened (Driver.reopen_journal)
+            driver.journal.close()
         lock.release()
         env.close()

@@ -348,3 +348,27 @@ def test_a_quarantine_a_force_fail_completed_says_so(tmp_path):
         journal.close()
     assert "quarantined" in row.reason and "3 bad endings in a row" in row.reason
     assert "interrupted" in row.reason and "stalled or timeout" not in row.reason
+
+
+def test_a_journal_removed_under_the_driver_is_taken_up_again(ring):
+    """``rm journal.db`` while the driver runs (to start afresh): the driver
+    wrote on into the removed file, so status showed no run ever again, its
+    counters and metrics disagreed, and ``ringd pause`` went to a journal the
+    driver never read. The driver takes up the journal at the path."""
+    ring.agent("a", "sleep 0.1")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20, message="runs")
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(f"{ring.journal_path}{suffix}")
+        except FileNotFoundError:
+            pass
+    wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20,
+               message="runs recorded in a journal at the path again")
+    doc = json.loads(ring.cli("status", "--json").stdout)
+    assert doc["agents"][0]["runs"] >= 2
+    assert ring.cli("pause").returncode == 0
+    wait_until(lambda: "ring paused by the operator" in driver.err_path.read_text(), timeout=20,
+               message="the driver heard the pause")
+    assert "was removed or replaced under the driver" in driver.err_path.read_text()
