@@ -315,7 +315,7 @@ class Driver:
                 self.journal, now=now,
                 current=(agent, now - run_started_at) if agent and run_started_at else None,
                 heartbeat_at=now, driver_started_at=self.env.started_at,
-                laps=self.lap - 1, roster=self.view().names,
+                laps=self.lap - 1, roster=self.view().roster,
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
                 role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring)
             metrics.write_metrics(self.state_dir, metrics.render(snap))

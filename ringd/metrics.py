@@ -93,26 +93,27 @@ def render(s: Snapshot) -> str:
 
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
-             laps: int = 0, roster: Sequence[str] = (), roster_error: bool = False,
+             laps: int = 0, roster: Sequence[Tuple[str, str]] = (), roster_error: bool = False,
              state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries).
-    ``roster``: the names on the roster in use. The counters keep every agent the
-    journal knows (a counter never goes back); the per-agent gauges (last run,
-    quarantined, backing off, failures in a row) are the roster's agents' only,
-    as in ``ringd status``: an agent renamed or removed is no longer held (and
-    ``ringd resume`` could not lift it: unknown name), nor late forever."""
+    ``roster``: (name, line) of each agent on the roster in use. The counters
+    keep every agent the journal knows (a counter never goes back); the
+    per-agent gauges (last run, quarantined, backing off, failures in a row) are
+    the roster's agents' only, as in ``ringd status``: an agent renamed or
+    removed is no longer held (and ``ringd resume`` could not lift it: unknown
+    name), nor late forever; one whose line changed is held no more."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
                  driver_started_at=driver_started_at, laps=laps, roster_agents=len(roster),
                  roster_error=roster_error, role=role)
-    on_roster = set(roster)
+    on_roster = dict(roster)
     for name, r in journal.last_runs().items():
         if name in on_roster:
             s.last_runs[name] = (r.duration, r.ended_at)
     for name, st in journal.agent_states().items():
         if name not in on_roster:
             continue
-        st = seen_at(st, now, ring)
+        st = seen_at(st, now, ring, on_roster[name])   # (a hold begun under another line is over)
         s.consecutive_failures[name] = st.consecutive_failures
         if st.quarantined_until is not None and st.quarantined_until > now:
             s.quarantined.append(name)

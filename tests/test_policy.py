@@ -239,3 +239,16 @@ def test_a_probation_run_that_fails_is_skipped_or_is_interrupted(status, source,
     else:
         assert s.quarantined_until == 100.0 and s.bad_streak == 3
         assert decide(s, 151.0, "a x").reason == "probation run after quarantine cool-off"
+
+
+def test_a_reader_sees_a_hold_begun_under_another_roster_line_as_over():
+    """status and metrics pass the agent's roster line: a quarantine or back-off
+    begun under another line is shown lifted, as the agent's next turn lifts it;
+    the driver passes none, so its turn still sees (and records) the change."""
+    now = 1000.0
+    held = A.with_(quarantined_until=now + 100, bad_streak=3, quarantine_line="a ./old",
+                   backoff_until=now + 60, consecutive_deferrals=1)
+    assert seen_at(held, now, RING, "a ./old") == held
+    shown = seen_at(held, now, RING, "a ./fixed")
+    assert shown.quarantined_until is None and shown.backoff_until is None and shown.bad_streak == 0
+    assert seen_at(held, now, RING) == held and decide(held, now, "a ./fixed").line_changed

@@ -230,13 +230,16 @@ def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
                                     consecutive_failures=3))
             tx.put_agent(AgentState(name="gone", backoff_until=now + 60, consecutive_deferrals=1))
             tx.put_agent(AgentState(name="kept", quarantined_until=now + 600, bad_streak=3))
+            tx.put_agent(AgentState(name="edited", quarantined_until=now + 600, bad_streak=3,
+                                    quarantine_line="edited ./old"))   # its line fixed since
             tx.add_skipped("old-name", 0, "quarantined", "driver", now)
-        snap = snapshot(journal, now=now, roster=["new-name", "kept"], ring=RingSettings())
+        snap = snapshot(journal, now=now, roster=[("new-name", "new-name ./x"), ("kept", "kept ./k"),
+                                                  ("edited", "edited ./new")], ring=RingSettings())
     finally:
         journal.close()
     assert snap.quarantined == ["kept"] and snap.deferred == []
-    assert set(snap.consecutive_failures) == {"kept"}
-    assert snap.roster_agents == 2
+    assert set(snap.consecutive_failures) == {"kept", "edited"}
+    assert snap.roster_agents == 3
     text = render(snap)
     assert "ring_quarantined_agents 1\n" in text and "ring_deferred_agents 0\n" in text
     assert 'ring_runs_total{agent="old-name",status="skipped"} 1' in text
