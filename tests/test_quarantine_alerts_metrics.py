@@ -375,3 +375,28 @@ def test_a_journal_removed_under_the_driver_is_taken_up_again(ring):
     wait_until(lambda: "ring paused by the operator" in driver.err_path.read_text(), timeout=20,
                message="the driver heard the pause")
     assert "was removed or replaced under the driver" in driver.err_path.read_text()
+
+
+def test_metrics_prom_that_is_a_fifo_a_symlink_or_a_directory(ring):
+    """Whatever was put at metrics.prom, the ring turns: a FIFO or a symlink is
+    replaced (never opened, never written through), a directory makes the driver
+    say once that it cannot write its metrics."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    prom = ring.state / "metrics.prom"
+    outside = ring.base / "outside.txt"
+    outside.write_text("keep\n")
+    os.mkfifo(prom)
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    assert prom.is_file() and "ring_runs_total" in prom.read_text()
+    prom.unlink()
+    prom.symlink_to(outside)
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    assert not prom.is_symlink() and outside.read_text() == "keep\n"
+    prom.unlink()
+    prom.mkdir()
+    driver = ring.start_driver("--once")
+    assert driver.wait(timeout=30) == 0
+    err = driver.err_path.read_text()
+    assert err.count("cannot write metrics") == 1, err
+    assert len([r for r in ring.runs() if r["status"] == "ok"]) == 3
