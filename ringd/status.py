@@ -90,8 +90,12 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
         from .reaper import reap
         writer = Journal.open(state_dir, create=False)
         try:
-            return reap(writer, state_dir, config,
-                        on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed)), None
+            reaped = reap(writer, state_dir, config,
+                          on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed))
+            if reaped:   # its driver is dead: nobody else rewrites the metrics
+                from .metrics import refresh_without_driver
+                refresh_without_driver(state_dir, config, writer)
+            return reaped, None
         finally:
             writer.close()
     except (JournalError, OSError) as e:

@@ -400,3 +400,52 @@ def test_metrics_prom_that_is_a_fifo_a_symlink_or_a_directory(ring):
     err = driver.err_path.read_text()
     assert err.count("cannot write metrics") == 1, err
     assert len([r for r in ring.runs() if r["status"] == "ok"]) == 3
+
+
+def _prom_runs(ring):
+    from prometheus_client.parser import text_string_to_metric_families
+    text = (ring.state / "metrics.prom").read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    runs = {}
+    for s in families["ring_runs"].samples:
+        if s.name == "ring_runs_total":
+            runs[s.labels["agent"]] = runs.get(s.labels["agent"], 0) + s.value
+    current = families["ring_current_run_elapsed_seconds"].samples[0].value
+    return runs, current
+
+
+def test_metrics_follow_a_run_the_reaper_closed_when_no_driver_runs(ring):
+    """The driver died during a run; ``ringd status`` reaps it: metrics.prom no
+    longer says a run is in flight, and its counters equal status's runs (no
+    driver would rewrite it before one starts again)."""
+    import signal as sig
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
+    ring.agent("a", "exit 0")
+    ring.agent("long", "sleep 60")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"long {ring.agents_dir}/long.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: (ring.state / "metrics.prom").exists() and _prom_runs(ring)[1] > 0, timeout=20,
+               message="metrics with the long run in flight")
+    os.kill(driver.pid, sig.SIGKILL)
+    driver.wait(timeout=10)
+    doc = json.loads(ring.cli("status", "--json").stdout)   # reaps the dead driver's run
+    runs, current = _prom_runs(ring)
+    assert {a["name"]: a["runs"] for a in doc["agents"]} == runs == {"a": 1, "long": 1}
+    assert current == 0
+
+
+def test_metrics_follow_a_force_fail_when_no_driver_runs(ring):
+    import signal as sig
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
+    ring.agent("long", "sleep 60")
+    ring.roster(f"long {ring.agents_dir}/long.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: (ring.state / "metrics.prom").exists() and _prom_runs(ring)[1] > 0, timeout=20,
+               message="metrics with the run in flight")
+    os.kill(driver.pid, sig.SIGKILL)
+    driver.wait(timeout=10)
+    assert ring.cli("force-fail").returncode == 0
+    runs, current = _prom_runs(ring)
+    assert runs == {"long": 1} and current == 0
+    (row,) = ring.runs()
+    assert row["status"] == "interrupted"
