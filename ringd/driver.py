@@ -407,11 +407,14 @@ class Driver:
         file now at the path - made anew if there is none, as at start-up - and
         say so; the history and counters are the new file's."""
         self.flush()   # the last run's end, into the journal it started in
-        old = self.journal
+        # Closed first: the last connection's close checkpoints its write-ahead log
+        # and removes journal.db-wal/-shm at the path, which a new journal there
+        # would otherwise take up as its own (rm of journal.db alone leaves them).
+        # Should the new one not open (a full disk), the next turn tries again.
+        self.journal.close()
         new = Journal.open(self.state_dir, verify=True)
         new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
         self.journal, self.journal_moved, self.unconfirmed = new, False, {}
-        old.close()
         self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
                  f"(history and counters start from it)")
         try:

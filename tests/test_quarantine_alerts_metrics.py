@@ -362,13 +362,12 @@ def test_a_journal_removed_under_the_driver_is_taken_up_again(ring):
     ring.roster(f"a {ring.agents_dir}/a.sh")
     driver = ring.start_driver()
     wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20, message="runs")
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            os.unlink(f"{ring.journal_path}{suffix}")
-        except FileNotFoundError:
-            pass
+    old_ids = {r["id"] for r in ring.runs()}
+    os.unlink(ring.journal_path)   # alone: its -wal and -shm stay (the old journal's, in use)
     wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20,
                message="runs recorded in a journal at the path again")
+    assert not {r["id"] for r in ring.runs()} & old_ids, "the new journal took up the old one's log"
+    assert ring.rows("PRAGMA integrity_check")[0][0] == "ok"
     doc = json.loads(ring.cli("status", "--json").stdout)
     assert doc["agents"][0]["runs"] >= 2
     assert ring.cli("pause").returncode == 0
