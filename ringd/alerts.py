@@ -3,10 +3,12 @@
 The command gets the event as JSON on stdin and as ``RING_EVENT``,
 ``RING_AGENT``, ``RING_DETAIL`` in its environment, so ``mail``, ``curl`` or
 ``logger`` work as one-liners. It runs under a small supervisor process
-(``python -m ringd.alerts``) in its own session that kills it after
-``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing command never
-slows or stops the ring: the driver only forks and forgets (and reaps).
-Output goes to ``<state>/logs/alerts.log``.
+(``python -m ringd.alerts``) in its own session that kills it, and whatever
+it forked, after ``ALERT_TIMEOUT`` seconds, so a hanging, failing or missing
+command never slows or stops the ring: the driver only forks and forgets (and
+reaps).
+Output goes to ``<state>/logs/alerts.log`` (the first ``ALERT_OUTPUT_BYTES``
+of each alert's).
 """
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
 ALERT_TIMEOUT = 30.0
+ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
+# Alert commands running at once. A whole ring failing while the command hangs
+# would otherwise start a supervisor (a Python interpreter) per alert until the
+# box runs out of memory; past this, an alert is dropped, and the log says so.
+MAX_ALERTS_RUNNING = 16
+_dropped = 0   # alerts dropped since the last one sent
 
 # Event kinds.
 QUARANTINED = "quarantined"
@@ -30,9 +38,13 @@ RUN_REAPED = "run-reaped"
 
 
 def open_alert_log(state_dir: Path) -> int:
-    """Append-only ``logs/alerts.log`` (0600), never through a planted symlink."""
-    from .safefile import open_file
-    return open_file(state_dir, ("logs",), "alerts.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    """Append-only ``logs/alerts.log`` (0600), never through a planted symlink,
+    rotated like ringd.log (safefile.open_log)."""
+    from .safefile import open_log
+    fd, unrotated = open_log(state_dir, ("logs",), "alerts.log")
+    if unrotated is not None:
+        os.write(fd, f"cannot rotate alerts.log to alerts.log.1 ({unrotated.strerror}); appending on\n".encode())
+    return fd
 
 
 def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,
@@ -52,8 +64,19 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
     Never raises: an alert must never hurt the ring. ``reaped_by_caller``: the
     caller collects exited children itself (the driver does, as a subreaper), so
     Popen must never waitpid this pid later (it could be recycled by then)."""
+    global _dropped
     if not command:
         return None
+    from .proctree import helpers_running
+    if helpers_running() >= MAX_ALERTS_RUNNING:
+        _dropped += 1
+        if _dropped == 1:   # said once per storm
+            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {MAX_ALERTS_RUNNING} alert "
+                f"commands are still running (alerts.timeout {timeout:g}s); alerts are dropped until one ends")
+        return None
+    if _dropped:
+        log(f"{_dropped} alert(s) were not sent while {MAX_ALERTS_RUNNING} alert commands ran")
+        _dropped = 0
     payload = event_payload(kind, agent, detail, state_dir, extra)
     try:
         from .proctree import clean_env
@@ -85,24 +108,97 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
 
 
 def _supervise(timeout: float, argv: Sequence[str]) -> int:
-    """Run ``argv`` with our stdin, in its own process group; kill it at ``timeout``."""
+    """Run ``argv`` with our stdin, in its own session, and end it and all it
+    started at ``timeout``. We are its subreaper: a daemon it forks (setsid,
+    double fork) re-parents to us, so we outlive - and stay the driver's helper
+    for - everything of the alert's, and nothing of it outlives the timeout.
+    Its output goes to our stdout (alerts.log), the first ALERT_OUTPUT_BYTES of
+    it: a command printing without end cannot fill the state dir."""
+    import select
+    from . import proctree
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
     event = os.environ.get("RING_EVENT", "?")
+    proctree.set_child_subreaper()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)   # (a handled signal is reset at exec)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
     try:
-        child = subprocess.Popen(list(argv), stdin=sys.stdin, start_new_session=True)
+        child = subprocess.Popen(list(argv), stdin=sys.stdin, stdout=out_w, stderr=out_w,
+                                 start_new_session=True)
     except OSError as e:
         print(f"{stamp} alert {event}: cannot start {argv[0]!r}: {e.strerror}", flush=True)
         return 127
-    try:
-        code = child.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    finally:
+        os.close(out_w)
+    os.set_blocking(out_r, False)
+    child.returncode = 0   # collected below (waitpid -1), never by Popen
+    deadline = time.monotonic() + timeout
+    code: Optional[int] = None
+    killed = False
+    kept = dropped = 0
+    reading = True   # until every copy of the output pipe is closed
+    while True:
+        try:
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                if pid == child.pid:
+                    code = os.waitstatus_to_exitcode(status)
+            alive = True
+        except ChildProcessError:
+            alive = False   # none of the alert's processes is left (they all re-parent to us)
+        while reading:
+            try:
+                chunk = os.read(out_r, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                reading = False
+                break
+            keep = chunk[:max(0, ALERT_OUTPUT_BYTES - kept)]
+            try:
+                if keep:
+                    os.write(1, keep)
+            except OSError:   # a full state dir: the alert still runs to its end
+                keep = b""
+            kept += len(keep)
+            dropped += len(chunk) - len(keep)
+        if not alive:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0 and not killed:
+            killed = True
+            # every descendant of ours: as their subreaper, that is all of the alert's
+            # (no run key needed); its group only while the command is unreaped (its
+            # pid cannot be reused then)
+            proctree.kill_run("", 0, child.pid if code is None else None, scope="descendants")
+            deadline = time.monotonic() + 5.0   # SIGKILLed: only their reaping is left
+            continue
+        if left <= 0:
+            break   # (never: a SIGKILLed process ends) - the driver reaps what is left
+        try:
+            select.select([wake_r, out_r] if reading else [wake_r], [], [], left)
+        except InterruptedError:
+            pass
+        try:
+            while os.read(wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+    if dropped:
+        print(f"\n{stamp} alert {event}: output cut at {kept} bytes, {dropped} more not kept", flush=True)
+    if killed and code is not None:
+        print(f"{stamp} alert {event}: {argv[0]!r} exited {code}; what it left running was killed "
+              f"after {timeout:g}s", flush=True)
+        return 124
+    if killed:
         print(f"{stamp} alert {event}: {argv[0]!r} killed after {timeout:g}s", flush=True)
         return 124
     if code:
         print(f"{stamp} alert {event}: {argv[0]!r} exited {code}", flush=True)
-    return code
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         if not config.ring.journal or driver_alive(row):
             result.killed = kill_orphan(state_dir, row)
         alert_closed(state_dir, config, closed)
+        from .metrics import refresh_without_driver
+        refresh_without_driver(state_dir, config, writer)   # (a live driver's is left to it)
     finally:
         writer.close()
     return result

@@ -170,6 +170,7 @@ class Driver:
         self._metrics_dirty = False
         self._metrics_failing = False
         self._prune_failing = False
+        self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
         self._runs_since_prune = 0
         self.paused_said = False
         self._view = RingView(None, None, [], [], [])
@@ -214,6 +215,8 @@ class Driver:
                 self.log("heartbeat written again")
             self.beat_error = None
         self.check_lock()
+        if not self.journal_moved and self.journal.moved():   # (a stat, once a beat)
+            self.journal_moved = True
         if self._runs_since_prune:
             self.prune_journal()
         due = self.config.ring.heartbeat_interval * 0.9
@@ -312,7 +315,7 @@ class Driver:
                 self.journal, now=now,
                 current=(agent, now - run_started_at) if agent and run_started_at else None,
                 heartbeat_at=now, driver_started_at=self.env.started_at,
-                laps=self.lap - 1, roster_agents=len(self.roster.agents),
+                laps=self.lap - 1, roster=self.view().roster,
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
                 role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring)
             metrics.write_metrics(self.state_dir, metrics.render(snap))
@@ -397,6 +400,29 @@ class Driver:
         self.prev_index = None
         return True
 
+    def reopen_journal(self) -> None:
+        """journal.db was removed (to start afresh) or replaced under us: our
+        connection wrote where no reader looks, and operator requests (pause,
+        skip, resume) went to a journal we never read. Between runs, take up the
+        file now at the path - made anew if there is none, as at start-up - and
+        say so; the history and counters are the new file's."""
+        self.flush()   # the last run's end, into the journal it started in
+        # Closed first: the last connection's close checkpoints its write-ahead log
+        # and removes journal.db-wal/-shm at the path, which a new journal there
+        # would otherwise take up as its own (rm of journal.db alone leaves them).
+        # Should the new one not open (a full disk), the next turn tries again.
+        self.journal.close()
+        new = Journal.open(self.state_dir, verify=True)
+        new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
+        self.journal, self.journal_moved, self.unconfirmed = new, False, {}
+        self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
+                 f"(history and counters start from it)")
+        try:
+            self.journal.set_meta("roster_error", self.roster.error)   # what status reads of it
+        except JournalError as e:
+            self.log(f"cannot record the roster state in the journal: {e}")
+        self._metrics_dirty = True
+
     def resume_from_journal(self) -> None:
         """Go on after the last turn the journal records (a scheduled agent's
         run is not one: schedule.last_turn), at start-up and after a takeover."""
@@ -438,6 +464,8 @@ class Driver:
                 if not self.lead():
                     break
                 self.reload()
+                if self.journal_moved:
+                    self.reopen_journal()
                 taken = self.turn(turns_left)
             except JournalError as e:
                 if not e.transient:
@@ -738,6 +766,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
     if swept:
         logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
+    driver = None
     try:
         driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
                         agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
@@ -755,5 +784,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         return driver.run()
     finally:
         journal.close()
+        if driver is not None and driver.journal is not journal:   # reopened (Driver.reopen_journal)
+            driver.journal.close()
         lock.release()
         env.close()

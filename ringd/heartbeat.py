@@ -18,6 +18,7 @@ and the beat is most of an idle driver's CPU time (benchmarks/bench_lap.py).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -58,7 +59,15 @@ def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
     fd = safefile.create_new(tmp, 0o600)
     try:
         try:
-            os.write(fd, blob)
+            # a short write (a full disk, a file size limit) is not an error by
+            # itself: write the rest, so the one that fails raises, and the old
+            # file stays
+            view = memoryview(blob)
+            while view:
+                n = os.write(fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+                view = view[n:]
             if durable:
                 os.fsync(fd)
         finally:

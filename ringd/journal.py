@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from . import safefile
 from .records import TERMINAL, AgentState, Controls, RunRow
@@ -319,6 +319,23 @@ class Journal:
     def __init__(self, con: sqlite3.Connection, path: Path):
         self.con = con
         self.path = path
+        self._identity: Optional[Tuple[int, int]] = None   # (device, inode) of the file opened
+
+    def moved(self) -> bool:
+        """Was the journal file removed or replaced since it was opened (``rm
+        journal.db`` to start afresh, a backup copied over it)? Its connection
+        then writes where no reader looks. (False for a journal not opened from
+        a file of the state dir.)"""
+        identity = getattr(self, "_identity", None)
+        if identity is None:
+            return False
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) != identity
 
     # --- opening -------------------------------------------------------------
     @classmethod
@@ -349,6 +366,9 @@ class Journal:
             con.execute("PRAGMA synchronous=FULL")
             con.execute("PRAGMA foreign_keys=ON")
             j = cls(con, path)
+            with suppress(OSError):   # (see moved)
+                st = os.stat(path, follow_symlinks=False)
+                j._identity = (st.st_dev, st.st_ino)
             j._migrate()
         except JournalError:
             con.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .config import RingSettings
 from .policy import seen_at
@@ -93,17 +93,27 @@ def render(s: Snapshot) -> str:
 
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
-             laps: int = 0, roster_agents: int = 0, roster_error: bool = False,
+             laps: int = 0, roster: Sequence[Tuple[str, Optional[str]]] = (), roster_error: bool = False,
              state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
-    """Read what the metrics need from the journal (a few small, indexed queries)."""
+    """Read what the metrics need from the journal (a few small, indexed queries).
+    ``roster``: (name, line) of each agent on the roster in use. The counters
+    keep every agent the journal knows (a counter never goes back); the
+    per-agent gauges (last run, quarantined, backing off, failures in a row) are
+    the roster's agents' only, as in ``ringd status``: an agent renamed or
+    removed is no longer held (and ``ringd resume`` could not lift it: unknown
+    name), nor late forever; one whose line changed is held no more."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
-                 driver_started_at=driver_started_at, laps=laps, roster_agents=roster_agents,
+                 driver_started_at=driver_started_at, laps=laps, roster_agents=len(roster),
                  roster_error=roster_error, role=role)
+    on_roster = dict(roster)
     for name, r in journal.last_runs().items():
-        s.last_runs[name] = (r.duration, r.ended_at)
+        if name in on_roster:
+            s.last_runs[name] = (r.duration, r.ended_at)
     for name, st in journal.agent_states().items():
-        st = seen_at(st, now, ring)
+        if name not in on_roster:
+            continue
+        st = seen_at(st, now, ring, on_roster[name])   # (a hold begun under another line is over)
         s.consecutive_failures[name] = st.consecutive_failures
         if st.quarantined_until is not None and st.quarantined_until > now:
             s.quarantined.append(name)
@@ -117,6 +127,41 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
             s.watcher_restarts = len(restarts) if isinstance(restarts, list) else 0
             s.watcher_gave_up = bool(w.get("gave_up"))
     return s
+
+
+def refresh_without_driver(state_dir: Path, config, journal) -> bool:
+    """Rewrite metrics.prom after a run was closed by someone other than a live
+    driver (``ringd status`` reaping a dead driver's run, ``ringd force-fail``):
+    a live driver rewrites it at its next beat, but with none the file kept the
+    dead driver's last word - a run in flight, counters one short of status's
+    ``runs`` - until a driver started again. The driver's own values (its last
+    beat, start, lap, role) are taken from its heartbeat, never made up. Only
+    for a state dir's own SQLite journal (a many-host ring's drivers each write
+    their own). Never raises; True if written."""
+    from .heartbeat import parse_iso, read_heartbeat
+    from .procid import same_process
+    from .status import roster_view
+    if config.ring.journal:
+        return False
+    try:
+        hb = read_heartbeat(state_dir) or {}
+        if same_process(hb.get("pid"), hb.get("pid_start")):
+            return False   # its driver lives: it rewrites the file at its next beat
+        _, roster, roster_error = roster_view(config, state_dir)
+        if roster is None:   # a broken roster: the agents the journal knows stand in for it
+            roster = [(name, None) for name in journal.agent_states()]
+        lap = hb.get("lap")
+        at = hb.get("at_epoch")
+        snap = snapshot(journal, heartbeat_at=at if isinstance(at, (int, float)) else None,
+                        driver_started_at=parse_iso(hb.get("started_at")),
+                        laps=max(0, lap - 1) if isinstance(lap, int) else 0, roster=roster,
+                        roster_error=roster_error is not None, state_dir=state_dir,
+                        role=hb.get("role") if hb.get("role") in ("leader", "standby") else "leader",
+                        ring=config.ring)
+        write_metrics(state_dir, render(snap))
+        return True
+    except Exception:   # noqa: BLE001 - the command's own work is done; metrics are best effort
+        return False
 
 
 def write_metrics(state_dir: Path, text: str) -> None:

@@ -92,20 +92,37 @@ def after_run(state: AgentState, status: str, source: str, now: float, ring: Rin
     return Settled(s)
 
 
-def seen_at(state: AgentState, now: float, ring: RingSettings) -> AgentState:
-    """``state`` as it stands at ``now``. A back-off is set to end at most
-    ``backoff_max`` ahead, a quarantine ``quarantine_cooloff``; a wall clock
+def seen_at(state: AgentState, now: float, ring: RingSettings, line: Optional[str] = None) -> AgentState:
+    """``state`` as it stands at ``now``. A back-off is set to end its own length
+    ahead (:func:`backoff_delay` of its streak: 60 s for a first one, never more
+    than ``backoff_max``), a quarantine ``quarantine_cooloff``; a wall clock
     stepped back since stretches the wait by the step. Stretched to no more than
-    twice that longest wait, it is kept (an NTP step of seconds changes nothing
-    that matters); further, it would last as long as the step (a day, for a clock
-    set back a day), so it ends now - a quarantine's probation run is due. (A
-    config lowered since shortens it the same way.)"""
+    twice its length, it is kept (an NTP step of seconds changes nothing that
+    matters); further, it would last as long as the step (an hour for a minute's
+    back-off, for a clock set back an hour), so it ends now - a quarantine's
+    probation run is due. (A config lowered since shortens it the same way.)
+
+    ``line`` (readers: status, metrics): the agent's roster line now. A hold
+    begun under another line is shown lifted, as the agent's next turn lifts it
+    (:func:`decide`); the driver passes none, so its turn sees the change."""
     s = state
-    if s.backoff_until is not None and s.backoff_until > now + 2 * ring.backoff_max:
+    if line is not None and _held(s, now) and line_changed(s, line):
+        return lifted(s)
+    if s.backoff_until is not None and s.backoff_until > now + 2 * backoff_delay(
+            s.consecutive_deferrals, ring.backoff_initial, ring.backoff_max):
         s = s.with_(backoff_until=now)
     if s.quarantined_until is not None and s.quarantined_until > now + 2 * ring.quarantine_cooloff:
         s = s.with_(quarantined_until=now)
     return s
+
+
+def _held(state: AgentState, now: float) -> bool:
+    return state.quarantined_until is not None or (state.backoff_until is not None and now < state.backoff_until)
+
+
+def line_changed(state: AgentState, line: Optional[str]) -> bool:
+    """Does the roster line differ from the one its back-off or quarantine began under?"""
+    return line is not None and state.quarantine_line not in (None, line)
 
 
 def lifted(state: AgentState) -> AgentState:
@@ -135,8 +152,7 @@ def decide(state: AgentState, now: float, line: Optional[str] = None) -> TurnDec
     """Does an agent take its turn?"""
     if state.skip_requested:
         return TurnDecision(Action.SKIP, "operator requested skip")
-    held = state.quarantined_until is not None or (state.backoff_until is not None and now < state.backoff_until)
-    if held and line is not None and state.quarantine_line not in (None, line):
+    if _held(state, now) and line_changed(state, line):
         return TurnDecision(Action.RUN, "roster line changed; quarantine and back-off lifted", line_changed=True)
     if state.quarantined_until is not None:
         if now < state.quarantined_until:

@@ -295,6 +295,11 @@ def _live_helpers() -> Set[int]:
     return {h for h, t in _helpers.items() if procid.same_process(h, t)}
 
 
+def helpers_running() -> int:
+    """How many of our helpers are still running (or not yet reaped)."""
+    return len(_live_helpers())
+
+
 def run_descendants(exclude: Iterable[int] = (), dead: Iterable[int] = ()) -> List[psutil.Process]:
     """The current run's processes as the driver sees them: every live
     descendant of ours except our helpers and theirs (one run in flight at a

@@ -18,7 +18,7 @@ import re
 import stat
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, excerpt
 
@@ -116,6 +116,33 @@ def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> i
         return open_in(dfd, name, flags)
     finally:
         os.close(dfd)
+
+
+LOG_ROTATE_BYTES = 16 * 1024 * 1024   # a daemon's own log is rotated (one old copy) past this size
+
+
+def open_log(state_dir: Path, parts: Sequence[str], name: str) -> "Tuple[int, Optional[OSError]]":
+    """Open a daemon's own log (``logs/ringd.log``, ``logs/alerts.log``) for
+    appending, 0600, never through a symlink; past ``LOG_ROTATE_BYTES`` it is
+    first moved to ``NAME.1`` (one old copy), so it never grows without end.
+    Returns the descriptor and why it could not be rotated (None: it was, or
+    needed not be); a log that cannot be rotated (a directory at ``NAME.1``, a
+    read-only folder) is appended to all the same - the caller says so."""
+    dfd = open_dir(state_dir, parts)
+    unrotated = None
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if st.st_size > LOG_ROTATE_BYTES and not stat.S_ISLNK(st.st_mode):
+                os.replace(name, name + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            unrotated = e
+        fd = open_in(dfd, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    finally:
+        os.close(dfd)
+    return fd, unrotated
 
 
 def open_in(dir_fd: int, name: str, flags: int) -> int:

@@ -90,8 +90,12 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
         from .reaper import reap
         writer = Journal.open(state_dir, create=False)
         try:
-            return reap(writer, state_dir, config,
-                        on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed)), None
+            reaped = reap(writer, state_dir, config,
+                          on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed))
+            if reaped:   # its driver is dead: nobody else rewrites the metrics
+                from .metrics import refresh_without_driver
+                refresh_without_driver(state_dir, config, writer)
+            return reaped, None
         finally:
             writer.close()
     except (JournalError, OSError) as e:
@@ -365,18 +369,21 @@ def status_exit_code(doc: Mapping[str, Any]) -> int:
     return EXIT_STOPPED
 
 
-def read_journal_view(reader: Journal, now: float, ring: RingSettings) -> Dict[str, Any]:
+def read_journal_view(reader: Journal, now: float, ring: RingSettings,
+                      lines: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """In one snapshot: the running row, per-agent rows (each agent's state as it
     stands at ``now``, as the driver sees it, plus ``last_*`` keys of its last
     finished run), the agents' states, the newest row and the driver's notes
     (roster error, lap). Cost is independent of the journal's size (primary-key
-    and index lookups only)."""
+    and index lookups only). ``lines``: the roster's line of each agent (a hold
+    begun under another line is over: :func:`ringd.policy.seen_at`)."""
+    lines = lines or {}
     with reader.snapshot() as tx:
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
         controls = tx.controls()   # read as the driver reads them, in the same snapshot
     ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
-    states = {name: seen_at(st, now, ring) for name, st in states.items()}
+    states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
         row = asdict(st)
@@ -402,6 +409,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     lease = None
     next_due: Dict[str, float] = {}
     turn_from: Optional[RunRow] = None   # the run the ring resumes after (schedule.last_turn)
+    roster_path, roster, roster_error = roster_view(config, state_dir)
     try:
         reader = open_reader(state_dir, config)
         if reader is None:
@@ -411,7 +419,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                 _, warning = reap_if_orphaned(state_dir, config, reader)
                 if warning:
                     warnings.append(warning)
-                view = read_journal_view(reader, time.time() if now is None else now, config.ring)
+                view = read_journal_view(reader, time.time() if now is None else now, config.ring,
+                                         dict(roster) if roster is not None else None)
                 from .schedule import last_turn
                 turn_from = last_turn(reader, config, view["running"] or view["last_run"])
                 if config.ring.journal:
@@ -429,7 +438,6 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         warnings.append(f"journal unreachable: {e}")
     hb = read_heartbeat(state_dir)
     watcher = read_own(state_dir / WATCHER_FILE, state_dir)
-    roster_path, roster, roster_error = roster_view(config, state_dir)
     # the clock read after everything else: a heartbeat read just now is never "from the future"
     now = time.time() if now is None else now
     doc = build_status(

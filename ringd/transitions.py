@@ -64,8 +64,9 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
         tx.put_agent(settled.state)
     if settled.entered_quarantine:
         until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()
+        # (stalled, timeout or force-failed ones: ringd.policy.counts_against)
         tx.add_skipped(agent, position, f"quarantined until {until} after {settled.state.bad_streak} "
-                                        f"runs in a row ended stalled or timeout", source, now,
+                                        f"bad endings in a row (the last: {status} by {source})", source, now,
                        kind="quarantined")
     return Closed(run_id, agent, status, source, settled)
 

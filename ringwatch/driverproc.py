@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from ringd import proctree, safefile
 from ringd.procid import same_process
 
 DRIVER_LOG = "ringd.log"
-ROTATE_BYTES = 16 * 1024 * 1024   # ringd.log is rotated (one old copy) past this size
+ROTATE_BYTES = safefile.LOG_ROTATE_BYTES   # ringd.log is rotated (one old copy) past this size
 
 
 def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
@@ -34,24 +33,11 @@ def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
 
 def open_log(state_dir: Path) -> int:
     """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink -
-    neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed (the
-    directory is opened O_NOFOLLOW and the file relative to it)."""
-    dfd = safefile.open_dir(state_dir, ("logs",))
-    unrotated = None
-    try:
-        try:
-            st = os.stat(DRIVER_LOG, dir_fd=dfd, follow_symlinks=False)
-            if st.st_size > ROTATE_BYTES and not stat.S_ISLNK(st.st_mode):
-                os.replace(DRIVER_LOG, DRIVER_LOG + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        except OSError as e:   # a directory at ringd.log.1, a read-only logs/: the driver starts anyway
-            unrotated = e
-        fd = safefile.open_in(dfd, DRIVER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    finally:
-        os.close(dfd)
+    neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed - and
+    rotated past ``ROTATE_BYTES`` (safefile.open_log)."""
+    fd, unrotated = safefile.open_log(state_dir, ("logs",), DRIVER_LOG)
     os.fchmod(fd, 0o600)
-    if unrotated is not None:
+    if unrotated is not None:   # a directory at ringd.log.1, a read-only logs/: the driver starts anyway
         os.write(fd, f"ringwatch: cannot rotate {DRIVER_LOG} to {DRIVER_LOG}.1 "
                      f"({unrotated.strerror}); appending on\n".encode())
     return fd

@@ -495,7 +495,8 @@ def test_resume_lifts_quarantine(ring):
     try:
         with j.transaction() as tx:
             tx.put_agent(tx.agent("wedgy").with_(quarantined_until=time.time() + 3600,
-                                                 quarantine_line="wedgy x", bad_streak=3))
+                                                 quarantine_line=f"wedgy {ring.agents_dir}/wedgy.sh",
+                                                 bad_streak=3))
     finally:
         j.close()
     doc, _ = status_json(ring)

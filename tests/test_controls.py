@@ -99,7 +99,8 @@ def test_pause_one_agent_and_resume_lifts_everything(ring):
 
 
 def test_next_takes_the_very_next_turn_once(ring):
-    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
+    # back-offs of an hour (the fast config's 2 s maximum would end d's at once)
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30, "backoff_initial": 3600, "backoff_max": 3600})
     ring.agent("slow", "sleep 3")
     for name in ("b", "c", "d"):
         ring.agent(name, "exit 0")
@@ -229,3 +230,19 @@ def test_status_reads_a_wait_set_before_a_clock_step_back_as_the_driver_does(tmp
     agents = {a["name"]: a for a in doc["agents"]}
     assert agents["a"]["backoff_until"] is None and agents["b"]["quarantined_until"] is None
     assert doc["next"]["agent"] == "a" and doc["next"]["in"] == 0.0
+
+
+def test_status_shows_a_quarantine_lifted_by_a_roster_edit_at_once(ring):
+    """The operator fixes a quarantined agent's roster line: status and the
+    metrics' gauges no longer show it quarantined (its next turn runs it), not
+    'QUARANTINED 23h left' until that turn comes."""
+    ring.agent("w", "exit 0")
+    ring.agent("fixed", "exit 0")
+    ring.roster(f"w {ring.agents_dir}/w.sh")
+    set_agent(ring.state, "w", quarantined_until=time.time() + 86400, bad_streak=3,
+              quarantine_line=f"w {ring.agents_dir}/w.sh")
+    assert status(ring)["agents"][0]["quarantined_until"] is not None
+    ring.roster(f"w {ring.agents_dir}/fixed.sh")
+    doc = status(ring)
+    assert doc["agents"][0]["quarantined_until"] is None
+    assert doc["next"]["agent"] == "w"

@@ -154,9 +154,9 @@ def test_idle_wait_never_sleeps_past_a_beat_or_a_roster_look():
 
 
 def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
-    # a back-off or quarantine stretched past twice the config's longest wait ends now
+    # a back-off or quarantine stretched past twice its own length ends now
     now = 10_000.0
-    backing = A.with_(backoff_until=now + 3600)                 # backoff_max: 3600 (a fresh maximum)
+    backing = A.with_(backoff_until=now + 3600, consecutive_deferrals=7)   # backoff_max: 3600 (a fresh maximum)
     assert seen_at(backing, now, RING) == backing
     assert seen_at(backing, now - 2, RING) == backing            # an NTP step: stretched, kept
     assert seen_at(backing, now - 3600, RING) == backing         # stretched to twice backoff_max at most: kept
@@ -167,3 +167,88 @@ def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
     probation = seen_at(held, now - 86400, RING)
     assert decide(probation, now - 86400).reason == "probation run after quarantine cool-off"
     assert probation.bad_streak == 3                             # only the clock's reading changed
+
+
+def test_the_spec_defaults_of_quarantine_back_off_and_alerts():
+    """SPEC "Configuration" and "Quarantine, alerts and metrics": the numbers."""
+    from ringd.config import AlertSettings
+    ring, alerts = RingSettings(), AlertSettings()
+    assert (ring.quarantine_after, ring.quarantine_cooloff) == (3, 86400)
+    assert (ring.tempfail_exit_code, ring.backoff_initial, ring.backoff_max) == (75, 60, 3600)
+    assert ring.fast_fail == 1
+    assert (alerts.command, alerts.failures_in_a_row) == (None, 5)
+    # the default failures alert comes at the 5th failure in a row, and each 5th after
+    s, fired = A, []
+    for n in range(1, 11):
+        settled = after_run(s, "failed", "driver", float(n), ring)
+        s = settled.state
+        if alerts_after("a", "failed", "driver", settled, alerts.failures_in_a_row):
+            fired.append(n)
+    assert fired == [5, 10]
+
+
+def test_quarantine_after_zero_never_quarantines():
+    off = RingSettings(quarantine_after=0)
+    s = A
+    for _ in range(50):
+        settled = after_run(s, "stalled", "driver", 0.0, off)
+        assert not settled.entered_quarantine
+        s = settled.state
+    assert s.quarantined_until is None and decide(s, 1.0).action is Action.RUN
+
+
+def test_back_off_never_overflows_and_a_max_below_the_initial_caps_it():
+    assert backoff_delay(2 ** 1000, 60, 3600) == 3600
+    assert backoff_delay(1, 60, 10) == 10 and backoff_delay(5, 60, 10) == 10
+    s = A.with_(consecutive_deferrals=10 ** 18)
+    s = after_run(s, "deferred", "driver", 1000.0, RingSettings(backoff_initial=60, backoff_max=30)).state
+    assert s.backoff_until == 1030
+
+
+def test_a_short_back_off_is_never_stretched_to_the_longest_by_a_clock_step():
+    """A first back-off (60 s) when the clock is stepped back an hour: it was
+    kept as long as it ended within twice backoff_max (3600 s), so the agent
+    waited 61 minutes instead of one. It is judged by its own length."""
+    now = 10_000.0
+    first = after_run(A, "deferred", "driver", now, RING).state
+    assert first.backoff_until == now + 60 and first.consecutive_deferrals == 1
+    assert seen_at(first, now - 30, RING) == first                # stretched by an NTP-sized step: kept
+    stepped = seen_at(first, now - 3600, RING)                    # an hour back: it ends now
+    assert stepped.backoff_until == now - 3600 and decide(stepped, now - 3600).action is Action.RUN
+    assert stepped.consecutive_deferrals == 1                     # the next one still doubles
+    third = after_run(after_run(first, "deferred", "driver", now, RING).state, "error", "driver", now, RING).state
+    assert third.backoff_until == now + 240
+    assert seen_at(third, now - 200, RING) == third
+    assert seen_at(third, now - 3600, RING).backoff_until == now - 3600
+
+
+@pytest.mark.parametrize("status,source,ends", [
+    ("failed", "driver", True), ("error", "driver", True), ("deferred", "driver", True), ("ok", "driver", True),
+    ("skipped", "operator", False), ("interrupted", "driver", False), ("interrupted", "reaper", False),
+])
+def test_a_probation_run_that_fails_is_skipped_or_is_interrupted(status, source, ends):
+    """A probation run that did not wedge ends the quarantine; one that was
+    skipped or interrupted by the ring's stop is no verdict: the probation is
+    due again, and the streak is unchanged."""
+    held = A.with_(quarantined_until=100.0, bad_streak=3, quarantine_line="a x")
+    settled = after_run(held, status, source, 150.0, RING, "a x")
+    assert not settled.entered_quarantine
+    s = settled.state
+    if ends:
+        assert s.quarantined_until is None and decide(s, 151.0, "a x").reason != "probation run after quarantine cool-off"
+    else:
+        assert s.quarantined_until == 100.0 and s.bad_streak == 3
+        assert decide(s, 151.0, "a x").reason == "probation run after quarantine cool-off"
+
+
+def test_a_reader_sees_a_hold_begun_under_another_roster_line_as_over():
+    """status and metrics pass the agent's roster line: a quarantine or back-off
+    begun under another line is shown lifted, as the agent's next turn lifts it;
+    the driver passes none, so its turn still sees (and records) the change."""
+    now = 1000.0
+    held = A.with_(quarantined_until=now + 100, bad_streak=3, quarantine_line="a ./old",
+                   backoff_until=now + 60, consecutive_deferrals=1)
+    assert seen_at(held, now, RING, "a ./old") == held
+    shown = seen_at(held, now, RING, "a ./fixed")
+    assert shown.quarantined_until is None and shown.backoff_until is None and shown.bad_streak == 0
+    assert seen_at(held, now, RING) == held and decide(held, now, "a ./fixed").line_changed
