@@ -40,30 +40,47 @@ class Agent:
     text: str  # the roster line as written (a change of it ends a quarantine)
 
 
+# A roster is a text file of lines. Any other control character in it (tab
+# aside) is refused: a lone CR (old Mac line endings) or a form feed would
+# otherwise make split() or shlex join two agents into one argv or cut a name,
+# and a NUL or U+2028 reaches no exec intact.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# Name and command are separated as a POSIX shell separates words: by spaces
+# and tabs only (str.split() would also split at a no-break space).
+_NAME_AND_COMMAND = re.compile(r"([^ \t]+)(?:[ \t]+(.*))?\Z", re.DOTALL)
+
+
+def _control_reason(ch: str) -> str:
+    return "line contains a NUL byte" if ch == "\x00" else \
+        f"line contains a control character (U+{ord(ch):04X}); a roster is plain text lines"
+
+
 def parse_roster(text: str, path: Path) -> List[Agent]:
     """Parse roster text. Raises RosterError(path, line, reason)."""
     agents: List[Agent] = []
     seen = {}
+    if text.startswith("\ufeff"):   # a byte order mark some editors write: not part of the first name
+        text = text[1:]
     for number, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip("\r")
-        stripped = line.strip()
+        line = raw[:-1] if raw.endswith("\r") else raw   # CRLF line endings
+        bad = _CONTROL.search(line)
+        if bad:
+            raise RosterError(path, number, _control_reason(bad.group()))
+        stripped = line.strip(" \t")
         if not stripped or stripped.startswith("#"):
             continue
         if len(line) > MAX_LINE_CHARS:
             raise RosterError(path, number, f"line is longer than {MAX_LINE_CHARS} characters")
-        if "\x00" in line:
-            raise RosterError(path, number, "line contains a NUL byte")
-        parts = stripped.split(None, 1)
-        name = parts[0]
+        name, command = _NAME_AND_COMMAND.match(stripped).groups()
         if not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_CHARS:
             raise RosterError(path, number, f"bad agent name {excerpt(name)}: use letters, digits, "
                                             f"'_', '.', '-' (starting with a letter or digit), at most {MAX_NAME_CHARS}")
         if name in seen:
             raise RosterError(path, number, f"duplicate agent name {name!r} (first on line {seen[name]})")
-        if len(parts) < 2:
+        if not command:
             raise RosterError(path, number, f"agent {name!r} has no command")
         try:
-            argv = shlex.split(parts[1], comments=False, posix=True)
+            argv = shlex.split(command, comments=False, posix=True)
         except ValueError as e:
             raise RosterError(path, number, f"cannot split the command of {name!r}: {str(e).lower()}") from None
         if not argv:

@@ -123,6 +123,16 @@ def _empty(ring):
     ring.roster_path.write_text("# nothing here\n\n")
 
 
+def _cr_line_endings(ring):
+    # old Mac line endings: split() and shlex read this as one agent, ok, with
+    # the rest as its arguments, and b was silently lost
+    ring.roster_path.write_bytes(b"ok /bin/true\rb /bin/false\r")
+
+
+def _no_break_space(ring):
+    ring.roster_path.write_bytes("ok\u00a0/bin/true\n".encode())
+
+
 STARTUP_ROSTERS = [
     ("binary-garbage", _garbage, "not UTF-8"),
     ("ten-megabytes", _ten_megabytes, "larger than"),
@@ -133,6 +143,8 @@ STARTUP_ROSTERS = [
     ("directory", _directory, "not a regular file"),
     ("dangling-symlink", _dangling_symlink, "not found"),
     ("no-agents", _empty, "no agents"),
+    ("cr-line-endings", _cr_line_endings, "ring.txt:1: line contains a control character (U+000D)"),
+    ("no-break-space", _no_break_space, "ring.txt:1: bad agent name"),
 ]
 
 
@@ -144,10 +156,11 @@ def test_bad_roster_at_startup_is_one_line_and_exit_78(ring, case, make, reason)
     err = start_refused(ring)
     assert_one_clear_line(err, str(ring.roster_path), reason)
     assert not ring.runs(), "nothing may run on a roster that does not parse"
-    if case in ("binary-garbage", "100k-char-line"):
-        r = ring.cli("check")
-        assert r.returncode == 78
-        assert_one_clear_line(r.stderr, str(ring.roster_path), reason)
+    # what run refuses, check refuses, with the same line
+    r = ring.cli("check")
+    assert r.returncode == 78, r.stdout + r.stderr
+    checked = assert_one_clear_line(r.stderr, str(ring.roster_path), reason)
+    assert checked.split(str(ring.roster_path), 1)[1] == err.strip().split(str(ring.roster_path), 1)[1]
 
 
 @pytest.mark.parametrize("name", [
@@ -215,6 +228,7 @@ def test_roster_trouble_while_running_keeps_the_last_good_roster(ring):
         ("NUL", lambda p: p.write_bytes(b"a /bin/true\nb \x00\n"), "NUL"),
         ("non-UTF-8 name", lambda p: p.write_bytes(b"a /bin/true\n\xff\xfe /bin/true\n"), "UTF-8"),
         ("SQL name", lambda p: p.write_text("a /bin/true\nx');DROP_TABLE_runs;-- /bin/true\n"), "bad agent name"),
+        ("CR line endings", lambda p: p.write_bytes(b"a /bin/true\rb /bin/true\r"), "U+000D"),
         ("directory", lambda p: p.mkdir(), "not a regular file"),
         ("dangling symlink", lambda p: os.symlink(ring.base / "nowhere", p), "not found"),
         ("group-writable", lambda p: (p.write_text("\n".join(good) + "\n"), os.chmod(p, 0o620)), "writable"),

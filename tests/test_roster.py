@@ -27,6 +27,12 @@ def test_parses_names_commands_comments_and_quotes(tmp_path):
     ("# only comments\n\n", None, "no agents"),
     ("x;drop true\n", 1, "bad agent name"),
     ("$(rm) true\n", 1, "bad agent name"),
+    ("a true\rb false\r", 1, "control character (U+000D)"),
+    ("a true\x0cb false\n", 1, "control character (U+000C)"),
+    ("a true\u2028b false\n", 1, "control character (U+2028)"),
+    ("# note\x1b[31m\na true\n", 1, "control character (U+001B)"),
+    ("a\u00a0true\n", 1, "bad agent name"),
+    ("a\u3000true\n", 1, "bad agent name"),
 ])
 def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     with pytest.raises(RosterError) as e:
@@ -34,6 +40,11 @@ def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     assert e.value.line == line
     assert words in str(e.value)
     assert str(tmp_path / "ring.txt") in str(e.value)
+
+
+def test_tabs_crlf_and_a_byte_order_mark_are_plain_text(tmp_path):
+    agents = parse("\ufeffa\ttrue -x\r\n\tb  false\t\r\n", tmp_path)
+    assert [(a.name, a.argv) for a in agents] == [("a", ("true", "-x")), ("b", ("false",))]
 
 
 def test_unsafe_and_absurd_files(tmp_path):
