@@ -85,6 +85,8 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
             raise RosterError(path, number, f"cannot split the command of {name!r}: {str(e).lower()}") from None
         if not argv:
             raise RosterError(path, number, f"agent {name!r} has no command")
+        if not argv[0]:   # exec takes no empty program name ('' or "")
+            raise RosterError(path, number, f"agent {name!r}: the program name is empty")
         seen[name] = number
         agents.append(Agent(name=name, argv=tuple(argv), line=number, text=stripped))
     if not agents:

@@ -123,6 +123,10 @@ def _empty(ring):
     ring.roster_path.write_text("# nothing here\n\n")
 
 
+def _empty_program(ring):
+    ring.roster_path.write_text("ok /bin/true\nnil '' --flag\n")   # exec takes no empty program
+
+
 def _cr_line_endings(ring):
     # old Mac line endings: split() and shlex read this as one agent, ok, with
     # the rest as its arguments, and b was silently lost
@@ -143,6 +147,7 @@ STARTUP_ROSTERS = [
     ("directory", _directory, "not a regular file"),
     ("dangling-symlink", _dangling_symlink, "not found"),
     ("no-agents", _empty, "no agents"),
+    ("empty-program", _empty_program, "ring.txt:2: agent 'nil': the program name is empty"),
     ("cr-line-endings", _cr_line_endings, "ring.txt:1: line contains a control character (U+000D)"),
     ("no-break-space", _no_break_space, "ring.txt:1: bad agent name"),
 ]
@@ -228,6 +233,7 @@ def test_roster_trouble_while_running_keeps_the_last_good_roster(ring):
         ("NUL", lambda p: p.write_bytes(b"a /bin/true\nb \x00\n"), "NUL"),
         ("non-UTF-8 name", lambda p: p.write_bytes(b"a /bin/true\n\xff\xfe /bin/true\n"), "UTF-8"),
         ("SQL name", lambda p: p.write_text("a /bin/true\nx');DROP_TABLE_runs;-- /bin/true\n"), "bad agent name"),
+        ("empty program", lambda p: p.write_text("a /bin/true\nb '' x\n"), "program name is empty"),
         ("CR line endings", lambda p: p.write_bytes(b"a /bin/true\rb /bin/true\r"), "U+000D"),
         ("directory", lambda p: p.mkdir(), "not a regular file"),
         ("dangling symlink", lambda p: os.symlink(ring.base / "nowhere", p), "not found"),

@@ -27,6 +27,8 @@ def test_parses_names_commands_comments_and_quotes(tmp_path):
     ("# only comments\n\n", None, "no agents"),
     ("x;drop true\n", 1, "bad agent name"),
     ("$(rm) true\n", 1, "bad agent name"),
+    ("a true\nb '' -v\n", 2, "program name is empty"),
+    ('a ""\n', 1, "program name is empty"),
     ("a true\rb false\r", 1, "control character (U+000D)"),
     ("a true\x0cb false\n", 1, "control character (U+000C)"),
     ("a true\u2028b false\n", 1, "control character (U+2028)"),
