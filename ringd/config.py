@@ -179,6 +179,20 @@ def _safe_yaml(text: str, path: Path) -> Any:
             finally:
                 self.depth -= 1
 
+        def construct_mapping(self, node, deep=False):  # type: ignore[override]
+            # PyYAML keeps the last of two equal keys: a second "ring:" section
+            # silently dropped every key of the first. Refuse, naming both lines.
+            first = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = (key_node.tag, key_node.value)
+                    line = key_node.start_mark.line + 1
+                    if key in first:
+                        raise ConfigError(f"{path}: line {line}: duplicate key "
+                                          f"{excerpt(key_node.value)} (first on line {first[key]})")
+                    first[key] = line
+            return super().construct_mapping(node, deep=deep)
+
     try:
         return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as e:

@@ -95,3 +95,20 @@ def test_group_writable_config_is_refused(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, "", mode=0o664))
     assert "writable by group or others" in str(e.value) and "0664" in str(e.value)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("ring: {run_budget: 2, stall_threshold: 3}\nring: {run_budget: 5}\n", "line 2", "'ring'"),
+    ("ring:\n  run_budget: 2\n  stall_threshold: 3\n  run_budget: 9\n", "line 4", "'run_budget'"),
+    ("agents:\n  web: {cwd: /srv}\n  'web': {run_budget: 5}\n", "line 3", "'web'"),
+])
+def test_a_duplicate_key_is_refused_never_last_one_wins(tmp_path, text, line, key):
+    # PyYAML keeps the last of two equal keys: the first section's settings vanished
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert f"{line}: duplicate key {key}" in str(e.value) and "ring.yaml" in str(e.value)
+
+
+def test_a_merge_key_is_not_a_duplicate(tmp_path):
+    cfg = load_config(write(tmp_path, "ring:\n  <<: {run_budget: 2, stall_threshold: 3}\n  run_budget: 1\n"))
+    assert (cfg.ring.run_budget, cfg.ring.stall_threshold) == (1, 3)
