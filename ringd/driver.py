@@ -136,7 +136,6 @@ class Driver:
         self.config_path = config_path
         self.config = config
         self.roster = roster
-        self.roster_dir = roster.path.parent
         self.journal = journal
         self.lock = lock
         self.once = once
@@ -173,6 +172,12 @@ class Driver:
         self._runs_since_prune = 0
         self.paused_said = False
         self._view = RingView(None, None, [], [], [])
+
+    @property
+    def roster_dir(self) -> Path:
+        """The folder of the file the roster in use was read from: relative
+        programs resolve, and agents run, there (hop)."""
+        return (self.roster.origin or self.roster.path).parent
 
     # --- hearing and beating ------------------------------------------------------------
     def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests:
@@ -285,6 +290,12 @@ class Driver:
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
+            # ring.roster may name another file now: read that one from here on
+            # (status and check already do), keeping the last good roster until it parses
+            path = self.config.roster_path(self.state_dir)
+            if path != self.roster.path:
+                self.log(f"roster is now {path} (was {self.roster.path})")
+                self.roster = self.roster.moved_to(path)
         had_error = self.roster.error is not None
         if self.roster.refresh(force=force):
             self.roster_changed(had_error)

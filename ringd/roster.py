@@ -193,8 +193,17 @@ class RosterSource:
     def __init__(self, path: Path):
         self.path = path
         self.agents: List[Agent] = []
+        self.origin: Optional[Path] = None   # the file ``agents`` were read from
         self.error: Optional[str] = None
         self._signature: Optional[tuple] = None
+
+    def moved_to(self, path: Path) -> "RosterSource":
+        """The source for a new roster path (``ring.roster`` changed at SIGHUP):
+        it reads ``path`` at its first refresh and, until that file parses,
+        keeps this one's last good roster."""
+        moved = RosterSource(path)
+        moved.agents, moved.origin = self.agents, self.origin
+        return moved
 
     def _stat_signature(self) -> Optional[tuple]:
         try:
@@ -216,7 +225,7 @@ class RosterSource:
             self.error = str(e)
             return changed
         changed = agents != self.agents or self.error is not None
-        self.agents, self.error = agents, None
+        self.agents, self.error, self.origin = agents, None, self.path
         return changed
 
     @property

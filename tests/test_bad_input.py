@@ -276,6 +276,48 @@ def test_roster_trouble_while_running_keeps_the_last_good_roster(ring):
     assert {r["agent"] for r in rows} == {"a", "b", "c"}, "only roster agents ever ran"
 
 
+def test_sighup_with_ring_roster_naming_another_file_runs_that_roster(ring):
+    """SIGHUP re-reads config and roster: when ``ring.roster`` now names another
+    file, the driver runs that file's agents (relative programs and cwd in its
+    folder), as status and check already read it; a new path that does not
+    parse keeps the last good roster, which still runs from its own folder."""
+    ring.agent("a", "true")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    other = ring.base / "other"
+    other.mkdir()
+    b = other / "b.sh"
+    b.write_text(f"#!/bin/sh\npwd >> {ring.base}/b-cwd\nsleep 0.1\n")
+    b.chmod(0o755)
+    (other / "ring2.txt").write_text("b ./b.sh\n")
+    os.chmod(other / "ring2.txt", 0o600)
+    path, err_file = driver_stderr(ring)
+    drv = ring.start_driver(stderr=err_file)
+    err_file.close()
+    runs_after(ring, 0, 1, message="a runs")
+    ring.write_config(ring={"roster": str(other / "ring2.txt")})
+    drv.send_signal(signal.SIGHUP)
+    wait_until(lambda: any(r["agent"] == "b" for r in ring.runs()), 20, message="the new roster's agent runs")
+    first_b = min(r["id"] for r in ring.runs() if r["agent"] == "b")
+    runs_after(ring, len(ring.runs()), 2, message="more runs of the new roster")
+    later = [r for r in ring.runs() if r["id"] > first_b and r["status"] != "running"]
+    assert {(r["agent"], r["status"]) for r in later} == {("b", "ok")}, [tuple(r) for r in later]
+    assert set(read_text(ring.base / "b-cwd").split()) == {str(other)}
+
+    ring.write_config(ring={"roster": str(ring.base / "missing.txt")})
+    drv.send_signal(signal.SIGHUP)
+    hb_err, _ = wait_until(lambda: all(roster_error(ring)) and roster_error(ring), 20,
+                           message="the missing roster recorded")
+    assert "missing.txt" in hb_err and "not found" in hb_err
+    n = len(ring.runs())
+    runs_after(ring, n, 2, message="the last good roster keeps turning")
+    assert {(r["agent"], r["status"]) for r in ring.runs()[n:] if r["status"] != "running"} == {("b", "ok")}
+
+    drv.send_signal(signal.SIGTERM)
+    code, _ = finish(drv, 20)
+    log = read_text(path)
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+
+
 # --- config ---------------------------------------------------------------------------------------
 
 DURATION = ["soon", "", "1e3", [1], {"a": 1}, True, None, float("inf"), float("nan"), "x" * 100_000]
