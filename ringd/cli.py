@@ -282,7 +282,7 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
             raise fail(f"invalid: {e}", EXIT_CONFIG)
     warned += config.warnings
     for a in agents:
-        problem = program_problem(a.argv, roster_path.parent)
+        problem = program_problem(a.argv, roster_path.parent, config.cwd_for(a.name))
         if problem:
             warned.append(f"agent {a.name}: {problem}")
     _warn(warned)

@@ -133,10 +133,23 @@ def resolve_program(argv: Sequence[str], roster_dir: Path) -> List[str]:
     return [prog, *argv[1:]]
 
 
-def program_problem(argv: Sequence[str], roster_dir: Path) -> Optional[str]:
+def resolve_cwd(cwd: Optional[str], roster_dir: Path) -> str:
+    """The folder an agent runs in: ``agents.<name>.cwd`` (``~`` expanded; a
+    relative one against the roster's folder, like a relative program, never
+    against wherever the driver happened to be started), else the roster's folder."""
+    if not cwd:
+        return str(roster_dir)
+    return os.path.normpath(os.path.join(str(roster_dir), os.path.expanduser(cwd)))
+
+
+def program_problem(argv: Sequence[str], roster_dir: Path, cwd: Optional[str] = None) -> Optional[str]:
     """Why the agent's program could not be started, or None (``ringd check``).
-    Looks it up as the driver would: relative paths against the roster's folder,
-    bare names on this process's PATH (a service's PATH may differ)."""
+    Looks it up as the driver would: its working directory (``cwd``, as
+    :func:`resolve_cwd`), relative paths against the roster's folder, bare
+    names on this process's PATH (a service's PATH may differ)."""
+    folder = resolve_cwd(cwd, roster_dir)
+    if not os.path.isdir(folder):
+        return f"working directory {excerpt(folder, 80)} {'is not a directory' if os.path.exists(folder) else 'not found'}"
     prog = resolve_program(argv, roster_dir)[0]
     if "/" not in prog:
         found = shutil.which(prog)

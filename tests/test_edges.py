@@ -81,6 +81,33 @@ def test_config_values_no_command_could_use_are_refused_alike_by_check_run_and_r
     assert not ring.runs(), "nothing may run"
 
 
+def test_a_relative_cwd_is_the_roster_folder_s_and_check_warns_of_a_missing_one(ring):
+    """``agents.<name>.cwd: sub`` runs the agent in ``sub`` of the roster's folder
+    (as a relative program resolves there), wherever the driver was started;
+    a cwd that is not a directory is a warning from check, as a missing program
+    is, before every run of it ends 'error'."""
+    ring.agent("a", f"pwd > {ring.base}/a-cwd")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    (ring.state / "sub").mkdir()
+    elsewhere = ring.base / "elsewhere"
+    elsewhere.mkdir()
+    ring.write_config(agents={"a": {"cwd": "sub"}})
+    r = subprocess.run(ring_cmd("check", "--strict", *ring.common()), env=ring.env, cwd=elsewhere,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    drv = ring.start_driver("--once", cwd=elsewhere)
+    assert drv.wait(timeout=30) == 0
+    assert [(x["agent"], x["status"]) for x in ring.runs()] == [("a", "ok")]
+    assert (ring.base / "a-cwd").read_text().strip() == str(ring.state / "sub")
+
+    for cwd, why in (("gone", "not found"), (str(ring.roster_path), "is not a directory")):
+        ring.write_config(agents={"a": {"cwd": cwd}})
+        r = subprocess.run(ring_cmd("check", "--strict", *ring.common()), env=ring.env, cwd=elsewhere,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "agent a: working directory" in one_line(r.stderr) and why in r.stderr, r.stderr
+
+
 def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
     _simple(ring)
     fifo = ring.base / "fifo.yaml"
