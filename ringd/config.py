@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Tuple
 from .errors import ConfigError, excerpt
 from .roster import NAME_RE
 from .safefile import (NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path,  # noqa: F401
-                       lenient_modes, read_regular_file)
+                       lenient_modes, read_checked_file, read_regular_file)
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
 # Every duration must fit the OS timers and datetime once added to "now"; waits
@@ -432,8 +432,7 @@ def load_config(path: Optional[Path]) -> Config:
     """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
     if path is None:
         return Config()
-    trusted = check_not_writable_by_others(path, "config file")
-    blob = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
+    blob, trusted = read_checked_file(path, "config file", MAX_CONFIG_BYTES)
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
     try:

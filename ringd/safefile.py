@@ -18,7 +18,7 @@ import re
 import stat
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, excerpt
 
@@ -210,9 +210,17 @@ def check_path(what: str, raw: str) -> str:
 
 def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
-    writable by group or others. Opened non-blocking and checked on the open
-    descriptor: a FIFO (or a device) is refused, never waited on, and the file
-    checked is the file read."""
+    writable by group or others (:func:`read_checked_file`)."""
+    return read_checked_file(path, what, limit)[0]
+
+
+def read_checked_file(path: Path, what: str, limit: int) -> Tuple[bytes, bool]:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others, and say whether it is safe from other writers
+    (False only within :func:`lenient_modes`). Opened non-blocking and checked
+    on the open descriptor: a FIFO (or a device) is refused, never waited on,
+    as what it is (not as its device's 0666 mode), and the file checked is the
+    file read, a rename in between notwithstanding."""
     try:
         fd = open_regular(path)
     except NotRegularFile as e:
@@ -220,7 +228,7 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        _refuse_writable_by_others(path, what, os.fstat(fd))
+        trusted = _refuse_writable_by_others(path, what, os.fstat(fd))
         chunks, left = [], limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 65536))
@@ -228,7 +236,7 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), trusted
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     finally:

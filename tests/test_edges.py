@@ -123,6 +123,31 @@ def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
         assert code == 78 and "not a regular file" in one_line(err), (argv[2:4], code, err)
 
 
+@pytest.mark.parametrize("what", ["dev-null", "directory"])
+def test_a_config_that_is_a_device_or_a_world_writable_directory_is_refused_alike_as_what_it_is(ring, what):
+    """A symlink to /dev/null (a 0666 device) or a 1777 directory at the config:
+    run said "writable by group or others ... chmod go-w" (about /dev/null!)
+    where check said "not a regular file": one rule, one line, from both."""
+    _simple(ring)
+    cfg = ring.base / "cfg.yaml"
+    if what == "dev-null":
+        os.symlink("/dev/null", cfg)
+        reason = "config file is not a regular file"
+    else:
+        cfg.mkdir()
+        os.chmod(cfg, 0o1777)
+        reason = "config file is a directory"
+    common = ["--state", str(ring.state), "--config", str(cfg)]
+    lines = []
+    for argv in (ring_cmd("check", *common), ring_cmd("run", "--once", *common), watch_cmd(*common)):
+        code, err = run(argv, ring.env, timeout=20)
+        line = one_line(err)
+        assert code == 78 and f"{cfg}: {reason}" in line, (argv[2:4], code, err)
+        lines.append(line.split(f"{cfg}: ", 1)[1])
+    assert len(set(lines)) == 1, lines
+    assert not ring.runs()
+
+
 def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
     """An open of a FIFO blocks until a writer comes, and a signal does not end
     it: the driver and every operator command hung there, deaf to SIGTERM."""
