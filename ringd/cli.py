@@ -281,6 +281,12 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
             _warn(warned)
             raise fail(f"invalid: {e}", EXIT_CONFIG)
     warned += config.warnings
+    # a section for a name the roster lacks is most often a typo (webb: for web):
+    # its limits would silently apply to nothing. Not an error: the roster may
+    # gain the agent later, and the running driver re-reads it at every hop.
+    on_roster = {a.name for a in agents}
+    warned += [f"agents.{name}: no agent {name} in the roster; its settings apply to nothing (a typo?)"
+               for name in config.agents if name not in on_roster]
     for a in agents:
         problem = program_problem(a.argv, roster_path.parent, config.cwd_for(a.name))
         if problem:

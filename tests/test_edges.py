@@ -108,6 +108,21 @@ def test_a_relative_cwd_is_the_roster_folder_s_and_check_warns_of_a_missing_one(
         assert "agent a: working directory" in one_line(r.stderr) and why in r.stderr, r.stderr
 
 
+def test_check_warns_of_an_agents_section_for_a_name_not_on_the_roster(ring):
+    """``agents.webb`` for the roster's ``web``: the limits meant for web applied
+    to nothing and check said "ok"; it now warns (--strict: exit 1)."""
+    ring.agent("web", "true")
+    ring.roster(f"web {ring.agents_dir}/web.sh")
+    ring.write_config(agents={"webb": {"run_budget": 1, "stall_threshold": 2}})
+    r = ring.cli("check", "--strict")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "agents.webb: no agent webb in the roster" in one_line(r.stderr)
+    ring.config["agents"] = {"web": {"run_budget": 1, "stall_threshold": 2}}
+    ring.write_config()
+    r = ring.cli("check", "--strict")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+
+
 def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
     _simple(ring)
     fifo = ring.base / "fifo.yaml"
