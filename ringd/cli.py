@@ -271,10 +271,12 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
 
     Exit 0 valid (warnings on stderr), 78 invalid, 1 with --strict and a warning."""
     from .roster import program_problem, read_roster
+    from .safefile import check_state_dir
     warned: List[str] = []
     with lenient_modes(lambda w: warned.append(w) if w not in warned else None):
         try:
             config = load_config(config_path)
+            check_state_dir(state_dir)   # in ringd run's order: config, state dir, roster
             roster_path = config.roster_path(state_dir)
             agents = read_roster(roster_path)
         except ConfigError as e:

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import stat
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Set
 
@@ -84,18 +83,14 @@ def for_leadership(config: Config) -> Config:
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Create a missing state dir 0700; refuse one others may write."""
+    """Create a missing state dir 0700; refuse one others may write (the rule
+    ``ringd check`` applies too: safefile.check_state_dir)."""
     if not state_dir.exists():
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
         except OSError as e:
             raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", EX_CONFIG) from None
-    st = os.stat(state_dir)
-    if not stat.S_ISDIR(st.st_mode):
-        raise RingError(f"{state_dir}: state dir is not a directory", EX_CONFIG)
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RingError(f"{state_dir}: state dir is writable by group or others "
-                        f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EX_CONFIG)
+    safefile.check_state_dir(state_dir)
 
 
 def acquire_lock(state_dir: Path) -> KernelLock:

@@ -270,6 +270,23 @@ def check_not_writable_by_others(path: Path, what: str) -> bool:
     return _refuse_writable_by_others(path, what, st)
 
 
+def check_state_dir(state_dir: Path) -> bool:
+    """The one rule on a state dir, for the driver, the watcher and ``ringd
+    check`` alike: if it exists, a directory that group and others cannot write
+    (anyone who can controls the driver); a missing one is fine (the daemons
+    create it 0700). Within :func:`lenient_modes` an unsafe mode is a warning
+    and the result False."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        raise ConfigError(f"{state_dir}: cannot use state dir: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{state_dir}: state dir is not a directory")
+    return _refuse_writable_by_others(state_dir, "state dir", st)
+
+
 def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> bool:
     """Refuse; within ``lenient_modes`` warn instead and return False."""
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

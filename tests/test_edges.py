@@ -108,6 +108,33 @@ def test_a_relative_cwd_is_the_roster_folder_s_and_check_warns_of_a_missing_one(
         assert "agent a: working directory" in one_line(r.stderr) and why in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("what", ["a-file", "world-writable"])
+def test_check_judges_the_state_dir_by_the_rule_run_and_ringwatch_apply(ring, what):
+    """check said "ok" (exit 0, silent) for a state dir that run and ringwatch
+    refuse (78): a file, or a directory others may write. check now refuses the
+    first with run's line, and warns about the second, as it does about a
+    writable roster or config (SPEC: only run and ringwatch refuse those)."""
+    _simple(ring)
+    ring.write_config(ring={"roster": str(ring.roster_path)})   # the roster is not looked for in the state dir
+    if what == "a-file":
+        state = ring.base / "state-file"
+        state.write_text("")
+        reason = f"{state}: state dir is not a directory"
+    else:
+        state = ring.base / "shared"
+        state.mkdir()
+        os.chmod(state, 0o777)
+        reason = f"{state}: state dir is writable by group or others (mode 0777)"
+    common = ["--state", str(state), "--config", str(ring.config_path)]
+    code, err = run(ring_cmd("check", *common), ring.env)
+    line = one_line(err)
+    assert reason in line, line
+    assert code == (78 if what == "a-file" else 0), (code, err)
+    for argv in (ring_cmd("run", "--once", *common), watch_cmd(*common)):
+        code, err = run(argv, ring.env)
+        assert code == 78 and reason in one_line(err), (argv[2:4], code, err)
+
+
 def test_check_warns_of_an_agents_section_for_a_name_not_on_the_roster(ring):
     """``agents.webb`` for the roster's ``web``: the limits meant for web applied
     to nothing and check said "ok"; it now warns (--strict: exit 1)."""
