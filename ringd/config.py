@@ -179,6 +179,19 @@ def _safe_yaml(text: str, path: Path) -> Any:
             finally:
                 self.depth -= 1
 
+        def construct_object(self, node, deep=False):  # type: ignore[override]
+            # A tagged scalar no constructor can read (!!int "0b12", !!bool maybe,
+            # !!timestamp 2001-13-45, 2001-02-30, an int of 5000 digits) raises a
+            # plain ValueError or KeyError, not a YAMLError: say which value, where.
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, KeyError, TypeError, OverflowError) as e:
+                if isinstance(e, ConfigError) or not isinstance(node, yaml.ScalarNode):
+                    raise
+                kind = node.tag.rsplit(":", 1)[-1]
+                raise ConfigError(f"{path}: line {node.start_mark.line + 1}: invalid YAML: "
+                                  f"cannot read {excerpt(node.value)} as {kind}") from None
+
         def construct_mapping(self, node, deep=False):  # type: ignore[override]
             # PyYAML keeps the last of two equal keys: a second "ring:" section
             # silently dropped every key of the first. Refuse, naming both lines.

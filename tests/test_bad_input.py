@@ -389,7 +389,7 @@ def test_every_wrong_type_in_the_config_is_one_line_exit_78(ring):
 
 
 @pytest.mark.parametrize("what", ["billion-laughs", "garbage", "nul", "huge", "top-level-list",
-                                  "directory", "dangling-symlink", "world-writable"])
+                                  "directory", "dangling-symlink", "world-writable", "unreadable-scalar"])
 def test_hostile_config_files_are_one_line_exit_78(ring, what):
     ring.roster("a /bin/true")
     cfg = ring.base / "hostile.yaml"
@@ -418,6 +418,9 @@ def test_hostile_config_files_are_one_line_exit_78(ring, what):
     elif what == "dangling-symlink":
         os.symlink(ring.base / "nowhere.yaml", cfg)
         reason = "cannot read"
+    elif what == "unreadable-scalar":   # a date no calendar has: PyYAML raised a bare ValueError
+        cfg.write_text("ring:\n  run_budget: 2\n  stall_threshold: 2001-02-30\n")
+        reason = "line 3: invalid YAML: cannot read '2001-02-30' as timestamp"
     else:
         cfg.write_text("ring: {}\n")
         reason = "writable by group or others"

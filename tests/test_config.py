@@ -112,3 +112,20 @@ def test_a_duplicate_key_is_refused_never_last_one_wins(tmp_path, text, line, ke
 def test_a_merge_key_is_not_a_duplicate(tmp_path):
     cfg = load_config(write(tmp_path, "ring:\n  <<: {run_budget: 2, stall_threshold: 3}\n  run_budget: 1\n"))
     assert (cfg.ring.run_budget, cfg.ring.stall_threshold) == (1, 3)
+
+
+@pytest.mark.parametrize("text, value, kind", [
+    ("ring: {run_budget: !!int '0b12'}\n", "'0b12'", "int"),
+    ("ring: {run_budget: !!float abc}\n", "'abc'", "float"),
+    ("ring: {run_budget: !!bool maybe}\n", "'maybe'", "bool"),
+    ("ring: {run_budget: !!timestamp 2001-13-45}\n", "'2001-13-45'", "timestamp"),
+    ("ring: {run_budget: 2001-02-30}\n", "'2001-02-30'", "timestamp"),
+    ("ring: {keep_logs: " + "9" * 5000 + "}\n", "'99999", "int"),   # past int()'s 4300 digits
+    ("agents:\n  2001-02-30: {}\n", "'2001-02-30'", "timestamp"),
+])
+def test_a_scalar_no_yaml_constructor_can_read_is_one_config_error(tmp_path, text, value, kind):
+    # PyYAML raises a bare ValueError/KeyError for these: a traceback from run
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    msg = str(e.value)
+    assert "invalid YAML: cannot read " + value in msg and msg.endswith(f" as {kind}") and len(msg) < 300, msg
