@@ -182,11 +182,14 @@ def _safe_yaml(text: str, path: Path) -> Any:
         def construct_object(self, node, deep=False):  # type: ignore[override]
             # A tagged scalar no constructor can read (!!int "0b12", !!bool maybe,
             # !!timestamp 2001-13-45, 2001-02-30, an int of 5000 digits) raises a
-            # plain ValueError or KeyError, not a YAMLError: say which value, where.
+            # plain ValueError, KeyError or AttributeError, not a YAMLError: say
+            # which value, where.
             try:
                 return super().construct_object(node, deep=deep)
-            except (ValueError, KeyError, TypeError, OverflowError) as e:
-                if isinstance(e, ConfigError) or not isinstance(node, yaml.ScalarNode):
+            except (ConfigError, yaml.YAMLError, RecursionError, MemoryError):
+                raise
+            except Exception:   # noqa: BLE001 - PyYAML's constructors raise what int(), date() ... raise
+                if not isinstance(node, yaml.ScalarNode):
                     raise
                 kind = node.tag.rsplit(":", 1)[-1]
                 raise ConfigError(f"{path}: line {node.start_mark.line + 1}: invalid YAML: "
@@ -196,7 +199,7 @@ def _safe_yaml(text: str, path: Path) -> Any:
             # PyYAML keeps the last of two equal keys: a second "ring:" section
             # silently dropped every key of the first. Refuse, naming both lines.
             first = {}
-            for key_node, _ in node.value:
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
                 if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                     key = (key_node.tag, key_node.value)
                     line = key_node.start_mark.line + 1
@@ -213,6 +216,10 @@ def _safe_yaml(text: str, path: Path) -> Any:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: {where}invalid YAML: {excerpt(problem, 80)[1:-1]}") from None
+    except (ConfigError, RecursionError, MemoryError):
+        raise
+    except Exception as e:   # noqa: BLE001 - a constructor's own error (a tag on the wrong kind of node)
+        raise ConfigError(f"{path}: invalid YAML: {type(e).__name__}: {excerpt(str(e), 80)[1:-1]}") from None
 
 
 # --- validation ------------------------------------------------------------

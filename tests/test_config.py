@@ -122,6 +122,7 @@ def test_a_merge_key_is_not_a_duplicate(tmp_path):
     ("ring: {run_budget: 2001-02-30}\n", "'2001-02-30'", "timestamp"),
     ("ring: {keep_logs: " + "9" * 5000 + "}\n", "'99999", "int"),   # past int()'s 4300 digits
     ("agents:\n  2001-02-30: {}\n", "'2001-02-30'", "timestamp"),
+    ("ring: {backoff_max: !!timestamp 3600}\n", "'3600'", "timestamp"),   # AttributeError inside PyYAML
 ])
 def test_a_scalar_no_yaml_constructor_can_read_is_one_config_error(tmp_path, text, value, kind):
     # PyYAML raises a bare ValueError/KeyError for these: a traceback from run
@@ -129,3 +130,11 @@ def test_a_scalar_no_yaml_constructor_can_read_is_one_config_error(tmp_path, tex
         load_config(write(tmp_path, text))
     msg = str(e.value)
     assert "invalid YAML: cannot read " + value in msg and msg.endswith(f" as {kind}") and len(msg) < 300, msg
+
+
+@pytest.mark.parametrize("text", ["alerts: {failures_in_a_row: !!set 5}\n", "ring: !!set [a]\n",
+                                  "ring: !!omap 5\n"])
+def test_a_collection_tag_on_the_wrong_kind_of_node_is_one_config_error(tmp_path, text):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert "line 1: invalid YAML" in str(e.value) and "\n" not in str(e.value)
