@@ -199,8 +199,8 @@ def next_index(names: Sequence[str], last_name: Optional[str], last_position: Op
 class RosterSource:
     """The roster file as the driver sees it: last good roster + current error.
 
-    ``refresh()`` re-reads only when (mtime, size, inode) changed, so calling
-    it before every hop costs one ``stat``.
+    ``refresh()`` re-reads only when (mtime, ctime, size, inode, device, mode)
+    changed, so calling it before every hop costs one ``stat``.
     """
 
     def __init__(self, path: Path):
@@ -223,7 +223,9 @@ class RosterSource:
             st = os.stat(self.path)
         except OSError as e:
             return ("missing", e.errno)
-        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+        # ctime too: cp -p, touch -r, rsync -t and tar keep or set the mtime, and an
+        # in-place edit of equal size then looked unchanged; nobody can set ctime
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev, st.st_mode)
 
     def refresh(self, force: bool = False) -> bool:
         """Re-read if changed. Returns True when the roster or its error changed."""

@@ -1,7 +1,10 @@
 """Roster parsing and the resume rule (pure)."""
 import os
+import time
 
 import pytest
+
+from conftest import wait_until
 
 from ringd.roster import RosterError, RosterSource, next_index, parse_roster, read_roster, resolve_program
 
@@ -103,3 +106,24 @@ def test_source_keeps_last_good_roster_on_broken_edit(tmp_path):
     assert src.names == ["a", "b"] and src.error is None
     p.unlink()
     assert src.refresh() and src.names == ["a", "b"] and "not found" in src.error
+
+
+def test_source_sees_an_in_place_edit_that_kept_size_inode_and_mtime(tmp_path):
+    """``cp -p``/``touch -r``/``tar x`` over the roster: same inode, same size, the
+    old mtime. Only ctime (which nobody can set) tells the edit apart."""
+    p = tmp_path / "ring.txt"
+    p.write_text("a true\nb true\n")
+    os.chmod(p, 0o600)
+    old = p.stat()
+    an_hour_ago = old.st_mtime_ns - 3600 * 10 ** 9
+    os.utime(p, ns=(an_hour_ago, an_hour_ago))
+    src = RosterSource(p)
+    assert src.refresh() and src.names == ["a", "b"]
+    ino = p.stat().st_ino
+    wait_until(lambda: time.time_ns() > p.stat().st_ctime_ns + 50 * 10 ** 6, 5, message="a later ctime tick")
+    with open(p, "r+") as f:       # in place: same inode, same size
+        f.write("b true\na true\n")
+    os.utime(p, ns=(an_hour_ago, an_hour_ago))
+    assert (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns) == (ino, old.st_size, an_hour_ago)
+    assert src.refresh(), "the edit was missed"
+    assert src.names == ["b", "a"]
