@@ -50,6 +50,33 @@ _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 _NAME_AND_COMMAND = re.compile(r"([^ \t]+)(?:[ \t]+(.*))?\Z", re.DOTALL)
 
 
+def _without_comment(command: str) -> str:
+    """``command`` up to a trailing comment, as a POSIX shell reads one: an
+    unquoted, unescaped ``#`` that starts a word (``run.sh --x  # nightly``);
+    a ``#`` inside a word (``url#frag``), quoted or escaped stays. shlex's own
+    ``comments=True`` would also cut at ``url#frag``, so the cut is found here."""
+    quote, escaped, word_start = None, False, True
+    for i, ch in enumerate(command):
+        if escaped:
+            escaped, word_start = False, False
+            continue
+        if quote == "'":
+            quote = None if ch == "'" else quote
+        elif quote == '"':
+            if ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quote = None
+        elif ch == "\\":
+            escaped = True
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and word_start:
+            return command[:i]
+        word_start = quote is None and not escaped and ch in " \t"
+    return command
+
+
 def _control_reason(ch: str) -> str:
     return "line contains a NUL byte" if ch == "\x00" else \
         f"line contains a control character (U+{ord(ch):04X}); a roster is plain text lines"
@@ -80,7 +107,7 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
         if not command:
             raise RosterError(path, number, f"agent {name!r} has no command")
         try:
-            argv = shlex.split(command, comments=False, posix=True)
+            argv = shlex.split(_without_comment(command), comments=False, posix=True)
         except ValueError as e:
             raise RosterError(path, number, f"cannot split the command of {name!r}: {str(e).lower()}") from None
         if not argv:

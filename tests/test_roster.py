@@ -127,3 +127,19 @@ def test_source_sees_an_in_place_edit_that_kept_size_inode_and_mtime(tmp_path):
     assert (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns) == (ino, old.st_size, an_hour_ago)
     assert src.refresh(), "the edit was missed"
     assert src.names == ["b", "a"]
+
+
+@pytest.mark.parametrize("command", [
+    "x.sh --nightly  # runs at night", "x.sh a#b", "x.sh '#q' \"#d\"", "x.sh \\#e", "x.sh #", "x.sh\t#tab",
+    "x.sh url#frag", "x.sh \"a\"#b", "x.sh \"a # b\" c", "x.sh 'a # b' #c 'd'", "x.sh \"q\\\"#\" #z",
+    "x.sh a\\ #b", "x.sh ''#x",
+])
+def test_a_command_splits_as_a_posix_shell_splits_it_trailing_comment_included(tmp_path, command):
+    """SPEC: the command is split like a POSIX shell would. A shell drops an
+    unquoted word-initial ``#`` and the rest of the line; shlex (comments off)
+    passed '#', 'runs', 'at', 'night' to the agent as arguments."""
+    import subprocess
+    (agent,) = parse(f"a {command}\n", tmp_path)
+    out = subprocess.run(["/bin/sh", "-c", f"set -- {command}\nprintf '%s\\0' \"$@\""],
+                         capture_output=True, timeout=10, check=True).stdout
+    assert list(agent.argv) == out.decode().split("\0")[:-1]
