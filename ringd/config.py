@@ -7,6 +7,7 @@ identical to the shipped ``config/ring.yaml`` (a test checks that).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
@@ -273,10 +274,22 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
+# A key is input too: one that is not a plain short name is quoted as an
+# excerpt, so a newline, an escape sequence or 100 kB in it never reaches the
+# operator's one-line error (nor the terminal's control codes).
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+def _key(prefix: str, k: Any) -> str:
+    """``prefix.k`` as an error message names it."""
+    name = k if isinstance(k, str) and _PLAIN_KEY.fullmatch(k) else excerpt(k)
+    return f"{prefix}.{name}" if prefix else name
+
+
 def _unknown(section: str, given: Mapping[str, Any], known: set) -> None:
     for k in given:
         if k not in known:
-            raise ConfigError(f"{section}.{k}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{_key(section, k)}: unknown key (known: {', '.join(sorted(known))})")
 
 
 _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial", "fast_fail",
@@ -414,7 +427,7 @@ def _check_strings(value: Any, key: str) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _check_strings(k, key)
-            _check_strings(v, f"{key}.{k}" if key else str(k))
+            _check_strings(v, _key(key, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_strings(v, f"{key}[{i}]")
@@ -433,7 +446,7 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
     top = _mapping("(top level)", data)
     for k in top:
         if k not in ("ring", "agents", "watch", "alerts"):
-            raise ConfigError(f"{k}: unknown top-level key (known: agents, alerts, ring, watch)")
+            raise ConfigError(f"{_key('', k)}: unknown top-level key (known: agents, alerts, ring, watch)")
     ring = _ring(_mapping("ring", top.get("ring")))
     agents = _agents(_mapping("agents", top.get("agents")), ring)
     watch = _watch(_mapping("watch", top.get("watch")))

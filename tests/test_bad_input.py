@@ -389,7 +389,8 @@ def test_every_wrong_type_in_the_config_is_one_line_exit_78(ring):
 
 
 @pytest.mark.parametrize("what", ["billion-laughs", "garbage", "nul", "huge", "top-level-list",
-                                  "directory", "dangling-symlink", "world-writable", "unreadable-scalar"])
+                                  "directory", "dangling-symlink", "world-writable", "unreadable-scalar",
+                                  "key-with-newline"])
 def test_hostile_config_files_are_one_line_exit_78(ring, what):
     ring.roster("a /bin/true")
     cfg = ring.base / "hostile.yaml"
@@ -418,6 +419,9 @@ def test_hostile_config_files_are_one_line_exit_78(ring, what):
     elif what == "dangling-symlink":
         os.symlink(ring.base / "nowhere.yaml", cfg)
         reason = "cannot read"
+    elif what == "key-with-newline":   # echoed raw, the key split the error over two lines
+        cfg.write_text('alerts: {"timeout\\nFAKE: all is well": 1}\n')
+        reason = "alerts.'timeout\\nFAKE: all is well': unknown key"
     elif what == "unreadable-scalar":   # a date no calendar has: PyYAML raised a bare ValueError
         cfg.write_text("ring:\n  run_budget: 2\n  stall_threshold: 2001-02-30\n")
         reason = "line 3: invalid YAML: cannot read '2001-02-30' as timestamp"

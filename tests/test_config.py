@@ -138,3 +138,17 @@ def test_a_collection_tag_on_the_wrong_kind_of_node_is_one_config_error(tmp_path
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, text))
     assert "line 1: invalid YAML" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    'ring: {"typo\\n\\e[2Jcleared": 1}\n',       # a newline and a terminal escape in a key
+    '"top\\nlevel": 1\n',
+    'agents: {web: {"x\\ny": 1}}\n',
+    'ring: {"x\\ny": "\\0"}\n',
+    "? " + "k" * 50_000 + "\n: 1\n",              # an explicit key has no length limit in YAML
+])
+def test_a_key_is_quoted_as_an_excerpt_never_echoed_raw(tmp_path, text):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    msg = str(e.value)
+    assert "\n" not in msg and "\x1b" not in msg and len(msg) < 400, msg[:500]
