@@ -184,13 +184,19 @@ def program_problem(argv: Sequence[str], roster_dir: Path, cwd: Optional[str] = 
             return f"program {excerpt(prog)} not found on PATH"
         prog = found
     if not os.path.exists(prog):
-        return f"program {prog} not found"
+        return f"program {_shown(prog)} not found"
     if os.path.isdir(prog) or not os.access(prog, os.X_OK):
-        return f"program {prog} is not executable"
+        return f"program {_shown(prog)} is not executable"
     if _exec_header(prog) not in (None, b"#!", b"\x7fE"):
-        return (f"program {prog} has no #! line and is not a binary: exec refuses it "
+        return (f"program {_shown(prog)} has no #! line and is not a binary: exec refuses it "
                 f"(ring runs no shell; start the script with #!/bin/sh)")
     return None
+
+
+def _shown(path: str, limit: int = 160) -> str:
+    """A path as a warning names it: whole when short, else cut (a roster line
+    may hold 8 kB; a warning is one short line)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 def _exec_header(prog: str) -> Optional[bytes]:

@@ -143,3 +143,11 @@ def test_a_command_splits_as_a_posix_shell_splits_it_trailing_comment_included(t
     out = subprocess.run(["/bin/sh", "-c", f"set -- {command}\nprintf '%s\\0' \"$@\""],
                          capture_output=True, timeout=10, check=True).stdout
     assert list(agent.argv) == out.decode().split("\0")[:-1]
+
+
+def test_a_warning_about_a_long_program_path_is_one_short_line(tmp_path):
+    from ringd.roster import program_problem
+    long_dir = "/".join(["d" * 200] * 30)      # 6 kB: a legal roster line
+    for argv in ((f"./{long_dir}/x.sh",), (f"/{long_dir}/x.sh",)):
+        problem = program_problem(argv, tmp_path)
+        assert problem and "not found" in problem and len(problem) < 250, problem[:300]
