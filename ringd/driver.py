@@ -281,7 +281,7 @@ class Driver:
         self.reload_requested = False
         if force and self.config_path is not None:
             try:
-                self.config = for_leadership(load_config(self.config_path))
+                self.config = for_leadership(self.keep_journal(load_config(self.config_path)))
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
@@ -294,6 +294,20 @@ class Driver:
         had_error = self.roster.error is not None
         if self.roster.refresh(force=force):
             self.roster_changed(had_error)
+
+    def keep_journal(self, new: Config) -> Config:
+        """``new`` with the running ``ring.journal`` and ``ring.lease_ttl``: the
+        journal is opened and the lease taken at start-up only. Taken as read,
+        they made the beat follow a lease this driver does not hold (a new
+        longer TTL: beats rarer than the running lease needs, and leadership
+        lost between beats; a SQLite ring given a URI: beats at TTL/4)."""
+        old = self.config.ring
+        if (new.ring.journal, new.ring.lease_ttl) == (old.journal, old.lease_ttl):
+            return new
+        self.log("ring.journal and ring.lease_ttl take effect when the driver restarts; "
+                 "keeping the running ones")
+        return dataclasses.replace(new, ring=dataclasses.replace(new.ring, journal=old.journal,
+                                                                 lease_ttl=old.lease_ttl))
 
     def roster_changed(self, had_error: bool = False) -> None:
         if self.roster.error:

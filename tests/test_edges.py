@@ -342,6 +342,38 @@ def test_a_deeply_nested_config_at_sighup_is_refused_and_the_ring_goes_on(ring):
     assert "Traceback" not in err and "nested more than" in err, err[-2000:]
 
 
+def test_sighup_keeps_the_running_journal_and_lease_ttl(ring):
+    """ring.journal and ring.lease_ttl are used at start-up only. Read at SIGHUP
+    they made the beat follow a lease the driver does not hold: here a SQLite
+    driver given a URI and a 0.4 s TTL beat every 0.1 s instead of every 2 s
+    (and a leader given a longer TTL beat too rarely for its running lease)."""
+    pytest.importorskip("psycopg")
+    long_runs = ring.base / "long"
+    ring.agent("a", f"if [ -e {long_runs} ]; then sleep 30; else sleep 0.2; fi")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.write_config(ring={"heartbeat_interval": 2, "run_budget": 60, "stall_threshold": 70})
+    err_path = ring.base / "driver.err"
+    with open(err_path, "wb") as err_file:
+        drv = ring.start_driver(stderr=err_file)
+    wait_until(lambda: ring.runs(), 20, message="a run")
+    ring.write_config(ring={"journal": "postgresql://ring:secret@127.0.0.1:1/ring", "lease_ttl": 0.4})
+    drv.send_signal(signal.SIGHUP)
+    wait_until(lambda: "config reloaded" in err_path.read_text(), 10, message="the reload")
+    long_runs.touch()
+    wait_until(lambda: any(r["status"] == "running" and time.time() - r["started_at"] > 0.5
+                           for r in ring.runs()), 20, message="a long run (a short one lasts 0.2 s)")
+    beats, deadline = set(), time.monotonic() + 3.5
+    while time.monotonic() < deadline:       # bounded: how often the heartbeat is rewritten
+        beats.add((ring.heartbeat() or {}).get("at"))
+        time.sleep(0.02)
+    assert len(beats) <= 3, f"{len(beats)} beats in 3.5 s with heartbeat_interval 2"
+    drv.send_signal(signal.SIGTERM)
+    assert drv.wait(timeout=20) == 0
+    log = err_path.read_text()
+    assert "take effect when the driver restarts" in log and "secret" not in log, log[-2000:]
+    assert "Traceback" not in log
+
+
 # --- #6: the process key is the state dir's real path ------------------------------------
 
 def test_a_driver_started_through_a_symlink_keys_its_runs_by_the_real_path(ring):
