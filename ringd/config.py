@@ -21,6 +21,10 @@ MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an a
 # Every duration must fit the OS timers and datetime once added to "now"; waits
 # longer than a timer allows are clamped by the waiters, so ten years is safe.
 MAX_DURATION = 10 * 365 * 86400
+# How often a daemon wakes by itself (heartbeat_interval, poll_interval) is
+# floored: 1us was accepted, and a driver beating a million times a second
+# spent 2/3 of a CPU rewriting its heartbeat file. Tests run at 0.2 s.
+MIN_TICK = 0.05
 MAX_COUNT = 10 ** 9            # counts (keep_logs, bursts ...) stay far inside SQLite's INTEGER
 MAX_NESTING = 32               # a config is 3 levels deep; deeper YAML is refused, never recursed into
 
@@ -225,7 +229,8 @@ def _safe_yaml(text: str, path: Path) -> Any:
 
 # --- validation ------------------------------------------------------------
 
-def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> float:
+def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False,
+            minimum: float = 0.0) -> float:
     if isinstance(value, str):
         from .timespan import parse_timespan
         try:
@@ -242,6 +247,9 @@ def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = F
         raise ConfigError(f"{key}: must be {need}, got {excerpt(value)}")
     if value > MAX_DURATION:
         raise ConfigError(f"{key}: must be at most {MAX_DURATION} s (10 years), got {excerpt(value)}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum:g} s (a shorter one makes the daemon spin), "
+                          f"got {excerpt(value)}")
     return float(value) if isinstance(value, float) else value
 
 
@@ -304,7 +312,9 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
     values: dict = {}
     for k, v in raw.items():
         key = f"ring.{k}"
-        if k in _RING_DURATIONS:
+        if k == "heartbeat_interval":
+            values[k] = _number(key, v, minimum=MIN_TICK)
+        elif k in _RING_DURATIONS:
             values[k] = _number(key, v)
         elif k == "lap_pause":
             values[k] = _number(key, v, allow_zero=True)
@@ -397,7 +407,9 @@ def _watch(raw: Mapping[str, Any]) -> WatchSettings:
     values: dict = {}
     for k, v in raw.items():
         key = f"watch.{k}"
-        if k in ("poll_interval", "stale_after", "start_limit_interval"):
+        if k == "poll_interval":
+            values[k] = _number(key, v, minimum=MIN_TICK)
+        elif k in ("stale_after", "start_limit_interval"):
             values[k] = _number(key, v)
         elif k == "restart_sec":
             values[k] = _number(key, v, allow_zero=True)

@@ -152,3 +152,13 @@ def test_a_key_is_quoted_as_an_excerpt_never_echoed_raw(tmp_path, text):
         load_config(write(tmp_path, text))
     msg = str(e.value)
     assert "\n" not in msg and "\x1b" not in msg and len(msg) < 400, msg[:500]
+
+
+@pytest.mark.parametrize("key, value", [("ring.heartbeat_interval", "1us"), ("ring.heartbeat_interval", 1e-9),
+                                        ("watch.poll_interval", "1ms"), ("watch.poll_interval", 0.001)])
+def test_a_wake_up_period_too_short_to_be_anything_but_a_spin_is_refused(key, value):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as e:
+        parse_config({section: {name: value}})
+    assert str(e.value).startswith(f"{key}: must be at least 0.05 s")
+    assert parse_config({section: {name: 0.05}})   # the floor itself is fine
