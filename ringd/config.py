@@ -278,7 +278,10 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
         raise ConfigError(f"{key}: must be a mapping, got {excerpt(value)}")
     for k in value:
         if not isinstance(k, str):
-            raise ConfigError(f"{key}: keys must be strings, got {excerpt(k)}")
+            # an agent may be named "on", "no", "123" or "2024-01-01": YAML 1.1 reads
+            # those unquoted as a bool, a number or a date, and the key is lost
+            raise ConfigError(f"{key}: keys must be strings, got {excerpt(k)} "
+                              f"(YAML reads on/off/yes/no, numbers and dates as such: put the key in quotes)")
     return value
 
 

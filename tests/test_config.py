@@ -162,3 +162,13 @@ def test_a_wake_up_period_too_short_to_be_anything_but_a_spin_is_refused(key, va
         parse_config({section: {name: value}})
     assert str(e.value).startswith(f"{key}: must be at least 0.05 s")
     assert parse_config({section: {name: 0.05}})   # the floor itself is fine
+
+
+@pytest.mark.parametrize("name, shown", [("on", "True"), ("no", "False"), ("123", "123"), ("1_0", "10")])
+def test_an_agent_name_yaml_reads_as_another_type_says_to_quote_it(name, shown):
+    import yaml
+    with pytest.raises(ConfigError) as e:
+        parse_config(yaml.safe_load(f"agents:\n  {name}: {{run_budget: 5, stall_threshold: 9}}\n"))
+    assert f"agents: keys must be strings, got {shown}" in str(e.value) and "in quotes" in str(e.value)
+    cfg = parse_config(yaml.safe_load(f"agents:\n  '{name}': {{run_budget: 5, stall_threshold: 9}}\n"))
+    assert cfg.limits_for(name).run_budget == 5
