@@ -271,18 +271,26 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
 
     Exit 0 valid (warnings on stderr), 78 invalid, 1 with --strict and a warning."""
     from .roster import program_problem, read_roster
+    from .safefile import check_state_dir
     warned: List[str] = []
     with lenient_modes(lambda w: warned.append(w) if w not in warned else None):
         try:
             config = load_config(config_path)
+            check_state_dir(state_dir)   # in ringd run's order: config, state dir, roster
             roster_path = config.roster_path(state_dir)
             agents = read_roster(roster_path)
         except ConfigError as e:
             _warn(warned)
             raise fail(f"invalid: {e}", EXIT_CONFIG)
     warned += config.warnings
+    # a section for a name the roster lacks is most often a typo (webb: for web):
+    # its limits would silently apply to nothing. Not an error: the roster may
+    # gain the agent later, and the running driver re-reads it at every hop.
+    on_roster = {a.name for a in agents}
+    warned += [f"agents.{name}: no agent {name} in the roster; its settings apply to nothing (a typo?)"
+               for name in config.agents if name not in on_roster]
     for a in agents:
-        problem = program_problem(a.argv, roster_path.parent)
+        problem = program_problem(a.argv, roster_path.parent, config.cwd_for(a.name))
         if problem:
             warned.append(f"agent {a.name}: {problem}")
     _warn(warned)

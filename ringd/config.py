@@ -7,6 +7,7 @@ identical to the shipped ``config/ring.yaml`` (a test checks that).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
@@ -14,12 +15,16 @@ from typing import Any, Mapping, Optional, Tuple
 from .errors import ConfigError, excerpt
 from .roster import NAME_RE
 from .safefile import (NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path,  # noqa: F401
-                       lenient_modes, read_regular_file)
+                       lenient_modes, read_checked_file, read_regular_file)
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
 # Every duration must fit the OS timers and datetime once added to "now"; waits
 # longer than a timer allows are clamped by the waiters, so ten years is safe.
 MAX_DURATION = 10 * 365 * 86400
+# How often a daemon wakes by itself (heartbeat_interval, poll_interval) is
+# floored: 1us was accepted, and a driver beating a million times a second
+# spent 2/3 of a CPU rewriting its heartbeat file. Tests run at 0.2 s.
+MIN_TICK = 0.05
 MAX_COUNT = 10 ** 9            # counts (keep_logs, bursts ...) stay far inside SQLite's INTEGER
 MAX_NESTING = 32               # a config is 3 levels deep; deeper YAML is refused, never recursed into
 
@@ -179,6 +184,36 @@ def _safe_yaml(text: str, path: Path) -> Any:
             finally:
                 self.depth -= 1
 
+        def construct_object(self, node, deep=False):  # type: ignore[override]
+            # A tagged scalar no constructor can read (!!int "0b12", !!bool maybe,
+            # !!timestamp 2001-13-45, 2001-02-30, an int of 5000 digits) raises a
+            # plain ValueError, KeyError or AttributeError, not a YAMLError: say
+            # which value, where.
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ConfigError, yaml.YAMLError, RecursionError, MemoryError):
+                raise
+            except Exception:   # noqa: BLE001 - PyYAML's constructors raise what int(), date() ... raise
+                if not isinstance(node, yaml.ScalarNode):
+                    raise
+                kind = node.tag.rsplit(":", 1)[-1]
+                raise ConfigError(f"{path}: line {node.start_mark.line + 1}: invalid YAML: "
+                                  f"cannot read {excerpt(node.value)} as {kind}") from None
+
+        def construct_mapping(self, node, deep=False):  # type: ignore[override]
+            # PyYAML keeps the last of two equal keys: a second "ring:" section
+            # silently dropped every key of the first. Refuse, naming both lines.
+            first = {}
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = (key_node.tag, key_node.value)
+                    line = key_node.start_mark.line + 1
+                    if key in first:
+                        raise ConfigError(f"{path}: line {line}: duplicate key "
+                                          f"{excerpt(key_node.value)} (first on line {first[key]})")
+                    first[key] = line
+            return super().construct_mapping(node, deep=deep)
+
     try:
         return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as e:
@@ -186,11 +221,16 @@ def _safe_yaml(text: str, path: Path) -> Any:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: {where}invalid YAML: {excerpt(problem, 80)[1:-1]}") from None
+    except (ConfigError, RecursionError, MemoryError):
+        raise
+    except Exception as e:   # noqa: BLE001 - a constructor's own error (a tag on the wrong kind of node)
+        raise ConfigError(f"{path}: invalid YAML: {type(e).__name__}: {excerpt(str(e), 80)[1:-1]}") from None
 
 
 # --- validation ------------------------------------------------------------
 
-def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False) -> float:
+def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False,
+            minimum: float = 0.0) -> float:
     if isinstance(value, str):
         from .timespan import parse_timespan
         try:
@@ -207,6 +247,9 @@ def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = F
         raise ConfigError(f"{key}: must be {need}, got {excerpt(value)}")
     if value > MAX_DURATION:
         raise ConfigError(f"{key}: must be at most {MAX_DURATION} s (10 years), got {excerpt(value)}")
+    if value < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum:g} s (a shorter one makes the daemon spin), "
+                          f"got {excerpt(value)}")
     return float(value) if isinstance(value, float) else value
 
 
@@ -235,14 +278,29 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
         raise ConfigError(f"{key}: must be a mapping, got {excerpt(value)}")
     for k in value:
         if not isinstance(k, str):
-            raise ConfigError(f"{key}: keys must be strings, got {excerpt(k)}")
+            # an agent may be named "on", "no", "123" or "2024-01-01": YAML 1.1 reads
+            # those unquoted as a bool, a number or a date, and the key is lost
+            raise ConfigError(f"{key}: keys must be strings, got {excerpt(k)} "
+                              f"(YAML reads on/off/yes/no, numbers and dates as such: put the key in quotes)")
     return value
+
+
+# A key is input too: one that is not a plain short name is quoted as an
+# excerpt, so a newline, an escape sequence or 100 kB in it never reaches the
+# operator's one-line error (nor the terminal's control codes).
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+def _key(prefix: str, k: Any) -> str:
+    """``prefix.k`` as an error message names it."""
+    name = k if isinstance(k, str) and _PLAIN_KEY.fullmatch(k) else excerpt(k)
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _unknown(section: str, given: Mapping[str, Any], known: set) -> None:
     for k in given:
         if k not in known:
-            raise ConfigError(f"{section}.{k}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{_key(section, k)}: unknown key (known: {', '.join(sorted(known))})")
 
 
 _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backoff_initial", "fast_fail",
@@ -257,7 +315,9 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
     values: dict = {}
     for k, v in raw.items():
         key = f"ring.{k}"
-        if k in _RING_DURATIONS:
+        if k == "heartbeat_interval":
+            values[k] = _number(key, v, minimum=MIN_TICK)
+        elif k in _RING_DURATIONS:
             values[k] = _number(key, v)
         elif k == "lap_pause":
             values[k] = _number(key, v, allow_zero=True)
@@ -350,7 +410,9 @@ def _watch(raw: Mapping[str, Any]) -> WatchSettings:
     values: dict = {}
     for k, v in raw.items():
         key = f"watch.{k}"
-        if k in ("poll_interval", "stale_after", "start_limit_interval"):
+        if k == "poll_interval":
+            values[k] = _number(key, v, minimum=MIN_TICK)
+        elif k in ("stale_after", "start_limit_interval"):
             values[k] = _number(key, v)
         elif k == "restart_sec":
             values[k] = _number(key, v, allow_zero=True)
@@ -380,7 +442,7 @@ def _check_strings(value: Any, key: str) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _check_strings(k, key)
-            _check_strings(v, f"{key}.{k}" if key else str(k))
+            _check_strings(v, _key(key, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _check_strings(v, f"{key}[{i}]")
@@ -399,7 +461,7 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
     top = _mapping("(top level)", data)
     for k in top:
         if k not in ("ring", "agents", "watch", "alerts"):
-            raise ConfigError(f"{k}: unknown top-level key (known: agents, alerts, ring, watch)")
+            raise ConfigError(f"{_key('', k)}: unknown top-level key (known: agents, alerts, ring, watch)")
     ring = _ring(_mapping("ring", top.get("ring")))
     agents = _agents(_mapping("agents", top.get("agents")), ring)
     watch = _watch(_mapping("watch", top.get("watch")))
@@ -418,8 +480,7 @@ def load_config(path: Optional[Path]) -> Config:
     """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
     if path is None:
         return Config()
-    trusted = check_not_writable_by_others(path, "config file")
-    blob = read_regular_file(path, "config file", MAX_CONFIG_BYTES)
+    blob, trusted = read_checked_file(path, "config file", MAX_CONFIG_BYTES)
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
     try:

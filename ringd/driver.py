@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import stat
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Set
 
@@ -84,18 +83,14 @@ def for_leadership(config: Config) -> Config:
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Create a missing state dir 0700; refuse one others may write."""
+    """Create a missing state dir 0700; refuse one others may write (the rule
+    ``ringd check`` applies too: safefile.check_state_dir)."""
     if not state_dir.exists():
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
         except OSError as e:
             raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
-    st = os.stat(state_dir)
-    if not stat.S_ISDIR(st.st_mode):
-        raise RingError(f"{state_dir}: state dir is not a directory", EX_CONFIG)
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise RingError(f"{state_dir}: state dir is writable by group or others "
-                        f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", EX_CONFIG)
+    safefile.check_state_dir(state_dir)
 
 
 def acquire_lock(state_dir: Path) -> KernelLock:
@@ -136,7 +131,6 @@ class Driver:
         self.config_path = config_path
         self.config = config
         self.roster = roster
-        self.roster_dir = roster.path.parent
         self.journal = journal
         self.lock = lock
         self.once = once
@@ -174,6 +168,12 @@ class Driver:
         self._runs_since_prune = 0
         self.paused_said = False
         self._view = RingView(None, None, [], [], [])
+
+    @property
+    def roster_dir(self) -> Path:
+        """The folder of the file the roster in use was read from: relative
+        programs resolve, and agents run, there (hop)."""
+        return (self.roster.origin or self.roster.path).parent
 
     # --- hearing and beating ------------------------------------------------------------
     def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests:
@@ -284,13 +284,33 @@ class Driver:
         self.reload_requested = False
         if force and self.config_path is not None:
             try:
-                self.config = for_leadership(load_config(self.config_path))
+                self.config = for_leadership(self.keep_journal(load_config(self.config_path)))
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
+            # ring.roster may name another file now: read that one from here on
+            # (status and check already do), keeping the last good roster until it parses
+            path = self.config.roster_path(self.state_dir)
+            if path != self.roster.path:
+                self.log(f"roster is now {path} (was {self.roster.path})")
+                self.roster = self.roster.moved_to(path)
         had_error = self.roster.error is not None
         if self.roster.refresh(force=force):
             self.roster_changed(had_error)
+
+    def keep_journal(self, new: Config) -> Config:
+        """``new`` with the running ``ring.journal`` and ``ring.lease_ttl``: the
+        journal is opened and the lease taken at start-up only. Taken as read,
+        they made the beat follow a lease this driver does not hold (a new
+        longer TTL: beats rarer than the running lease needs, and leadership
+        lost between beats; a SQLite ring given a URI: beats at TTL/4)."""
+        old = self.config.ring
+        if (new.ring.journal, new.ring.lease_ttl) == (old.journal, old.lease_ttl):
+            return new
+        self.log("ring.journal and ring.lease_ttl take effect when the driver restarts; "
+                 "keeping the running ones")
+        return dataclasses.replace(new, ring=dataclasses.replace(new.ring, journal=old.journal,
+                                                                 lease_ttl=old.lease_ttl))
 
     def roster_changed(self, had_error: bool = False) -> None:
         if self.roster.error:

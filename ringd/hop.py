@@ -26,7 +26,7 @@ from .config import Config
 from .journal import Journal, JournalError
 from .notify import Notes, watchdog_usec
 from .policy import Requests
-from .roster import Agent, resolve_program
+from .roster import Agent, resolve_cwd, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
 
 PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
@@ -203,7 +203,7 @@ class Hop:
         try:
             try:
                 child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
-                                  cwd=host.config.cwd_for(name) or str(host.roster_dir), env=run_env,
+                                  cwd=resolve_cwd(host.config.cwd_for(name), host.roster_dir), env=run_env,
                                   stdout_fd=log_fd, umask=host.agent_umask,
                                   pid_var="WATCHDOG_PID" if self.watchdog else None, run_cgroup=cg)
             except OSError as e:

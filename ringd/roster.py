@@ -40,34 +40,80 @@ class Agent:
     text: str  # the roster line as written (a change of it ends a quarantine)
 
 
+# A roster is a text file of lines. Any other control character in it (tab
+# aside) is refused: a lone CR (old Mac line endings) or a form feed would
+# otherwise make split() or shlex join two agents into one argv or cut a name,
+# and a NUL or U+2028 reaches no exec intact.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# Name and command are separated as a POSIX shell separates words: by spaces
+# and tabs only (str.split() would also split at a no-break space).
+_NAME_AND_COMMAND = re.compile(r"([^ \t]+)(?:[ \t]+(.*))?\Z", re.DOTALL)
+
+
+def _without_comment(command: str) -> str:
+    """``command`` up to a trailing comment, as a POSIX shell reads one: an
+    unquoted, unescaped ``#`` that starts a word (``run.sh --x  # nightly``);
+    a ``#`` inside a word (``url#frag``), quoted or escaped stays. shlex's own
+    ``comments=True`` would also cut at ``url#frag``, so the cut is found here."""
+    quote, escaped, word_start = None, False, True
+    for i, ch in enumerate(command):
+        if escaped:
+            escaped, word_start = False, False
+            continue
+        if quote == "'":
+            quote = None if ch == "'" else quote
+        elif quote == '"':
+            if ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quote = None
+        elif ch == "\\":
+            escaped = True
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and word_start:
+            return command[:i]
+        word_start = quote is None and not escaped and ch in " \t"
+    return command
+
+
+def _control_reason(ch: str) -> str:
+    return "line contains a NUL byte" if ch == "\x00" else \
+        f"line contains a control character (U+{ord(ch):04X}); a roster is plain text lines"
+
+
 def parse_roster(text: str, path: Path) -> List[Agent]:
     """Parse roster text. Raises RosterError(path, line, reason)."""
     agents: List[Agent] = []
     seen = {}
+    if text.startswith("\ufeff"):   # a byte order mark some editors write: not part of the first name
+        text = text[1:]
     for number, raw in enumerate(text.split("\n"), start=1):
-        line = raw.rstrip("\r")
-        stripped = line.strip()
+        line = raw[:-1] if raw.endswith("\r") else raw   # CRLF line endings
+        bad = _CONTROL.search(line)
+        if bad:
+            raise RosterError(path, number, _control_reason(bad.group()))
+        stripped = line.strip(" \t")
         if not stripped or stripped.startswith("#"):
             continue
         if len(line) > MAX_LINE_CHARS:
             raise RosterError(path, number, f"line is longer than {MAX_LINE_CHARS} characters")
-        if "\x00" in line:
-            raise RosterError(path, number, "line contains a NUL byte")
-        parts = stripped.split(None, 1)
-        name = parts[0]
+        name, command = _NAME_AND_COMMAND.match(stripped).groups()
         if not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_CHARS:
             raise RosterError(path, number, f"bad agent name {excerpt(name)}: use letters, digits, "
                                             f"'_', '.', '-' (starting with a letter or digit), at most {MAX_NAME_CHARS}")
         if name in seen:
             raise RosterError(path, number, f"duplicate agent name {name!r} (first on line {seen[name]})")
-        if len(parts) < 2:
+        if not command:
             raise RosterError(path, number, f"agent {name!r} has no command")
         try:
-            argv = shlex.split(parts[1], comments=False, posix=True)
+            argv = shlex.split(_without_comment(command), comments=False, posix=True)
         except ValueError as e:
             raise RosterError(path, number, f"cannot split the command of {name!r}: {str(e).lower()}") from None
         if not argv:
             raise RosterError(path, number, f"agent {name!r} has no command")
+        if not argv[0]:   # exec takes no empty program name ('' or "")
+            raise RosterError(path, number, f"agent {name!r}: the program name is empty")
         seen[name] = number
         agents.append(Agent(name=name, argv=tuple(argv), line=number, text=stripped))
     if not agents:
@@ -114,10 +160,23 @@ def resolve_program(argv: Sequence[str], roster_dir: Path) -> List[str]:
     return [prog, *argv[1:]]
 
 
-def program_problem(argv: Sequence[str], roster_dir: Path) -> Optional[str]:
+def resolve_cwd(cwd: Optional[str], roster_dir: Path) -> str:
+    """The folder an agent runs in: ``agents.<name>.cwd`` (``~`` expanded; a
+    relative one against the roster's folder, like a relative program, never
+    against wherever the driver happened to be started), else the roster's folder."""
+    if not cwd:
+        return str(roster_dir)
+    return os.path.normpath(os.path.join(str(roster_dir), os.path.expanduser(cwd)))
+
+
+def program_problem(argv: Sequence[str], roster_dir: Path, cwd: Optional[str] = None) -> Optional[str]:
     """Why the agent's program could not be started, or None (``ringd check``).
-    Looks it up as the driver would: relative paths against the roster's folder,
-    bare names on this process's PATH (a service's PATH may differ)."""
+    Looks it up as the driver would: its working directory (``cwd``, as
+    :func:`resolve_cwd`), relative paths against the roster's folder, bare
+    names on this process's PATH (a service's PATH may differ)."""
+    folder = resolve_cwd(cwd, roster_dir)
+    if not os.path.isdir(folder):
+        return f"working directory {excerpt(folder, 80)} {'is not a directory' if os.path.exists(folder) else 'not found'}"
     prog = resolve_program(argv, roster_dir)[0]
     if "/" not in prog:
         found = shutil.which(prog)
@@ -125,13 +184,19 @@ def program_problem(argv: Sequence[str], roster_dir: Path) -> Optional[str]:
             return f"program {excerpt(prog)} not found on PATH"
         prog = found
     if not os.path.exists(prog):
-        return f"program {prog} not found"
+        return f"program {_shown(prog)} not found"
     if os.path.isdir(prog) or not os.access(prog, os.X_OK):
-        return f"program {prog} is not executable"
+        return f"program {_shown(prog)} is not executable"
     if _exec_header(prog) not in (None, b"#!", b"\x7fE"):
-        return (f"program {prog} has no #! line and is not a binary: exec refuses it "
+        return (f"program {_shown(prog)} has no #! line and is not a binary: exec refuses it "
                 f"(ring runs no shell; start the script with #!/bin/sh)")
     return None
+
+
+def _shown(path: str, limit: int = 160) -> str:
+    """A path as a warning names it: whole when short, else cut (a roster line
+    may hold 8 kB; a warning is one short line)."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 def _exec_header(prog: str) -> Optional[bytes]:
@@ -167,22 +232,33 @@ def next_index(names: Sequence[str], last_name: Optional[str], last_position: Op
 class RosterSource:
     """The roster file as the driver sees it: last good roster + current error.
 
-    ``refresh()`` re-reads only when (mtime, size, inode) changed, so calling
-    it before every hop costs one ``stat``.
+    ``refresh()`` re-reads only when (mtime, ctime, size, inode, device, mode)
+    changed, so calling it before every hop costs one ``stat``.
     """
 
     def __init__(self, path: Path):
         self.path = path
         self.agents: List[Agent] = []
+        self.origin: Optional[Path] = None   # the file ``agents`` were read from
         self.error: Optional[str] = None
         self._signature: Optional[tuple] = None
+
+    def moved_to(self, path: Path) -> "RosterSource":
+        """The source for a new roster path (``ring.roster`` changed at SIGHUP):
+        it reads ``path`` at its first refresh and, until that file parses,
+        keeps this one's last good roster."""
+        moved = RosterSource(path)
+        moved.agents, moved.origin = self.agents, self.origin
+        return moved
 
     def _stat_signature(self) -> Optional[tuple]:
         try:
             st = os.stat(self.path)
         except OSError as e:
             return ("missing", e.errno)
-        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+        # ctime too: cp -p, touch -r, rsync -t and tar keep or set the mtime, and an
+        # in-place edit of equal size then looked unchanged; nobody can set ctime
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev, st.st_mode)
 
     def refresh(self, force: bool = False) -> bool:
         """Re-read if changed. Returns True when the roster or its error changed."""
@@ -197,7 +273,7 @@ class RosterSource:
             self.error = str(e)
             return changed
         changed = agents != self.agents or self.error is not None
-        self.agents, self.error = agents, None
+        self.agents, self.error, self.origin = agents, None, self.path
         return changed
 
     @property

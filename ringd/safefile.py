@@ -237,9 +237,17 @@ def check_path(what: str, raw: str) -> str:
 
 def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
-    writable by group or others. Opened non-blocking and checked on the open
-    descriptor: a FIFO (or a device) is refused, never waited on, and the file
-    checked is the file read."""
+    writable by group or others (:func:`read_checked_file`)."""
+    return read_checked_file(path, what, limit)[0]
+
+
+def read_checked_file(path: Path, what: str, limit: int) -> Tuple[bytes, bool]:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others, and say whether it is safe from other writers
+    (False only within :func:`lenient_modes`). Opened non-blocking and checked
+    on the open descriptor: a FIFO (or a device) is refused, never waited on,
+    as what it is (not as its device's 0666 mode), and the file checked is the
+    file read, a rename in between notwithstanding."""
     try:
         fd = open_regular(path)
     except NotRegularFile as e:
@@ -247,7 +255,7 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        _refuse_writable_by_others(path, what, os.fstat(fd))
+        trusted = _refuse_writable_by_others(path, what, os.fstat(fd))
         chunks, left = [], limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 65536))
@@ -255,7 +263,7 @@ def read_regular_file(path: Path, what: str, limit: int) -> bytes:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
+        return b"".join(chunks), trusted
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     finally:
@@ -287,6 +295,23 @@ def check_not_writable_by_others(path: Path, what: str) -> bool:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     return _refuse_writable_by_others(path, what, st)
+
+
+def check_state_dir(state_dir: Path) -> bool:
+    """The one rule on a state dir, for the driver, the watcher and ``ringd
+    check`` alike: if it exists, a directory that group and others cannot write
+    (anyone who can controls the driver); a missing one is fine (the daemons
+    create it 0700). Within :func:`lenient_modes` an unsafe mode is a warning
+    and the result False."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        raise ConfigError(f"{state_dir}: cannot use state dir: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{state_dir}: state dir is not a directory")
+    return _refuse_writable_by_others(state_dir, "state dir", st)
 
 
 def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> bool:

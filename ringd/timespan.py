@@ -42,6 +42,9 @@ def parse_timespan(text: str) -> float:
         unit = m.group(2)
         if unit not in UNITS:
             raise ValueError(f"unknown time unit {unit!r} (use us, ms, s, min, h, d, w, M, y)")
+        if not unit and m.end() < len(s) and not s[m.end() - 1].isspace():
+            # "1.5.5" read as 1.5 + .5: a typo of "1.55" became 2 s. systemd refuses it too
+            raise ValueError("not a time span (use e.g. 90, 90s, 15min, 1h 30min, 2d)")
         total += float(m.group(1)) * UNITS[unit]
         pos = m.end()
         while pos < len(s) and s[pos].isspace():

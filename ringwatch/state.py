@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ringd.errors import exit_for
+from ringd.errors import ConfigError, exit_for
 from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
+from ringd.safefile import check_state_dir
 
 STATE_FILE = "ringwatch.json"
 LOCK_FILE = "ringwatch.lock"
@@ -48,14 +49,14 @@ def prepare_state_dir(state_dir: Path) -> None:
     others may write (anyone who can write it controls the driver)."""
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        st = os.stat(state_dir)
+    except FileExistsError:
+        pass   # not a directory: check_state_dir says so, as the driver does
     except OSError as e:
         raise Refusal(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise Refusal(f"{state_dir}: state dir is not a directory", 78)
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise Refusal(f"{state_dir}: state dir is writable by group or others "
-                      f"(mode {stat.S_IMODE(st.st_mode):04o}); fix: chmod go-w {state_dir}", 78)
+    try:
+        check_state_dir(state_dir)   # the driver's rule, and ringd check's
+    except ConfigError as e:
+        raise Refusal(e.message, e.code) from None
     logs = state_dir / "logs"
     try:
         os.mkdir(logs, 0o700)

@@ -123,6 +123,20 @@ def _empty(ring):
     ring.roster_path.write_text("# nothing here\n\n")
 
 
+def _empty_program(ring):
+    ring.roster_path.write_text("ok /bin/true\nnil '' --flag\n")   # exec takes no empty program
+
+
+def _cr_line_endings(ring):
+    # old Mac line endings: split() and shlex read this as one agent, ok, with
+    # the rest as its arguments, and b was silently lost
+    ring.roster_path.write_bytes(b"ok /bin/true\rb /bin/false\r")
+
+
+def _no_break_space(ring):
+    ring.roster_path.write_bytes("ok\u00a0/bin/true\n".encode())
+
+
 STARTUP_ROSTERS = [
     ("binary-garbage", _garbage, "not UTF-8"),
     ("ten-megabytes", _ten_megabytes, "larger than"),
@@ -133,6 +147,9 @@ STARTUP_ROSTERS = [
     ("directory", _directory, "not a regular file"),
     ("dangling-symlink", _dangling_symlink, "not found"),
     ("no-agents", _empty, "no agents"),
+    ("empty-program", _empty_program, "ring.txt:2: agent 'nil': the program name is empty"),
+    ("cr-line-endings", _cr_line_endings, "ring.txt:1: line contains a control character (U+000D)"),
+    ("no-break-space", _no_break_space, "ring.txt:1: bad agent name"),
 ]
 
 
@@ -144,10 +161,11 @@ def test_bad_roster_at_startup_is_one_line_and_exit_78(ring, case, make, reason)
     err = start_refused(ring)
     assert_one_clear_line(err, str(ring.roster_path), reason)
     assert not ring.runs(), "nothing may run on a roster that does not parse"
-    if case in ("binary-garbage", "100k-char-line"):
-        r = ring.cli("check")
-        assert r.returncode == 78
-        assert_one_clear_line(r.stderr, str(ring.roster_path), reason)
+    # what run refuses, check refuses, with the same line
+    r = ring.cli("check")
+    assert r.returncode == 78, r.stdout + r.stderr
+    checked = assert_one_clear_line(r.stderr, str(ring.roster_path), reason)
+    assert checked.split(str(ring.roster_path), 1)[1] == err.strip().split(str(ring.roster_path), 1)[1]
 
 
 @pytest.mark.parametrize("name", [
@@ -215,6 +233,8 @@ def test_roster_trouble_while_running_keeps_the_last_good_roster(ring):
         ("NUL", lambda p: p.write_bytes(b"a /bin/true\nb \x00\n"), "NUL"),
         ("non-UTF-8 name", lambda p: p.write_bytes(b"a /bin/true\n\xff\xfe /bin/true\n"), "UTF-8"),
         ("SQL name", lambda p: p.write_text("a /bin/true\nx');DROP_TABLE_runs;-- /bin/true\n"), "bad agent name"),
+        ("empty program", lambda p: p.write_text("a /bin/true\nb '' x\n"), "program name is empty"),
+        ("CR line endings", lambda p: p.write_bytes(b"a /bin/true\rb /bin/true\r"), "U+000D"),
         ("directory", lambda p: p.mkdir(), "not a regular file"),
         ("dangling symlink", lambda p: os.symlink(ring.base / "nowhere", p), "not found"),
         ("group-writable", lambda p: (p.write_text("\n".join(good) + "\n"), os.chmod(p, 0o620)), "writable"),
@@ -254,6 +274,48 @@ def test_roster_trouble_while_running_keeps_the_last_good_roster(ring):
     assert not [r for r in rows if r["status"] == "running"]
     assert marks_of(marks) <= {str(r["id"]) for r in rows}
     assert {r["agent"] for r in rows} == {"a", "b", "c"}, "only roster agents ever ran"
+
+
+def test_sighup_with_ring_roster_naming_another_file_runs_that_roster(ring):
+    """SIGHUP re-reads config and roster: when ``ring.roster`` now names another
+    file, the driver runs that file's agents (relative programs and cwd in its
+    folder), as status and check already read it; a new path that does not
+    parse keeps the last good roster, which still runs from its own folder."""
+    ring.agent("a", "true")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    other = ring.base / "other"
+    other.mkdir()
+    b = other / "b.sh"
+    b.write_text(f"#!/bin/sh\npwd >> {ring.base}/b-cwd\nsleep 0.1\n")
+    b.chmod(0o755)
+    (other / "ring2.txt").write_text("b ./b.sh\n")
+    os.chmod(other / "ring2.txt", 0o600)
+    path, err_file = driver_stderr(ring)
+    drv = ring.start_driver(stderr=err_file)
+    err_file.close()
+    runs_after(ring, 0, 1, message="a runs")
+    ring.write_config(ring={"roster": str(other / "ring2.txt")})
+    drv.send_signal(signal.SIGHUP)
+    wait_until(lambda: any(r["agent"] == "b" for r in ring.runs()), 20, message="the new roster's agent runs")
+    first_b = min(r["id"] for r in ring.runs() if r["agent"] == "b")
+    runs_after(ring, len(ring.runs()), 2, message="more runs of the new roster")
+    later = [r for r in ring.runs() if r["id"] > first_b and r["status"] != "running"]
+    assert {(r["agent"], r["status"]) for r in later} == {("b", "ok")}, [tuple(r) for r in later]
+    assert set(read_text(ring.base / "b-cwd").split()) == {str(other)}
+
+    ring.write_config(ring={"roster": str(ring.base / "missing.txt")})
+    drv.send_signal(signal.SIGHUP)
+    hb_err, _ = wait_until(lambda: all(roster_error(ring)) and roster_error(ring), 20,
+                           message="the missing roster recorded")
+    assert "missing.txt" in hb_err and "not found" in hb_err
+    n = len(ring.runs())
+    runs_after(ring, n, 2, message="the last good roster keeps turning")
+    assert {(r["agent"], r["status"]) for r in ring.runs()[n:] if r["status"] != "running"} == {("b", "ok")}
+
+    drv.send_signal(signal.SIGTERM)
+    code, _ = finish(drv, 20)
+    log = read_text(path)
+    assert code == 0 and "Traceback" not in log, log[-3000:]
 
 
 # --- config ---------------------------------------------------------------------------------------
@@ -327,7 +389,8 @@ def test_every_wrong_type_in_the_config_is_one_line_exit_78(ring):
 
 
 @pytest.mark.parametrize("what", ["billion-laughs", "garbage", "nul", "huge", "top-level-list",
-                                  "directory", "dangling-symlink", "world-writable"])
+                                  "directory", "dangling-symlink", "world-writable", "unreadable-scalar",
+                                  "key-with-newline"])
 def test_hostile_config_files_are_one_line_exit_78(ring, what):
     ring.roster("a /bin/true")
     cfg = ring.base / "hostile.yaml"
@@ -356,6 +419,12 @@ def test_hostile_config_files_are_one_line_exit_78(ring, what):
     elif what == "dangling-symlink":
         os.symlink(ring.base / "nowhere.yaml", cfg)
         reason = "cannot read"
+    elif what == "key-with-newline":   # echoed raw, the key split the error over two lines
+        cfg.write_text('alerts: {"timeout\\nFAKE: all is well": 1}\n')
+        reason = "alerts.'timeout\\nFAKE: all is well': unknown key"
+    elif what == "unreadable-scalar":   # a date no calendar has: PyYAML raised a bare ValueError
+        cfg.write_text("ring:\n  run_budget: 2\n  stall_threshold: 2001-02-30\n")
+        reason = "line 3: invalid YAML: cannot read '2001-02-30' as timestamp"
     else:
         cfg.write_text("ring: {}\n")
         reason = "writable by group or others"

@@ -95,3 +95,80 @@ def test_group_writable_config_is_refused(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, "", mode=0o664))
     assert "writable by group or others" in str(e.value) and "0664" in str(e.value)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("ring: {run_budget: 2, stall_threshold: 3}\nring: {run_budget: 5}\n", "line 2", "'ring'"),
+    ("ring:\n  run_budget: 2\n  stall_threshold: 3\n  run_budget: 9\n", "line 4", "'run_budget'"),
+    ("agents:\n  web: {cwd: /srv}\n  'web': {run_budget: 5}\n", "line 3", "'web'"),
+])
+def test_a_duplicate_key_is_refused_never_last_one_wins(tmp_path, text, line, key):
+    # PyYAML keeps the last of two equal keys: the first section's settings vanished
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert f"{line}: duplicate key {key}" in str(e.value) and "ring.yaml" in str(e.value)
+
+
+def test_a_merge_key_is_not_a_duplicate(tmp_path):
+    cfg = load_config(write(tmp_path, "ring:\n  <<: {run_budget: 2, stall_threshold: 3}\n  run_budget: 1\n"))
+    assert (cfg.ring.run_budget, cfg.ring.stall_threshold) == (1, 3)
+
+
+@pytest.mark.parametrize("text, value, kind", [
+    ("ring: {run_budget: !!int '0b12'}\n", "'0b12'", "int"),
+    ("ring: {run_budget: !!float abc}\n", "'abc'", "float"),
+    ("ring: {run_budget: !!bool maybe}\n", "'maybe'", "bool"),
+    ("ring: {run_budget: !!timestamp 2001-13-45}\n", "'2001-13-45'", "timestamp"),
+    ("ring: {run_budget: 2001-02-30}\n", "'2001-02-30'", "timestamp"),
+    ("ring: {keep_logs: " + "9" * 5000 + "}\n", "'99999", "int"),   # past int()'s 4300 digits
+    ("agents:\n  2001-02-30: {}\n", "'2001-02-30'", "timestamp"),
+    ("ring: {backoff_max: !!timestamp 3600}\n", "'3600'", "timestamp"),   # AttributeError inside PyYAML
+])
+def test_a_scalar_no_yaml_constructor_can_read_is_one_config_error(tmp_path, text, value, kind):
+    # PyYAML raises a bare ValueError/KeyError for these: a traceback from run
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    msg = str(e.value)
+    assert "invalid YAML: cannot read " + value in msg and msg.endswith(f" as {kind}") and len(msg) < 300, msg
+
+
+@pytest.mark.parametrize("text", ["alerts: {failures_in_a_row: !!set 5}\n", "ring: !!set [a]\n",
+                                  "ring: !!omap 5\n"])
+def test_a_collection_tag_on_the_wrong_kind_of_node_is_one_config_error(tmp_path, text):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert "line 1: invalid YAML" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    'ring: {"typo\\n\\e[2Jcleared": 1}\n',       # a newline and a terminal escape in a key
+    '"top\\nlevel": 1\n',
+    'agents: {web: {"x\\ny": 1}}\n',
+    'ring: {"x\\ny": "\\0"}\n',
+    "? " + "k" * 50_000 + "\n: 1\n",              # an explicit key has no length limit in YAML
+])
+def test_a_key_is_quoted_as_an_excerpt_never_echoed_raw(tmp_path, text):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    msg = str(e.value)
+    assert "\n" not in msg and "\x1b" not in msg and len(msg) < 400, msg[:500]
+
+
+@pytest.mark.parametrize("key, value", [("ring.heartbeat_interval", "1us"), ("ring.heartbeat_interval", 1e-9),
+                                        ("watch.poll_interval", "1ms"), ("watch.poll_interval", 0.001)])
+def test_a_wake_up_period_too_short_to_be_anything_but_a_spin_is_refused(key, value):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as e:
+        parse_config({section: {name: value}})
+    assert str(e.value).startswith(f"{key}: must be at least 0.05 s")
+    assert parse_config({section: {name: 0.05}})   # the floor itself is fine
+
+
+@pytest.mark.parametrize("name, shown", [("on", "True"), ("no", "False"), ("123", "123"), ("1_0", "10")])
+def test_an_agent_name_yaml_reads_as_another_type_says_to_quote_it(name, shown):
+    import yaml
+    with pytest.raises(ConfigError) as e:
+        parse_config(yaml.safe_load(f"agents:\n  {name}: {{run_budget: 5, stall_threshold: 9}}\n"))
+    assert f"agents: keys must be strings, got {shown}" in str(e.value) and "in quotes" in str(e.value)
+    cfg = parse_config(yaml.safe_load(f"agents:\n  '{name}': {{run_budget: 5, stall_threshold: 9}}\n"))
+    assert cfg.limits_for(name).run_budget == 5

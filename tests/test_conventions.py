@@ -193,12 +193,14 @@ def test_shell_completion_of_agent_names(ring):
     ("90", 90), ("90s", 90), ("15min", 900), ("1h 30min", 5400), ("1h30min", 5400), ("2d", 172800),
     ("1.5h", 5400), ("500ms", 0.5), (" 5 min 30 s ", 330), ("1w", 604800), ("2 hours", 7200),
     ("0.25", 0.25), ("1M", 2629800), ("1y", 31557600), ("250us", 0.00025),
+    ("1 2 3", 6), ("12.34 .56", 12.9), ("12.34s.56", 12.9),   # as systemd reads them
 ])
 def test_timespan(text, seconds):
     assert parse_timespan(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "  ", "5 parsecs", "-5s", "infinity", "1h x", "s", "1e3", "5m" * 40])
+@pytest.mark.parametrize("text", ["", "  ", "5 parsecs", "-5s", "infinity", "1h x", "s", "1e3", "5m" * 40,
+                                  "1.5.5", "12.34.56", "1..5"])
 def test_timespan_refused(text):
     with pytest.raises(ValueError):
         parse_timespan(text)

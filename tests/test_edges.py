@@ -81,6 +81,75 @@ def test_config_values_no_command_could_use_are_refused_alike_by_check_run_and_r
     assert not ring.runs(), "nothing may run"
 
 
+def test_a_relative_cwd_is_the_roster_folder_s_and_check_warns_of_a_missing_one(ring):
+    """``agents.<name>.cwd: sub`` runs the agent in ``sub`` of the roster's folder
+    (as a relative program resolves there), wherever the driver was started;
+    a cwd that is not a directory is a warning from check, as a missing program
+    is, before every run of it ends 'error'."""
+    ring.agent("a", f"pwd > {ring.base}/a-cwd")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    (ring.state / "sub").mkdir()
+    elsewhere = ring.base / "elsewhere"
+    elsewhere.mkdir()
+    ring.write_config(agents={"a": {"cwd": "sub"}})
+    r = subprocess.run(ring_cmd("check", "--strict", *ring.common()), env=ring.env, cwd=elsewhere,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    drv = ring.start_driver("--once", cwd=elsewhere)
+    assert drv.wait(timeout=30) == 0
+    assert [(x["agent"], x["status"]) for x in ring.runs()] == [("a", "ok")]
+    assert (ring.base / "a-cwd").read_text().strip() == str(ring.state / "sub")
+
+    for cwd, why in (("gone", "not found"), (str(ring.roster_path), "is not a directory")):
+        ring.write_config(agents={"a": {"cwd": cwd}})
+        r = subprocess.run(ring_cmd("check", "--strict", *ring.common()), env=ring.env, cwd=elsewhere,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "agent a: working directory" in one_line(r.stderr) and why in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("what", ["a-file", "world-writable"])
+def test_check_judges_the_state_dir_by_the_rule_run_and_ringwatch_apply(ring, what):
+    """check said "ok" (exit 0, silent) for a state dir that run and ringwatch
+    refuse (78): a file, or a directory others may write. check now refuses the
+    first with run's line, and warns about the second, as it does about a
+    writable roster or config (SPEC: only run and ringwatch refuse those)."""
+    _simple(ring)
+    ring.write_config(ring={"roster": str(ring.roster_path)})   # the roster is not looked for in the state dir
+    if what == "a-file":
+        state = ring.base / "state-file"
+        state.write_text("")
+        reason = f"{state}: state dir is not a directory"
+    else:
+        state = ring.base / "shared"
+        state.mkdir()
+        os.chmod(state, 0o777)
+        reason = f"{state}: state dir is writable by group or others (mode 0777)"
+    common = ["--state", str(state), "--config", str(ring.config_path)]
+    code, err = run(ring_cmd("check", *common), ring.env)
+    line = one_line(err)
+    assert reason in line, line
+    assert code == (78 if what == "a-file" else 0), (code, err)
+    for argv in (ring_cmd("run", "--once", *common), watch_cmd(*common)):
+        code, err = run(argv, ring.env)
+        assert code == 78 and reason in one_line(err), (argv[2:4], code, err)
+
+
+def test_check_warns_of_an_agents_section_for_a_name_not_on_the_roster(ring):
+    """``agents.webb`` for the roster's ``web``: the limits meant for web applied
+    to nothing and check said "ok"; it now warns (--strict: exit 1)."""
+    ring.agent("web", "true")
+    ring.roster(f"web {ring.agents_dir}/web.sh")
+    ring.write_config(agents={"webb": {"run_budget": 1, "stall_threshold": 2}})
+    r = ring.cli("check", "--strict")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "agents.webb: no agent webb in the roster" in one_line(r.stderr)
+    ring.config["agents"] = {"web": {"run_budget": 1, "stall_threshold": 2}}
+    ring.write_config()
+    r = ring.cli("check", "--strict")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+
+
 def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
     _simple(ring)
     fifo = ring.base / "fifo.yaml"
@@ -94,6 +163,31 @@ def test_a_config_or_roster_that_is_a_fifo_is_refused_never_waited_on(ring):
     for argv in (ring_cmd("check", *ring.common()), ring_cmd("run", "--once", *ring.common())):
         code, err = run(argv, ring.env, timeout=20)
         assert code == 78 and "not a regular file" in one_line(err), (argv[2:4], code, err)
+
+
+@pytest.mark.parametrize("what", ["dev-null", "directory"])
+def test_a_config_that_is_a_device_or_a_world_writable_directory_is_refused_alike_as_what_it_is(ring, what):
+    """A symlink to /dev/null (a 0666 device) or a 1777 directory at the config:
+    run said "writable by group or others ... chmod go-w" (about /dev/null!)
+    where check said "not a regular file": one rule, one line, from both."""
+    _simple(ring)
+    cfg = ring.base / "cfg.yaml"
+    if what == "dev-null":
+        os.symlink("/dev/null", cfg)
+        reason = "config file is not a regular file"
+    else:
+        cfg.mkdir()
+        os.chmod(cfg, 0o1777)
+        reason = "config file is a directory"
+    common = ["--state", str(ring.state), "--config", str(cfg)]
+    lines = []
+    for argv in (ring_cmd("check", *common), ring_cmd("run", "--once", *common), watch_cmd(*common)):
+        code, err = run(argv, ring.env, timeout=20)
+        line = one_line(err)
+        assert code == 78 and f"{cfg}: {reason}" in line, (argv[2:4], code, err)
+        lines.append(line.split(f"{cfg}: ", 1)[1])
+    assert len(set(lines)) == 1, lines
+    assert not ring.runs()
 
 
 def test_a_journal_that_is_a_fifo_is_refused_never_waited_on(ring):
@@ -246,6 +340,38 @@ def test_a_deeply_nested_config_at_sighup_is_refused_and_the_ring_goes_on(ring):
     err = drv.communicate(timeout=30)[1].decode(errors="replace")
     assert drv.returncode == 0, err[-2000:]
     assert "Traceback" not in err and "nested more than" in err, err[-2000:]
+
+
+def test_sighup_keeps_the_running_journal_and_lease_ttl(ring):
+    """ring.journal and ring.lease_ttl are used at start-up only. Read at SIGHUP
+    they made the beat follow a lease the driver does not hold: here a SQLite
+    driver given a URI and a 0.4 s TTL beat every 0.1 s instead of every 2 s
+    (and a leader given a longer TTL beat too rarely for its running lease)."""
+    pytest.importorskip("psycopg")
+    long_runs = ring.base / "long"
+    ring.agent("a", f"if [ -e {long_runs} ]; then sleep 30; else sleep 0.2; fi")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.write_config(ring={"heartbeat_interval": 2, "run_budget": 60, "stall_threshold": 70})
+    err_path = ring.base / "driver.err"
+    with open(err_path, "wb") as err_file:
+        drv = ring.start_driver(stderr=err_file)
+    wait_until(lambda: ring.runs(), 20, message="a run")
+    ring.write_config(ring={"journal": "postgresql://ring:secret@127.0.0.1:1/ring", "lease_ttl": 0.4})
+    drv.send_signal(signal.SIGHUP)
+    wait_until(lambda: "config reloaded" in err_path.read_text(), 10, message="the reload")
+    long_runs.touch()
+    wait_until(lambda: any(r["status"] == "running" and time.time() - r["started_at"] > 0.5
+                           for r in ring.runs()), 20, message="a long run (a short one lasts 0.2 s)")
+    beats, deadline = set(), time.monotonic() + 3.5
+    while time.monotonic() < deadline:       # bounded: how often the heartbeat is rewritten
+        beats.add((ring.heartbeat() or {}).get("at"))
+        time.sleep(0.02)
+    assert len(beats) <= 3, f"{len(beats)} beats in 3.5 s with heartbeat_interval 2"
+    drv.send_signal(signal.SIGTERM)
+    assert drv.wait(timeout=20) == 0
+    log = err_path.read_text()
+    assert "take effect when the driver restarts" in log and "secret" not in log, log[-2000:]
+    assert "Traceback" not in log
 
 
 # --- #6: the process key is the state dir's real path ------------------------------------

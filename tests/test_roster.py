@@ -1,7 +1,10 @@
 """Roster parsing and the resume rule (pure)."""
 import os
+import time
 
 import pytest
+
+from conftest import wait_until
 
 from ringd.roster import RosterError, RosterSource, next_index, parse_roster, read_roster, resolve_program
 
@@ -27,6 +30,14 @@ def test_parses_names_commands_comments_and_quotes(tmp_path):
     ("# only comments\n\n", None, "no agents"),
     ("x;drop true\n", 1, "bad agent name"),
     ("$(rm) true\n", 1, "bad agent name"),
+    ("a true\nb '' -v\n", 2, "program name is empty"),
+    ('a ""\n', 1, "program name is empty"),
+    ("a true\rb false\r", 1, "control character (U+000D)"),
+    ("a true\x0cb false\n", 1, "control character (U+000C)"),
+    ("a true\u2028b false\n", 1, "control character (U+2028)"),
+    ("# note\x1b[31m\na true\n", 1, "control character (U+001B)"),
+    ("a\u00a0true\n", 1, "bad agent name"),
+    ("a\u3000true\n", 1, "bad agent name"),
 ])
 def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     with pytest.raises(RosterError) as e:
@@ -34,6 +45,11 @@ def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     assert e.value.line == line
     assert words in str(e.value)
     assert str(tmp_path / "ring.txt") in str(e.value)
+
+
+def test_tabs_crlf_and_a_byte_order_mark_are_plain_text(tmp_path):
+    agents = parse("\ufeffa\ttrue -x\r\n\tb  false\t\r\n", tmp_path)
+    assert [(a.name, a.argv) for a in agents] == [("a", ("true", "-x")), ("b", ("false",))]
 
 
 def test_unsafe_and_absurd_files(tmp_path):
@@ -90,3 +106,48 @@ def test_source_keeps_last_good_roster_on_broken_edit(tmp_path):
     assert src.names == ["a", "b"] and src.error is None
     p.unlink()
     assert src.refresh() and src.names == ["a", "b"] and "not found" in src.error
+
+
+def test_source_sees_an_in_place_edit_that_kept_size_inode_and_mtime(tmp_path):
+    """``cp -p``/``touch -r``/``tar x`` over the roster: same inode, same size, the
+    old mtime. Only ctime (which nobody can set) tells the edit apart."""
+    p = tmp_path / "ring.txt"
+    p.write_text("a true\nb true\n")
+    os.chmod(p, 0o600)
+    old = p.stat()
+    an_hour_ago = old.st_mtime_ns - 3600 * 10 ** 9
+    os.utime(p, ns=(an_hour_ago, an_hour_ago))
+    src = RosterSource(p)
+    assert src.refresh() and src.names == ["a", "b"]
+    ino = p.stat().st_ino
+    wait_until(lambda: time.time_ns() > p.stat().st_ctime_ns + 50 * 10 ** 6, 5, message="a later ctime tick")
+    with open(p, "r+") as f:       # in place: same inode, same size
+        f.write("b true\na true\n")
+    os.utime(p, ns=(an_hour_ago, an_hour_ago))
+    assert (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns) == (ino, old.st_size, an_hour_ago)
+    assert src.refresh(), "the edit was missed"
+    assert src.names == ["b", "a"]
+
+
+@pytest.mark.parametrize("command", [
+    "x.sh --nightly  # runs at night", "x.sh a#b", "x.sh '#q' \"#d\"", "x.sh \\#e", "x.sh #", "x.sh\t#tab",
+    "x.sh url#frag", "x.sh \"a\"#b", "x.sh \"a # b\" c", "x.sh 'a # b' #c 'd'", "x.sh \"q\\\"#\" #z",
+    "x.sh a\\ #b", "x.sh ''#x",
+])
+def test_a_command_splits_as_a_posix_shell_splits_it_trailing_comment_included(tmp_path, command):
+    """SPEC: the command is split like a POSIX shell would. A shell drops an
+    unquoted word-initial ``#`` and the rest of the line; shlex (comments off)
+    passed '#', 'runs', 'at', 'night' to the agent as arguments."""
+    import subprocess
+    (agent,) = parse(f"a {command}\n", tmp_path)
+    out = subprocess.run(["/bin/sh", "-c", f"set -- {command}\nprintf '%s\\0' \"$@\""],
+                         capture_output=True, timeout=10, check=True).stdout
+    assert list(agent.argv) == out.decode().split("\0")[:-1]
+
+
+def test_a_warning_about_a_long_program_path_is_one_short_line(tmp_path):
+    from ringd.roster import program_problem
+    long_dir = "/".join(["d" * 200] * 30)      # 6 kB: a legal roster line
+    for argv in ((f"./{long_dir}/x.sh",), (f"/{long_dir}/x.sh",)):
+        problem = program_problem(argv, tmp_path)
+        assert problem and "not found" in problem and len(problem) < 250, problem[:300]
