@@ -14,8 +14,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from .errors import ConfigError, excerpt
 from .roster import NAME_RE
-from .safefile import (NAME_MAX, PATH_MAX, check_not_writable_by_others, check_path,  # noqa: F401
-                       lenient_modes, read_checked_file, read_regular_file)
+from .safefile import check_path, lenient_modes, read_checked_file  # noqa: F401 - lenient_modes: the CLI's
 
 MAX_CONFIG_BYTES = 256 * 1024  # a config larger than this is a mistake (or an attack)
 # Every duration must fit the OS timers and datetime once added to "now"; waits

@@ -8,7 +8,7 @@ import re
 import sqlite3
 from typing import Iterator, Optional
 
-from .records import SOURCES, STATUSES, TERMINAL  # noqa: F401 - the journal's vocabulary, whatever the backend
+from .records import SOURCES, STATUSES  # noqa: F401 - the journal's vocabulary, whatever the backend
 
 SCHEMA_VERSION = 3   # 2: runs.phase; 3: runs.cpu_seconds
 

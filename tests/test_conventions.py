@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import REPO, ring_cmd, wait_until, watch_cmd
+from conftest import ring_cmd, wait_until, watch_cmd
 from ringd.config import ConfigError, parse_config
 from ringd.timespan import parse_timespan
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 from conftest import wait_until
 from ringd.logline import ERR, INFO, WARNING, format_line, priority, stream_is_journal

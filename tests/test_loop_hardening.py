@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, wait_until
+from conftest import wait_until
 from ringd.lock import holder_pid
 
 

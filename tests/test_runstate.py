@@ -1,6 +1,6 @@
 """The run state machine: every ordering that matters, in microseconds."""
-from ringd.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, KillTree, Phase, Ping, SetPhase, Skip,
-                            Stop, Term, Tick, Trigger, WATCHDOG_GRACE, next_deadline, start, step)
+from ringd.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, Phase, Ping, SetPhase, Skip,
+                            Stop, Tick, Trigger, WATCHDOG_GRACE, next_deadline, start, step)
 
 
 def new(**kw):

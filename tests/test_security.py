@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import processes_of, wait_until
+from conftest import wait_until
 from ringd import safefile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")

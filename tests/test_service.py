@@ -65,7 +65,7 @@ def test_shipped_files_are_what_print_renders(mode):
         assert res.stdout == next(iter(t.files.values()))
     else:
         for name, text in t.files.items():
-            assert f"# ==> " in res.stdout and f"/{name} <==\n{text}" in res.stdout
+            assert "# ==> " in res.stdout and f"/{name} <==\n{text}" in res.stdout
     assert "docs/" not in "".join(t.files.values())
 
 

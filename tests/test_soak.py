@@ -36,7 +36,6 @@ def test_escaped_grandchildren_never_outlive_their_run(ring):
     its stall threshold survived when the driver walked its process tree while the
     agent's leader was still dying (the grandchild was being re-parented to the
     driver and appeared in neither list). Many quick stalls, then a stop mid-run."""
-    import os
     import signal
     import time
 

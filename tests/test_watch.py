@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, processes_of, wait_until, watch_cmd
+from conftest import processes_of, wait_until, watch_cmd
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -238,7 +238,7 @@ def test_interrupted_run_is_reaped_and_the_ring_continues(ring):
     def reaped():
         rows = {r["id"]: r for r in ring.runs()}
         return rows.get(run_id) is not None and rows[run_id]["status"] == "interrupted" and rows
-    rows = wait_until(reaped, 10, message=f"run {run_id} interrupted")
+    wait_until(reaped, 10, message=f"run {run_id} interrupted")
     assert not alive(agent_pid), "the orphaned agent is killed"
     # the ring continues after the interrupted agent, with the new driver
     later = wait_until(lambda: [r for r in ring.runs() if r["id"] > run_id and r["status"] != "running"],
