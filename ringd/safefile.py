@@ -315,14 +315,20 @@ def check_state_dir(state_dir: Path) -> bool:
 
 
 def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> bool:
-    """Refuse; within ``lenient_modes`` warn instead and return False."""
+    """Refuse a file (or the state dir) another user can change: one group or
+    others may write, or one another user owns - its owner can chmod it and
+    write it (sshd's StrictModes checks both). Root's files are ours too. Within
+    ``lenient_modes`` warn instead and return False."""
+    problem = None
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(st.st_mode)
-        if _mode_warning is not None:
-            _mode_warning(f"{path}: {what} is writable by group or others (mode {mode:04o}); "
-                          f"ringd run and ringwatch refuse it. Fix: chmod go-w {path}")
-            return False
-        raise ConfigError(
-            f"{path}: {what} is writable by group or others (mode {mode:04o}); "
-            f"anyone who can write it can run commands as this user. Fix: chmod go-w {path}")
-    return True
+        problem, fix = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
+    elif st.st_uid not in (0, os.geteuid()):
+        problem, fix = (f"is owned by uid {st.st_uid}, neither this user (uid {os.geteuid()}) nor root",
+                        f"chown {os.geteuid()} {path}")
+    if problem is None:
+        return True
+    if _mode_warning is not None:
+        _mode_warning(f"{path}: {what} {problem}; ringd run and ringwatch refuse it. Fix: {fix}")
+        return False
+    raise ConfigError(f"{path}: {what} {problem}; anyone who can write it can run commands as this user. "
+                      f"Fix: {fix}")

@@ -91,6 +91,33 @@ def test_reading_commands_warn_on_writable_config_and_roster(ring):
     assert not marker.exists()   # a reading command never ran the untrusted alert command
 
 
+@pytest.mark.parametrize("what", ["roster", "config", "state dir"])
+def test_a_file_another_user_owns_is_refused_like_a_writable_one(ring, what):
+    """A roster, config or state dir owned by another user, mode 0600 or 0700:
+    its owner can chmod it and write it, so a root driver ran what that user
+    put there (sshd's StrictModes checks the owner too). run and ringwatch
+    refuse it in one line (78); reading commands warn."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file away")
+    ring.agent("a", "echo hello from a")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    target, called = {"roster": (ring.roster_path, "roster"), "config": (ring.config_path, "config file"),
+                      "state dir": (ring.state, "state dir")}[what]
+    os.chown(target, 65534, 65534)   # nobody
+    refused = run(ring_cmd("run", "--once", *ring.common()), ring)
+    lines = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 78 and len(lines) == 1, refused.stderr
+    assert f"{target}: {called} is owned by uid 65534" in lines[0], lines[0]
+    refused = run(watch_cmd(*ring.common()), ring)   # (the roster: through the driver it starts)
+    assert refused.returncode == 78 and f"{called} is owned by uid 65534" in refused.stderr, refused.stderr
+    if what != "state dir":   # (a reading command does not judge the state dir)
+        res = ring.cli("status")
+        assert res.returncode in (0, 3) and f"{called} is owned by uid 65534" in res.stderr, res.stderr
+    os.chown(target, 0, 0)
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+
+
 # --- check -------------------------------------------------------------------------------
 
 def test_check_warns_about_programs_and_strict_fails(ring):
