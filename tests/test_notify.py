@@ -250,18 +250,10 @@ def test_ringd_notify_sends_a_status_that_is_not_utf_8_with_u_fffd(sock):
     """``$n`` in ``ringd notify --status "fetching $n"`` may be a Latin-1 file
     name: argv is bytes, not text. Sent as the UTF-8 its bytes spell, U+FFFD for
     the undecodable byte (cli.ArgText) - never a traceback."""
-    sock.set_agent(os.getpid())
-    p = subprocess.Popen([sys.executable.encode(), b"-m", b"ringd", b"notify", b"--status", b"caf\xe9 \xc3\xa9"],
-                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO), LC_ALL="C.UTF-8"),
-                         stderr=subprocess.PIPE)
-    got = Heard()
-    deadline = time.monotonic() + 20
-    while p.poll() is None and time.monotonic() < deadline:
-        select.select([sock.fileno()], [], [], 0.05)
-        got.phase = sock.drain().phase or got.phase
-    _, err = p.communicate(timeout=10)
-    assert p.returncode == 0 and b"Traceback" not in err, err
-    assert got.phase == "caf\ufffd \u00e9"
+    code, err, phase = _notify_heard(sock, [sys.executable.encode(), b"-m", b"ringd", b"notify", b"--status",
+                                            b"caf\xe9 \xc3\xa9"], LC_ALL="C.UTF-8")
+    assert code == 0 and b"Traceback" not in err, err
+    assert phase == "caf\ufffd \u00e9"
     with pytest.raises(NotifyError, match="lone surrogate"):   # a caller's str that no bytes ever were
         send("STATUS=\ud800", address=sock.env)
 
@@ -270,10 +262,17 @@ def test_ringd_notify_cuts_a_long_status_to_the_phase_the_ring_keeps(sock):
     """SPEC: a longer STATUS= text is cut to its first 200 characters. ``ringd
     notify --status "$(cat report)"`` with 10 000 of them is that phase, exit 0 -
     not a datagram over 4 KiB refused with exit 1."""
-    sock.set_agent(os.getpid())
     text = "".join(chr(0x4e00 + i % 500) for i in range(10_000))   # 3 bytes each in UTF-8
-    p = subprocess.Popen([sys.executable, "-m", "ringd", "notify", "--status", text],
-                         env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO)),
+    code, err, phase = _notify_heard(sock, [sys.executable, "-m", "ringd", "notify", "--status", text])
+    assert code == 0, err
+    assert phase == text[:200]
+
+
+def _notify_heard(sock, argv, **env):
+    """Run ``ringd notify`` (argv) as the run's agent would, at ``sock``:
+    (exit code, stderr, the phase the socket heard)."""
+    sock.set_agent(os.getpid())
+    p = subprocess.Popen(argv, env=dict(os.environ, NOTIFY_SOCKET=sock.env, PYTHONPATH=str(REPO), **env),
                          stderr=subprocess.PIPE)
     got = Heard()
     deadline = time.monotonic() + 20
@@ -282,8 +281,7 @@ def test_ringd_notify_cuts_a_long_status_to_the_phase_the_ring_keeps(sock):
         got.phase = sock.drain().phase or got.phase
     _, err = p.communicate(timeout=10)
     got.phase = sock.drain().phase or got.phase
-    assert p.returncode == 0, err
-    assert got.phase == text[:200]
+    return p.returncode, err, got.phase
 
 
 def test_oversized_and_malformed_datagrams_are_dropped(sock):
