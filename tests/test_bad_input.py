@@ -636,6 +636,33 @@ def test_state_dir_unwritable_says_why_keeps_alive_and_recovers(ring, immutable)
     _fault_and_recover(ring, lambda: freeze(ring.state, j, j + "-wal"), thaw)
 
 
+def test_a_removed_journal_that_cannot_be_made_again_at_once_is_taken_up_once_it_can(ring, immutable):
+    """journal.db removed while the driver runs, and the state dir unwritable
+    just then: the driver cannot make the new journal; it says why, keeps
+    beating, tries again, and takes up the journal once the state dir is
+    writable again - never a traceback, never an exit."""
+    freeze, thaw = immutable
+    ring.agent("a", "sleep 0.05")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20, message="runs")
+    os.kill(driver.pid, signal.SIGSTOP)   # so the removal and the freeze land together
+    try:
+        os.unlink(ring.journal_path)
+        freeze(ring.state)
+    finally:
+        os.kill(driver.pid, signal.SIGCONT)
+    wait_until(lambda: "journal failure, turn not taken" in driver.err_path.read_text(), timeout=20,
+               message="the driver saying it cannot make the journal")
+    assert driver.poll() is None
+    thaw()
+    wait_until(lambda: ring.journal_path.exists() and len(ring.runs()) >= 2, timeout=20,
+               message="runs recorded in a journal at the path again")
+    log = driver.err_path.read_text()
+    assert driver.poll() is None and "Traceback" not in log, log[-2000:]
+    assert "was removed or replaced under the driver" in log
+
+
 @pytest.mark.parametrize("daemon", ["driver", "watcher"])
 def test_read_only_state_dir_at_startup_is_one_line_and_no_configuration_error(ring, daemon):
     """The state dir on a read-only bind mount: refuse in one line, record
