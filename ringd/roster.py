@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, excerpt
-from .safefile import check_not_writable_by_others, open_regular, read_regular_file
+from .safefile import open_regular, read_regular_file
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 MAX_ROSTER_BYTES = 1024 * 1024
@@ -131,13 +131,9 @@ def read_roster(path: Path) -> List[Agent]:
         raise RosterError(path, None, f"cannot read roster: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise RosterError(path, None, "roster is not a regular file")
-    try:
-        check_not_writable_by_others(path, "roster")
-    except ConfigError as e:
-        raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
     if st.st_size > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
-    try:  # non-blocking and re-checked on the descriptor: swapped for a FIFO, it is refused
+    try:  # non-blocking, its mode and owner judged on the descriptor read: swapped for a FIFO, it is refused
         blob = read_regular_file(path, "roster", MAX_ROSTER_BYTES)
     except ConfigError as e:
         raise RosterError(path, None, str(e).split(": ", 1)[1]) from None

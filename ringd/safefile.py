@@ -255,7 +255,7 @@ def read_checked_file(path: Path, what: str, limit: int) -> Tuple[bytes, bool]:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        trusted = _refuse_writable_by_others(path, what, os.fstat(fd))
+        trusted = _refuse_if_others_can_change(path, what, os.fstat(fd))
         chunks, left = [], limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 65536))
@@ -287,16 +287,6 @@ def lenient_modes(warn: Callable[[str], None]) -> Iterator[None]:
         _mode_warning = previous
 
 
-def check_not_writable_by_others(path: Path, what: str) -> bool:
-    """Refuse files that group or others may write (sshd StrictModes). Returns
-    False when the file is unsafe but a reading command chose to go on."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
-    return _refuse_writable_by_others(path, what, st)
-
-
 def check_state_dir(state_dir: Path) -> bool:
     """The one rule on a state dir, for the driver, the watcher and ``ringd
     check`` alike: if it exists, a directory that group and others cannot write
@@ -311,10 +301,10 @@ def check_state_dir(state_dir: Path) -> bool:
         raise ConfigError(f"{state_dir}: cannot use state dir: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"{state_dir}: state dir is not a directory")
-    return _refuse_writable_by_others(state_dir, "state dir", st)
+    return _refuse_if_others_can_change(state_dir, "state dir", st)
 
 
-def _refuse_writable_by_others(path: Path, what: str, st: os.stat_result) -> bool:
+def _refuse_if_others_can_change(path: Path, what: str, st: os.stat_result) -> bool:
     """Refuse a file (or the state dir) another user can change: one group or
     others may write, or one another user owns - its owner can chmod it and
     write it (sshd's StrictModes checks both). Root's files are ours too. Within
