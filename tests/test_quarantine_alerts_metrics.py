@@ -212,18 +212,23 @@ def test_metrics_are_never_half_written_when_the_disk_fills(tmp_path):
     assert [p.name for p in state.iterdir()] == ["metrics.prom"], "a temp file was left behind"
 
 
+def _fresh_journal(tmp_path):
+    """A new journal in a state dir of its own (the caller closes it)."""
+    from ringd.journal import Journal
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    return Journal.open(state)
+
+
 def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
     """An agent renamed or removed from the roster while quarantined or backing
     off is no longer held: metrics say so, as status does (and ``ringd resume``
     could not lift it: unknown name). Its run counter stays (counters never go back)."""
     from ringd.config import RingSettings
-    from ringd.journal import Journal
     from ringd.metrics import render, snapshot
     from ringd.records import AgentState
     now = time.time()
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    journal = Journal.open(state)
+    journal = _fresh_journal(tmp_path)
     try:
         with journal.transaction() as tx:
             tx.put_agent(AgentState(name="old-name", quarantined_until=now + 600, bad_streak=3,
@@ -331,13 +336,10 @@ def test_a_quarantine_a_force_fail_completed_says_so(tmp_path):
     """The quarantine's skipped row names the ending that completed the streak:
     a force-failed run is no 'stalled or timeout'."""
     from ringd.config import RingSettings
-    from ringd.journal import Journal
     from ringd.records import AgentState
     from ringd.transitions import close_in
     now = time.time()
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    journal = Journal.open(state)
+    journal = _fresh_journal(tmp_path)
     try:
         with journal.transaction() as tx:
             tx.put_agent(AgentState(name="w", bad_streak=2))
