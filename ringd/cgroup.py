@@ -45,38 +45,14 @@ class RunCgroup:
 
     def __init__(self, path: "Path | str"):
         self.dir = os.fspath(path)   # a str: the hop's path operations are f-strings, not pathlib
-        self._procs: Optional[int] = None   # cgroup.procs, opened ahead of the join (open_procs)
 
     @property
     def path(self) -> Path:
         return Path(self.dir)
 
-    def open_procs(self) -> None:
-        """Open ``cgroup.procs`` now (the driver's helper thread, while a commit
-        waits), so the join at the spawn is one write. Best effort: without it
-        the join opens the file itself."""
-        if self._procs is None:
-            try:
-                self._procs = os.open(f"{self.dir}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
-
     def join(self) -> None:
-        """Move the calling process (all its threads) into this cgroup."""
-        fd, self._procs = self._procs, None
-        if fd is None:
-            _write_pid0(f"{self.dir}/cgroup.procs")
-            return
-        try:
-            os.write(fd, b"0")   # "0": the writer itself
-        finally:
-            os.close(fd)
-
-    def release(self) -> None:
-        """Close what :meth:`open_procs` opened (a cgroup never joined)."""
-        fd, self._procs = self._procs, None
-        if fd is not None:
-            os.close(fd)
+        """Move the calling process into this cgroup."""
+        _write_pid0(f"{self.dir}/cgroup.procs")
 
     def pids(self) -> List[int]:
         """Every process in the cgroup's subtree: an agent running as root can
@@ -273,7 +249,6 @@ class Containment:
             pass   # a dead driver's cgroup of the same run id: reused, it is ours
         except OSError:
             return None
-        cg.open_procs()
         return cg
 
     def spawn_into(self, cg: RunCgroup, spawn: Callable[[], T]) -> "tuple[T, Optional[RunCgroup]]":
@@ -298,7 +273,6 @@ class Containment:
         """End of a run: kill everything in its cgroup, read its CPU time,
         remove it (``remove=False``: the caller removes it later, empty).
         Returns cpu_seconds (None if unknown)."""
-        cg.release()
         cg.kill(reap=reap)
         cpu = cg.cpu_seconds()
         if remove:

@@ -518,7 +518,7 @@ class Driver:
         pending, closed = self.pending, None
         unconfirmed, lost = list(self.unconfirmed.items()), []
         # the last run's end, the operator's controls, the choice and the next start commit together
-        with contextlib.ExitStack() as undo:   # a run whose row is not committed leaves no files
+        with contextlib.ExitStack() as undo:
             with self.journal.transaction() as tx:
                 if pending is not None:
                     closed = pending.write(tx)
@@ -556,11 +556,9 @@ class Driver:
                             if plan.scheduled:
                                 schedule.record_start(tx, agent.name, now)
                             hop = Hop(self, agent, plan.index, started, now)
-                            hop.prepare_meanwhile()   # its files are made while this commit waits (Hop.prepare)
-                            undo.callback(hop.discard)
                             # not committed - or was it? (the next turn closes it if so)
                             undo.callback(self.unconfirmed.__setitem__, started, (agent.name, plan.index))
-            undo.pop_all()   # committed: the run's files are its own
+            undo.pop_all()   # committed
         self.unconfirmed = {}
         for run_id, name in lost:
             self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}")

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from . import cgroup, logline, meanwhile, proctree, safefile
-from . import notify as voice   # imported here, not by the helper thread in the first run (~9 ms)
+from . import cgroup, logline, proctree, safefile
+from . import notify as voice
 from .heartbeat import Heartbeat, Notifier
 from .procid import same_process, start_ticks
 from .wakeup import Wakeups
 
-MAX_WAIT = 86400.0   # s; selectors overflow past ~24.8 days (2^31 ms): never ask for more
 SPENT_KEPT = 16      # ended runs' cgroups whose rmdir is retried at each wait
 
 
@@ -69,7 +68,6 @@ class RealEnv:
         self._sweep_sockets = True   # a dead driver's notify sockets go before our first run's
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
-        self._helper = meanwhile.Helper()
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
         self._stuck: Dict[int, int] = {}   # pid -> start ticks: leaders that outlived SIGKILL (reap)
         # SPEC "Process containment": a cgroup per run where we can make one
@@ -104,9 +102,7 @@ class RealEnv:
         Returns (signals, ready descriptors)."""
         if self._spent_cgroups:
             self._remove_spent_cgroups()
-        if timeout is not None:
-            timeout = min(max(0.0, timeout), MAX_WAIT)
-        return self.wakeups.wait(timeout, [*fds, *self._watched])
+        return self.wakeups.wait(timeout, [*fds, *self._watched])   # (which clamps the timeout)
 
     def signals(self) -> Set[int]:
         """Signals that arrived since the last wait, without sleeping."""
@@ -122,11 +118,6 @@ class RealEnv:
         """A cgroup made for a run that never started."""
         if cg is not None:
             self.containment.finish(cg)
-
-    def meanwhile(self, fn) -> meanwhile.Job:
-        """Run ``fn`` on the helper thread while this thread waits on I/O (see
-        ringd.meanwhile); collect it with ``.result()`` before anything else."""
-        return self._helper.start(fn)
 
     def spawn(self, argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
               umask: int, pid_var: Optional[str] = None, run_cgroup: Optional[cgroup.RunCgroup] = None) -> Child:
@@ -246,7 +237,7 @@ class RealEnv:
         dfd = safefile.open_dir(self.state_dir, ("logs", agent))
         try:
             fd, name = None, f"{run_id}.log"
-            index = self._log_index(agent) if keep > 0 else None
+            index = self._log_index(agent, dfd) if keep > 0 else None
             if index is not None and len(index.ids) >= keep:
                 fd = safefile.reuse_file(dfd, f"{index.ids[0]}.log", name)
                 if fd is not None:
@@ -256,10 +247,6 @@ class RealEnv:
         finally:
             os.close(dfd)
         return fd, f"{self.state_dir}/logs/{agent}/{name}"
-
-    def remove_run_log(self, agent: str, run_id: int) -> None:
-        """A run log made for a row that was never committed (best effort)."""
-        self._remove_logs(agent, [run_id])
 
     def _remove_logs(self, agent: str, run_ids: List[int]) -> None:
         """Unlink run logs in ``logs/<agent>`` (best effort), never through a
@@ -298,10 +285,12 @@ class RealEnv:
         if old:
             self._remove_logs(agent, old)
 
-    def _log_index(self, agent: str) -> LogIndex:
+    def _log_index(self, agent: str, dfd: Optional[int] = None) -> LogIndex:
+        """``dfd``: the agent's log dir, open already (listed without a path walk)."""
         index = self._logs.get(agent)
         if index is None:
-            index = self._logs[agent] = LogIndex(deque(safefile.run_log_ids(self.state_dir / "logs" / agent)))
+            folder = self.state_dir / "logs" / agent if dfd is None else dfd
+            index = self._logs[agent] = LogIndex(deque(safefile.run_log_ids(folder)))
         return index
 
     @staticmethod
@@ -320,7 +309,6 @@ class RealEnv:
     def close(self) -> None:
         self._remove_spent_cgroups(patient=True)
         self.containment.close()
-        self._helper.close()
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None
         if parked is not None:

@@ -85,9 +85,7 @@ class Hop:
         self.watchdog = host.config.watchdog_for(agent.name)
         self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
         self.notes = None    # what the agent said, as published for status (ringd.notify.Notes)
-        self.prepared = False
         self.cgroup = None   # the run's cgroup until the spawn hands it to the child
-        self._preparing = None   # prepare() on the driver's helper thread (ringd.meanwhile.Job)
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
         self._notify_error: Optional[OSError] = None
@@ -102,16 +100,13 @@ class Hop:
 
     # --- the run ---------------------------------------------------------------------
     def prepare(self) -> None:
-        """Make the run's files and cgroup: its log, its notify socket. The driver
-        hands this to its helper thread (:meth:`prepare_meanwhile`) inside the
-        transaction that writes the run's row, so they are made while the commit
-        waits on its fsync. Neither file allocates an inode on a ring that has
+        """Make the run's files and cgroup: its log, its notify socket. Done once
+        its row is committed, just before the spawn, so a row that never commits
+        leaves no files. Neither file allocates an inode on a ring that has
         turned a lap (the socket is the last run's, parked; the log the agent's
         oldest, due for pruning): see the README's "what a hop costs". Effects
-        only: what went wrong is said by :meth:`run`, on the driver's thread.
-        :meth:`discard` undoes it if the row is never committed."""
+        only: what went wrong is said by :meth:`run`."""
         env = self.env
-        self.prepared = True
         self.cgroup = env.make_cgroup(self.run_id)
         try:
             self._log_fd, self.log_path = env.open_run_log(self.agent.name, self.run_id,
@@ -126,20 +121,12 @@ class Hop:
         except OSError as e:
             self._notify_error = e
 
-    def prepare_meanwhile(self) -> None:
-        """:meth:`prepare` on the driver's helper thread (ringd.meanwhile)."""
-        self._preparing = self.env.meanwhile(self.prepare)
-
     def _prepared(self) -> None:
-        """Wait for the files; then wire the notify socket (SPEC "Agents that
+        """Make the files; then wire the notify socket (SPEC "Agents that
         talk back"): a socket that could not be made costs the agent its
         voice, never its run - so its watchdog, which it could not ping, is
         off for the run."""
-        job, self._preparing = self._preparing, None
-        if job is not None:
-            job.result()
-        elif not self.prepared:
-            self.prepare()
+        self.prepare()
         if self._notify_error is not None:
             off = f"; its {self.watchdog:g}s watchdog is off for this run" if self.watchdog else ""
             self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}")
@@ -153,22 +140,6 @@ class Hop:
         if self.watchdog and self._run_env is not None:
             # (WATCHDOG_PID is set in the child: the agent's pid is known only there)
             self._run_env["WATCHDOG_USEC"] = watchdog_usec(self.watchdog)
-
-    def discard(self) -> None:
-        """The run's row was not committed: its files and cgroup go (its id will be used again)."""
-        job, self._preparing = self._preparing, None
-        if job is not None:
-            try:
-                job.result()
-            except Exception:   # noqa: BLE001 - undo whatever was made
-                pass
-        self._close_notify()
-        if self._log_fd is not None:
-            self.env.close_fd(self._log_fd)
-            self._log_fd = None
-            self.env.remove_run_log(self.agent.name, self.run_id)
-        cg, self.cgroup = self.cgroup, None
-        self.env.remove_cgroup(cg)
 
     def run(self) -> "Union[Pending, HopResult]":
         """Run the agent to its end. Returns that end for the driver to commit

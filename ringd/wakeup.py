@@ -1,11 +1,14 @@
 """Sleep until something happens: a signal, a watched file descriptor (a child's
-pidfd), or a timeout. One ``selectors`` call over a self-pipe fed by
-``signal.set_wakeup_fd``; nothing wakes the process for no reason.
+pidfd), or a timeout. One ``poll(2)`` over a self-pipe fed by
+``signal.set_wakeup_fd`` and the watched descriptors; nothing wakes the process
+for no reason. (``poll``, not ``epoll``: the descriptors change at every run,
+and an epoll set costs two system calls per descriptor per wait to change.)
 """
 from __future__ import annotations
 
+import math
 import os
-import selectors
+import select
 import signal
 from typing import Iterable, Optional, Set, Tuple
 
@@ -24,8 +27,8 @@ class Wakeups:
         os.set_blocking(self._w, False)
         os.set_inheritable(self._r, False)
         os.set_inheritable(self._w, False)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._r, selectors.EVENT_READ, "signals")
+        self._poll = select.poll()
+        self._poll.register(self._r, select.POLLIN)
         self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         self._old = {}
         for sig in signals:
@@ -38,22 +41,22 @@ class Wakeups:
     def wait(self, timeout: Optional[float], fds: Iterable[int] = ()) -> Tuple[Set[int], Set[int]]:
         """Block until a signal arrives, one of ``fds`` is readable, or ``timeout``
         seconds pass (None: forever). Returns (signals, ready fds)."""
-        extra = [fd for fd in fds if fd is not None]
+        extra = {fd for fd in fds if fd is not None}
         for fd in extra:
-            self._selector.register(fd, selectors.EVENT_READ, "fd")
+            self._poll.register(fd, select.POLLIN)
         try:
-            t = None if timeout is None else min(max(0.0, timeout), MAX_WAIT)
-            events = self._selector.select(t)
+            ms = None if timeout is None else math.ceil(min(max(0.0, timeout), MAX_WAIT) * 1000)
+            events = self._poll.poll(ms)
         finally:
             for fd in extra:
-                self._selector.unregister(fd)
+                self._poll.unregister(fd)
         got: Set[int] = set()
         ready: Set[int] = set()
-        for key, _ in events:
-            if key.data == "signals":
+        for fd, _ in events:
+            if fd == self._r:
                 got |= self.drain()
             else:
-                ready.add(key.fd)
+                ready.add(fd)
         return got, ready
 
     def drain(self) -> Set[int]:
@@ -72,6 +75,5 @@ class Wakeups:
         signal.set_wakeup_fd(self._old_fd)
         for sig, old in self._old.items():
             signal.signal(sig, old)
-        self._selector.close()
         os.close(self._r)
         os.close(self._w)

@@ -1,6 +1,6 @@
 """The watcher's loop: keep one healthy driver alive, or give up loudly.
 
-It sleeps in one ``selectors`` call (``ringd.wakeup.Wakeups``) on the signal
+It sleeps in one ``poll(2)`` (``ringd.wakeup.Wakeups``) on the signal
 self-pipe and the driver's pidfd, with a timeout equal to the next health check
 (``poll_interval``, or earlier when the driver's grace period or heartbeat would
 run out) or the next systemd watchdog ping. A driver it started is noticed the

@@ -9,7 +9,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ringd import meanwhile
 
 WALL0 = 2_000_000_000.0
 
@@ -112,10 +111,6 @@ class FakeEnv:
     def remove_cgroup(self, cg):
         pass
 
-    @staticmethod
-    def meanwhile(fn):
-        return meanwhile.done(fn)   # no helper thread: the scripted clock stays the only clock
-
     def open_notify(self, run_id):
         return None   # no notify socket: the agents here never talk
 
@@ -160,9 +155,6 @@ class FakeEnv:
 
     def open_run_log(self, agent, run_id, keep=0):
         return -1, f"/fake/logs/{agent}/{run_id}.log"
-
-    def remove_run_log(self, agent, run_id):
-        pass
 
     def write_fd(self, fd, text):
         pass

@@ -3,7 +3,6 @@ a fake clock, scripted agents and signals, a real SQLite journal in tmp_path.
 Each test runs minutes of ring time in milliseconds."""
 import os
 import signal
-import time
 
 import pytest
 
@@ -221,13 +220,12 @@ def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_st
     assert per_hop == [6] * 5, (per_hop, statements[seen[1][2]:seen[2][2]])
 
 
-def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
-    """The run's log, notify socket and cgroup are made on the driver's helper
-    thread while the transaction that writes its row commits (ringd.meanwhile);
-    if that commit fails they are removed, and the retried turn makes them
-    again under the same run id. The log is made slowly here: the driver must
-    wait for the helper before it removes anything, or the file is made after
-    the removal and left behind."""
+def test_a_runs_files_are_made_only_once_its_row_is_committed(tmp_path):
+    """The run's log, notify socket and cgroup are made after the transaction
+    that writes its row has committed, just before the spawn: a commit that
+    fails leaves none behind, and the retried turn makes them under the same
+    run id. (Made during the commit by a helper thread until 2026-12-02: each
+    hop then paid more in cross-core wake-ups than the overlap saved.)"""
     from contextlib import contextmanager
     from ringd.env import RealEnv
 
@@ -237,7 +235,8 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
     src = RosterSource(roster)
     src.refresh(force=True)
     journal = Journal.open(tmp_path)
-    seen = []
+    reader = Journal.open(tmp_path)
+    seen, on_disk = [], []
 
     class FailsFirstCommit:
         def __init__(self, j):
@@ -262,11 +261,12 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
 
     def run_cgroups():
         return [] if parent is None else [p for p in os.listdir(parent) if p.startswith(prefix)]
-    slow_log = env.open_run_log
+    real_open_run_log = env.open_run_log
 
-    def open_run_log(*a, **k):
-        time.sleep(0.3)   # on the helper thread, while the driver's thread sees the commit fail
-        return slow_log(*a, **k)
+    def open_run_log(agent, run_id, keep=0):
+        row = reader.run(run_id)   # another connection: what is on disk
+        on_disk.append(None if row is None else row.status)
+        return real_open_run_log(agent, run_id, keep)
     env.open_run_log = open_run_log
     cfg = Config(ring=RingSettings(**{**RING, "heartbeat_interval": 0.2}))
     d = Driver(env, tmp_path, None, cfg, src, FailsFirstCommit(journal), once=True)
@@ -274,9 +274,11 @@ def test_a_run_whose_row_is_not_committed_leaves_no_files(tmp_path):
         assert d.run() == 0
     finally:
         env.close()
+        reader.close()
     (row,) = rows(journal)
     assert row.status == "ok"
     assert seen[1] == [], f"files or cgroups of the uncommitted run were left: {seen[1]}"
+    assert on_disk == ["running"]
     assert (tmp_path / "logs" / "a" / f"{row.id}.log").exists()
     assert not (tmp_path / IDLE_SOCKET).exists()   # the driver's close removes it
 

@@ -299,7 +299,7 @@ def test_an_empty_state_or_config_option_is_refused_never_read_as_the_default(ri
 
 
 def test_durations_up_to_the_cap_work_in_a_running_driver_and_watcher(ring):
-    """Waits longer than the OS timers allow (epoll: 2**31 ms, ~24.8 days) are
+    """Waits longer than the OS timers allow (poll: 2**31 ms, ~24.8 days) are
     clamped: the driver idles through a deferral with a 34-day heartbeat
     interval, the watcher polls every 34 days, and both stop on SIGTERM."""
     ring.agent("later", "exit 75")
