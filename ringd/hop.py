@@ -121,7 +121,7 @@ class Hop:
         except OSError as e:
             self._notify_error = e
 
-    def _prepared(self) -> None:
+    def _set_up(self) -> None:
         """Make the files; then wire the notify socket (SPEC "Agents that
         talk back"): a socket that could not be made costs the agent its
         voice, never its run - so its watchdog, which it could not ping, is
@@ -162,7 +162,7 @@ class Hop:
 
     def _run(self) -> "Union[Pending, HopResult]":
         env, host, name = self.env, self.host, self.agent.name
-        self._prepared()
+        self._set_up()
         cg, self.cgroup = self.cgroup, None
         if self._log_error is not None:
             from .env import log_open_reason

@@ -22,6 +22,7 @@ import pytest
 
 from conftest import wait_until
 from ringd import cgroup, procid, proctree
+from ringd.env import RealEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -450,3 +451,69 @@ def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
             wait_until(lambda: procid.start_ticks(leader) is None, 10, message="the thawed leader gone")
         wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
         ice.rmdir()
+
+
+# the run cgroup's end in the driver's effects (ringd.env): emptied at once, removed at the next wait
+
+def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tmp_path):
+    """The run's end reads its CPU time from an emptied cgroup; the rmdir waits
+    for the driver's next wait (on a turning ring: while the next agent execs)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = RealEnv(state, lambda m: None)
+    cg = None
+    try:
+        cg = env.make_cgroup(7)
+        if cg is None:
+            pytest.skip(f"no run cgroups here ({env.containment.reason})")
+        child = env.spawn(["/bin/sh", "-c", "sleep 300 & exit 0"], cwd="/", env={"PATH": os.environ["PATH"]},
+                          stdout_fd=2, umask=0o077, run_cgroup=cg)
+        assert proctree.wait_exit(child.pidfd, 20)
+        assert env.exit_status(child) == (0, None)
+        env.reap(child)
+        assert child.cpu_seconds is not None and child.cgroup is None
+        assert os.path.isdir(cg.dir) and not cg.populated()   # the orphaned sleep was killed with it
+        env.wait(0)
+        assert not os.path.exists(cg.dir)
+    finally:
+        if cg is not None and os.path.isdir(cg.dir):   # a failed test leaves no sleep behind
+            cg.kill()
+            cg.remove()
+        env.close()
+
+
+def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
+    """The rmdir of an ended run's cgroup is tried once per wait: while the kernel
+    still holds it (here: a process in it), the wait goes on at once - it may be
+    the wait that supervises the next agent - and the rmdir is tried again later."""
+    import time
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = RealEnv(state, lambda m: None)
+    cg, sleeper = None, None
+    try:
+        cg = env.make_cgroup(8)
+        if cg is None:
+            pytest.skip(f"no run cgroups here ({env.containment.reason})")
+        sleeper = subprocess.Popen(["sleep", "300"])
+        with open(f"{cg.dir}/cgroup.procs", "w") as f:
+            f.write(str(sleeper.pid))
+        env._spent_cgroups.append(cg)   # as RealEnv.reap leaves it, but still busy
+        t0 = time.monotonic()
+        env.wait(0)
+        assert time.monotonic() - t0 < 2.5   # a patient rmdir would retry for KILL_WAIT (5 s)
+        assert os.path.isdir(cg.dir)
+        sleeper.kill()
+        sleeper.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.isdir(cg.dir) and time.monotonic() < deadline:   # bounded: released by the kernel soon
+            env.wait(0.05)
+        assert not os.path.exists(cg.dir)
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait(10)
+        if cg is not None and os.path.isdir(cg.dir):
+            cg.kill()
+            cg.remove()
+        env.close()
