@@ -54,6 +54,22 @@ def format_line(prog: str, message: str, *, at: float, pid: int, level: Optional
 
 
 _journald: Optional[bool] = None
+_my_pid: Optional[int] = None   # getpid(2) is a system call (glibc caches it no more): asked once
+
+
+def _pid() -> int:
+    global _my_pid
+    if _my_pid is None:
+        _my_pid = os.getpid()
+    return _my_pid
+
+
+def _forget_pid() -> None:
+    global _my_pid
+    _my_pid = None
+
+
+os.register_at_fork(after_in_child=_forget_pid)
 
 
 def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
@@ -62,5 +78,5 @@ def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[
     stream = stream or sys.stderr
     if _journald is None:   # stderr does not change under a running daemon: look once
         _journald = stream_is_journal(stream, os.environ.get("JOURNAL_STREAM"))
-    stream.write(format_line(prog, message, at=time.time(), pid=os.getpid(), level=level, journald=_journald))
+    stream.write(format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald))
     stream.flush()

@@ -20,11 +20,14 @@ import errno
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 from . import earlysig, procid
+
+_PROC_CHILDREN = os.path.exists("/proc/self/task")   # Linux's /proc/<pid>/task/<tid>/children
 
 if TYPE_CHECKING:
     # imported where it is needed: a driver whose runs leave nothing behind and
@@ -372,19 +375,34 @@ def _children_of(pid: int) -> Optional[List[int]]:
     return kids
 
 
-def _descendant_pids_linux(spare: Set[int]) -> Optional[List[int]]:
-    if not os.path.exists("/proc/self/task"):
+def _own_children() -> Optional[List[int]]:
+    """Our direct children. A child hangs off the thread that started it, and an
+    orphan re-parented to us off our main thread (the kernel's first live
+    thread of the subreaper): while we are one thread - the driver always is
+    (tests/test_footprint.py) - that is one file, not a listing of our threads."""
+    if not _PROC_CHILDREN:
         return None
+    if threading.active_count() == 1:
+        me = os.getpid()
+        try:
+            return [int(x) for x in procid.read_small(f"/proc/{me}/task/{me}/children").split()]
+        except OSError:
+            return None
+    return _children_of(os.getpid())
+
+
+def _descendant_pids_linux(spare: Set[int]) -> Optional[List[int]]:
     found: List[int] = []
-    todo = [os.getpid()]
-    while todo:
-        kids = _children_of(todo.pop())
-        if kids is None:
-            return None  # no CONFIG_PROC_CHILDREN: fall back to a full scan
+    todo: List[int] = []
+    kids = _own_children()
+    while kids is not None:
         kids = [k for k in kids if k not in spare]
         found.extend(kids)
         todo.extend(kids)
-    return found
+        if not todo:
+            return found
+        kids = _children_of(todo.pop())
+    return None  # no CONFIG_PROC_CHILDREN: fall back to a full scan
 
 
 def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
@@ -415,7 +433,7 @@ def reap_zombie_children(keep: Iterable[int] = ()) -> Dict[int, int]:
 
 def child_pids() -> List[int]:
     """Pids of our direct children (cheap on Linux: /proc/self/task/*/children)."""
-    pids = _children_of(os.getpid()) if os.path.exists("/proc/self/task") else None
+    pids = _own_children()
     if pids is not None:
         return pids
     import psutil

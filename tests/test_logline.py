@@ -73,3 +73,26 @@ def test_driver_and_watcher_lines_with_and_without_journal(ring):
         w.wait(timeout=20)
     assert all(x.startswith("<") for x in err.read_text().splitlines())
     assert all(LINE.match(x) and not x.startswith("<") for x in log.read_text().splitlines() if x.strip())
+
+
+def test_a_forked_child_logs_its_own_pid(tmp_path):
+    """The pid in a line is asked of the kernel once per process, and again after a fork."""
+    import io
+    from ringd import logline
+    logline.emit("ringd", "parent line", stream=io.StringIO())   # the parent's pid, now remembered
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: one line to the pipe, then out without any cleanup of the parent's
+        try:
+            with os.fdopen(w, "w") as out:
+                logline.emit("ringd", "child line", stream=out)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as inp:
+        line = inp.read()
+    os.waitpid(pid, 0)
+    assert f"ringd[{pid}]: child line" in line, line
+    out = io.StringIO()
+    logline.emit("ringd", "parent again", stream=out)
+    assert f"ringd[{os.getpid()}]: parent again" in out.getvalue()

@@ -162,3 +162,46 @@ def test_reaping_zombie_children_collects_the_exited_and_keeps_the_kept_and_the_
         os.waitpid(alive.pid, 0)
         for c in (quick, kept, alive):
             c.close()
+
+
+def test_a_child_of_another_thread_of_ours_is_found_too(tmp_path):
+    """While the process is one thread, its children are read off that thread
+    alone (the driver's case, one read a run); with more threads, each thread's
+    children are read: a child hangs off the thread that started it."""
+    import threading
+    spawned = []
+    ready, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        spawned.append(proctree.spawn(["sleep", "300"], cwd="/", env={"PATH": os.environ["PATH"]},
+                                      stdout_fd=2, umask=0o077))
+        ready.set()
+        done.wait(30)   # alive while the walk looks, as the thread that started the child
+    t = threading.Thread(target=other_thread)
+    t.start()
+    try:
+        assert ready.wait(30)
+        (child,) = spawned
+        assert child.pid in proctree.child_pids()
+        assert child.pid in [p.pid for p in proctree.my_descendants()]
+    finally:
+        done.set()
+        t.join(30)
+        for c in spawned:
+            os.kill(c.pid, signal.SIGKILL)
+            os.waitpid(c.pid, 0)
+            c.close()
+
+
+def test_a_child_of_ours_is_found_by_the_one_thread_read(tmp_path):
+    import threading
+    child = proctree.spawn(["sleep", "300"], cwd="/", env={"PATH": os.environ["PATH"]}, stdout_fd=2, umask=0o077)
+    try:
+        if threading.active_count() == 1:
+            assert proctree._own_children() == [int(x) for x in open(
+                f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()]
+        assert child.pid in proctree.child_pids()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitpid(child.pid, 0)
+        child.close()
