@@ -467,6 +467,7 @@ class Driver:
             self.log(str(e))
             return journal_exit(e)
         turns_left = len(self.roster.agents) if self.once else None
+        self.env.index_run_logs(a.name for a in self.roster.agents)
         self.write_metrics()   # (the slow part of a beat: done before the proof, so the beat below skips it)
         # Proven as late as it can be: its cgroup migration waits out the kernel's
         # grace period, so the first run's step into its cgroup does not (Containment.prove).

@@ -85,6 +85,11 @@ def create_new(path, mode: int) -> int:
     return fd
 
 
+def open_dir_in(dir_fd: int, name: str) -> int:
+    """A descriptor of the directory ``name`` in ``dir_fd``, never through a symlink."""
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
 def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
     """A descriptor of ``state_dir/parts...`` (no part a symlink), creating
     missing parts 0700 if ``create``."""
@@ -92,7 +97,7 @@ def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
     try:
         for part in parts:
             try:
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
+                nxt = open_dir_in(base, part)
             except FileNotFoundError:   # made on first use only: a hop usually finds it
                 if not create:
                     raise
@@ -100,7 +105,7 @@ def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
                     os.mkdir(part, 0o700, dir_fd=base)
                 except FileExistsError:
                     pass
-                nxt = os.open(part, _DIR_FLAGS, dir_fd=base)
+                nxt = open_dir_in(base, part)
             os.close(base)
             base = nxt
     except BaseException:

@@ -153,6 +153,9 @@ class FakeEnv:
     def notify(self, message):
         self.notes.append(message)
 
+    def index_run_logs(self, agents):
+        pass
+
     def open_run_log(self, agent, run_id, keep=0):
         return -1, f"/fake/logs/{agent}/{run_id}.log"
 

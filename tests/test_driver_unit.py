@@ -471,3 +471,12 @@ def test_a_driver_taking_over_resumes_after_the_last_ordinary_run_not_a_schedule
     d.leader = TakenOver()
     assert d.lead() is True
     assert d.cursor == ("a", 0)
+
+
+def test_the_agents_log_dirs_are_listed_once_before_the_first_run(tmp_path):
+    """(RealEnv.index_run_logs: back to back at start-up, not one per hop of the first lap)"""
+    d, env, j = make(tmp_path, "abc", once=True)
+    calls = []
+    env.index_run_logs = lambda agents: calls.append((list(agents), len(env.children)))
+    assert d.run() == 0
+    assert calls == [(["a", "b", "c"], 0)]

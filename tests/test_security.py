@@ -375,6 +375,38 @@ def test_reusing_a_log_refuses_a_file_already_at_the_new_name(tmp_path):
     assert (tmp_path / "1.log").read_text() == "old\n"
 
 
+def test_a_drivers_log_dirs_are_listed_once_at_start_up_not_at_each_agents_first_run(tmp_path, monkeypatch):
+    """Listed back to back at start-up (RealEnv.index_run_logs), not at each
+    agent's first run; what was listed is what the runs prune and reuse."""
+    from ringd.env import RealEnv
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    for agent in ("a", "b"):
+        d = state / "logs" / agent
+        d.mkdir(parents=True)
+        for i in (1, 2):
+            (d / f"{i}.log").write_text("old\n")
+    os.symlink(tmp_path, state / "logs" / "d")   # never listed through, nor written through
+    listed = []
+    real = safefile.run_log_ids
+    monkeypatch.setattr(safefile, "run_log_ids", lambda folder: listed.append(folder) or real(folder))
+    env = RealEnv(state, lambda m: None, prove_containment=False)
+    try:
+        env.index_run_logs(["a", "b", "c", "d"])   # "c": no log dir yet
+        assert len(listed) == 2
+        for agent, run_id in (("a", 3), ("c", 4)):
+            fd, _ = env.open_run_log(agent, run_id, keep=2)
+            os.close(fd)
+            env.keep_logs(agent, run_id, keep=2)
+        assert len(listed) == 2, "listed again at a run"
+        assert sorted(os.listdir(state / "logs" / "a")) == ["2.log", "3.log"]   # 1.log became 3.log
+        assert os.listdir(state / "logs" / "c") == ["4.log"]
+        with pytest.raises(OSError):
+            env.open_run_log("d", 5, keep=2)
+    finally:
+        env.close()
+
+
 def test_an_agent_that_swaps_its_oldest_log_for_a_symlink_writes_nothing_through_it(ring, victim):
     """The driver knows its logs from one listing; run 3 swaps 2.log (the
     oldest, due for reuse by run 4) for a symlink to a victim file."""
