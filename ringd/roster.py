@@ -10,9 +10,10 @@ import re
 import shlex
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError, excerpt
 from .safefile import open_regular, read_regular_file
@@ -123,6 +124,10 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
 
 def read_roster(path: Path) -> List[Agent]:
     """Read and parse the roster file, refusing unsafe or absurd files."""
+    return _parse_blob(_read_blob(path), path)
+
+
+def _read_blob(path: Path) -> bytes:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -139,6 +144,10 @@ def read_roster(path: Path) -> List[Agent]:
         raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
     if len(blob) > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
+    return blob
+
+
+def _parse_blob(blob: bytes, path: Path) -> List[Agent]:
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -225,25 +234,38 @@ def next_index(names: Sequence[str], last_name: Optional[str], last_position: Op
     return 0
 
 
+# A file's time stamps are the clock's at the change, to a granularity (a coarse
+# kernel tick on ext4 before Linux 6.13; 2 s on FAT): a file read within this
+# long of its last change may be changed again with the very same stamps.
+RACY_NS = 2 * 10 ** 9
+
+
 class RosterSource:
     """The roster file as the driver sees it: last good roster + current error.
 
     ``refresh()`` re-reads only when (mtime, ctime, size, inode, device, mode)
-    changed, so calling it before every hop costs one ``stat``.
+    changed, so calling it before every hop costs one ``stat`` - except after
+    a read that came within RACY_NS of the file's last change (git's "racily
+    clean" files): an in-place edit of the same size in the same clock tick
+    leaves every stamp as it was, so such a file is read again at each
+    refresh until a read comes later than that. ``clock``: wall time in ns.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, clock: Callable[[], int] = time.time_ns):
         self.path = path
         self.agents: List[Agent] = []
         self.origin: Optional[Path] = None   # the file ``agents`` were read from
         self.error: Optional[str] = None
         self._signature: Optional[tuple] = None
+        self._racy = False     # the last read was too soon after the change to trust the stamps
+        self._blob: Optional[bytes] = None   # what it read (None: it could not read the file)
+        self._clock = clock
 
     def moved_to(self, path: Path) -> "RosterSource":
         """The source for a new roster path (``ring.roster`` changed at SIGHUP):
         it reads ``path`` at its first refresh and, until that file parses,
         keeps this one's last good roster."""
-        moved = RosterSource(path)
+        moved = RosterSource(path, self._clock)
         moved.agents, moved.origin = self.agents, self.origin
         return moved
 
@@ -259,17 +281,30 @@ class RosterSource:
     def refresh(self, force: bool = False) -> bool:
         """Re-read if changed. Returns True when the roster or its error changed."""
         sig = self._stat_signature()
-        if not force and sig == self._signature:
+        if not force and sig == self._signature and not self._racy:
             return False
         self._signature = sig
+        # stat before read: a change after this read gets stamps at least this late
+        self._racy = sig[0] != "missing" and 0 <= self._clock() - max(sig[0], sig[1]) < RACY_NS
         try:
-            agents = read_roster(self.path)
+            blob = _read_blob(self.path)
         except RosterError as e:
-            changed = self.error != str(e)
-            self.error = str(e)
-            return changed
+            self._blob = None
+            return self._failed(e)
+        if blob == self._blob:   # (a racy file read again, as it was): what it said before
+            return False
+        self._blob = blob
+        try:
+            agents = _parse_blob(blob, self.path)
+        except RosterError as e:
+            return self._failed(e)
         changed = agents != self.agents or self.error is not None
         self.agents, self.error, self.origin = agents, None, self.path
+        return changed
+
+    def _failed(self, e: RosterError) -> bool:
+        changed = self.error != str(e)
+        self.error = str(e)
         return changed
 
     @property
