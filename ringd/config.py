@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 from .errors import ConfigError, excerpt
+from .lease import BEATS_PER_TTL
 from .roster import NAME_RE
 from .safefile import check_path, lenient_modes, read_checked_file  # noqa: F401 - lenient_modes: the CLI's
 
@@ -316,6 +317,8 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         key = f"ring.{k}"
         if k == "heartbeat_interval":
             values[k] = _number(key, v, minimum=MIN_TICK)
+        elif k == "lease_ttl":   # a many-host driver beats every TTL/4 (ringd.lease.beat_every)
+            values[k] = _number(key, v, minimum=BEATS_PER_TTL * MIN_TICK)
         elif k in _RING_DURATIONS:
             values[k] = _number(key, v)
         elif k == "lap_pause":

@@ -61,10 +61,13 @@ def stop_deadline(renew_sent_at: float, ttl: float) -> float:
     return renew_sent_at + ttl / 2
 
 
+BEATS_PER_TTL = 4   # twice per half TTL
+
+
 def beat_every(ttl: float, heartbeat_interval: float) -> float:
     """How often a PostgreSQL driver beats (and renews): at least twice before
     its half-TTL switch, so one slow renewal never stops a healthy leader."""
-    return min(heartbeat_interval, ttl / 4)
+    return min(heartbeat_interval, ttl / BEATS_PER_TTL)
 
 
 def clock() -> float:

@@ -145,6 +145,7 @@ def test_ring_and_its_sqlite_path_never_import_psycopg(tmp_path):
     ({"ring": {"journal": 5}}, "ring.journal"),
     ({"ring": {"lease_ttl": 0}}, "ring.lease_ttl"),
     ({"ring": {"lease_ttl": -3}}, "ring.lease_ttl"),
+    ({"ring": {"lease_ttl": 0.001}}, "ring.lease_ttl"),   # a beat every 0.25 ms: a spinning driver
 ])
 def test_bad_journal_or_lease_ttl_names_the_key(doc, key):
     from ringd.config import ConfigError, parse_config
