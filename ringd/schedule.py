@@ -246,11 +246,14 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
 def last_turn(journal, config, newest):
     """The run the ring resumes after: ``newest`` (the journal's newest row, or the
     run in flight), unless it is a scheduled agent's - a scheduled run is not a
-    turn - then the last ordinary run among the newest hundred (the driver at
-    start-up, and ``ringd status`` estimating the next turn)."""
+    turn - then the newest of the ordinary agents' last runs, however many
+    scheduled runs came since (the driver at start-up, and ``ringd status``
+    estimating the next turn; one read of each agent's last run, whatever the
+    journal's size). ``newest`` when no ordinary agent ever ran."""
     if newest is None or config.schedule_for(newest.agent) is None:
         return newest
-    return next((r for r in journal.history(None, 100) if config.schedule_for(r.agent) is None), newest)
+    ordinary = [r for r in journal.last_runs().values() if config.schedule_for(r.agent) is None]
+    return max(ordinary, key=lambda r: r.id, default=newest)
 
 
 def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None:

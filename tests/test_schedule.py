@@ -317,3 +317,26 @@ def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
     assert entry(Journal(t), "job", every, t + 10).next_due(BERLIN) == t + 600          # no step
     assert entry(Journal(t), "job", every, t - 300).next_due(BERLIN) == t + 600         # 5 min back: kept
     assert entry(Journal(t), "job", every, t - 86400).next_due(BERLIN) == t - 86400     # a day back: due now
+
+
+def test_the_ring_resumes_after_its_last_ordinary_run_however_many_scheduled_runs_came_since(tmp_path):
+    """A scheduled run is not a turn: the ring resumes after the last ordinary
+    run - also when a frequent job ran more than a hundred times since (a day
+    of a 10-minute job while the ring was paused; it looked back 100 rows)."""
+    from ringd.journal import Journal
+    from ringd.schedule import last_turn
+    config = parse_config({"agents": {"job": {"every": 600}}})
+    j = Journal.open(tmp_path)
+    try:
+        assert last_turn(j, config, j.last_run()) is None
+        with j.transaction() as tx:
+            tx.add_skipped("job", 3, "before any ordinary run", "driver", 1.0)
+        assert last_turn(j, config, j.last_run()).agent == "job"   # no ordinary run yet
+        with j.transaction() as tx:
+            tx.add_skipped("a", 0, "x", "driver", 2.0)
+            ordinary = tx.add_skipped("b", 1, "x", "driver", 3.0)
+            for k in range(150):
+                tx.add_skipped("job", 3, "x", "driver", 4.0 + k)
+        assert last_turn(j, config, j.last_run()).id == ordinary
+    finally:
+        j.close()
