@@ -31,6 +31,24 @@ def read_small(path: str) -> bytes:
         os.close(fd)
 
 
+def read_list(path: str) -> bytes:
+    """A kernel list file (``/proc/<pid>/task/<tid>/children``) read to its end:
+    the kernel hands such a file out one page of whole entries per read (4 KiB:
+    about 800 pids), so :func:`read_small` saw only the first 800 children of a
+    driver that 1200 orphans had re-parented to - the rest were neither
+    killed with their run in that pass nor reaped. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def start_ticks(pid: Any) -> Optional[int]:
     """The boot-relative start ticks of live process ``pid``; None if there is no
     such process, it is a zombie, or it cannot be read."""

@@ -367,7 +367,7 @@ def _children_of(pid: int) -> Optional[List[int]]:
     kids: List[int] = []
     for tid in tids:
         try:
-            kids.extend(int(x) for x in procid.read_small(f"/proc/{pid}/task/{tid}/children").split())
+            kids.extend(int(x) for x in procid.read_list(f"/proc/{pid}/task/{tid}/children").split())
         except FileNotFoundError:
             continue
         except OSError:
@@ -385,7 +385,7 @@ def _own_children() -> Optional[List[int]]:
     if threading.active_count() == 1:
         me = os.getpid()
         try:
-            return [int(x) for x in procid.read_small(f"/proc/{me}/task/{me}/children").split()]
+            return [int(x) for x in procid.read_list(f"/proc/{me}/task/{me}/children").split()]
         except OSError:
             return None
     return _children_of(os.getpid())

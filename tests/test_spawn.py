@@ -205,3 +205,29 @@ def test_a_child_of_ours_is_found_by_the_one_thread_read(tmp_path):
         os.kill(child.pid, signal.SIGKILL)
         os.waitpid(child.pid, 0)
         child.close()
+
+
+def test_every_child_is_listed_past_the_first_page_of_the_kernels_list():
+    """/proc/<pid>/task/<tid>/children is handed out a page (4 KiB, ~800 pids)
+    per read: one read of it missed the rest of 1200 children (orphans a run
+    left re-parent to the driver), on the one-thread read and the per-thread one."""
+    import threading
+    sleep = next(f"{d}/sleep" for d in os.environ["PATH"].split(":") if os.access(f"{d}/sleep", os.X_OK))
+    pids = []
+    try:
+        for _ in range(1200):
+            pids.append(os.posix_spawn(sleep, ["sleep", "300"], {}))
+        assert sorted(proctree.child_pids()) == sorted(pids)
+        done = threading.Event()
+        t = threading.Thread(target=done.wait, args=(30,))
+        t.start()
+        try:
+            assert sorted(proctree._children_of(os.getpid())) == sorted(pids)
+        finally:
+            done.set()
+            t.join(30)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            os.waitpid(pid, 0)
