@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple, TypeVar
 
-from .procid import read_small, same_process, start_ticks
+from .procid import read_list, read_small, same_process, start_ticks
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ class RunCgroup:
         out: List[int] = []
         for d in self.subtree():
             try:
-                out.extend(int(x) for x in read_small(f"{d}/cgroup.procs").split())
+                out.extend(int(x) for x in read_list(f"{d}/cgroup.procs").split())   # (past its first page)
             except (OSError, ValueError):
                 pass
         return out

@@ -190,19 +190,22 @@ def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
         return None
     try:
         st = os.fstat(fd)
+        # (two links: old and new; blocks too: a file preallocated past its size
+        # would free them all at the truncate, before the run's start)
         if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 2 or st.st_uid != _EUID
-                or st.st_size > REUSE_MAX_BYTES):   # (two links: old and new)
+                or max(st.st_size, st.st_blocks * 512) > REUSE_MAX_BYTES):
             os.close(fd)
             _unlink_quietly(new, dir_fd)
             return None
         os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)   # before the old name goes: a failure leaves the old log as it was
         _unlink_quietly(old, dir_fd)
-        os.ftruncate(fd, 0)
         if stat.S_IMODE(st.st_mode) != 0o600:
             os.fchmod(fd, 0o600)
         return fd
     except BaseException:
         os.close(fd)
+        _unlink_quietly(new, dir_fd)
         raise
 
 

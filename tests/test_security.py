@@ -340,6 +340,28 @@ def test_a_big_old_log_is_left_to_be_pruned_after_the_next_start(tmp_path):
     assert old.stat().st_size == safefile.REUSE_MAX_BYTES + 1 and not (tmp_path / "7.log").exists()
 
 
+def test_an_old_log_preallocated_past_its_size_is_left_to_be_pruned_too(tmp_path):
+    """``fallocate --keep-size``: 0 bytes long, 2 MiB of blocks, which the truncate
+    would free before the next run's start: judged by its blocks, not its size."""
+    import ctypes
+    old = tmp_path / "1.log"
+    fd = os.open(old, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        keep_size = 1   # FALLOC_FL_KEEP_SIZE
+        if libc.fallocate(fd, keep_size, ctypes.c_long(0), ctypes.c_long(2 * safefile.REUSE_MAX_BYTES)) != 0:
+            pytest.skip(f"no fallocate here: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    assert old.stat().st_size == 0 and old.stat().st_blocks * 512 >= 2 * safefile.REUSE_MAX_BYTES
+    dfd = _dir_fd(tmp_path)
+    try:
+        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
+    finally:
+        os.close(dfd)
+    assert old.stat().st_blocks * 512 >= 2 * safefile.REUSE_MAX_BYTES and not (tmp_path / "7.log").exists()
+
+
 @pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo", "directory"])
 def test_a_planted_old_log_is_never_reused(tmp_path, victim, plant):
     vdir, precious = victim
