@@ -6,6 +6,7 @@ and an epoll set costs two system calls per descriptor per wait to change.)
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import select
@@ -52,7 +53,9 @@ class Wakeups:
                 self._poll.unregister(fd)
         got: Set[int] = set()
         ready: Set[int] = set()
-        for fd, _ in events:
+        for fd, ev in events:
+            if ev & select.POLLNVAL:   # a closed descriptor would be "ready" at every wait: a spin
+                raise OSError(errno.EBADF, f"waiting on descriptor {fd}: {os.strerror(errno.EBADF)}")
             if fd == self._r:
                 got |= self.drain()
             else:

@@ -657,3 +657,22 @@ def test_fifos_at_the_temp_names_of_atomic_writes_never_hang_the_daemons(ring):
         raise AssertionError("the watcher did not stop on SIGTERM")
     assert w.returncode == 0 and "Traceback" not in err, err[-2000:]
     assert not any(p.name.endswith(".tmp") for p in ring.state.iterdir())
+
+
+def test_a_wait_on_a_closed_descriptor_raises_never_spins():
+    """poll(2) reports a closed descriptor at once, at every wait (POLLNVAL): taken
+    as ready, a loop waiting on it would spin. (epoll refused it at registration.)"""
+    import errno
+    from ringd.wakeup import Wakeups
+    w = Wakeups(signals=())
+    r, wr = os.pipe()
+    os.close(r)
+    os.close(wr)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            w.wait(5.0, [r])
+        assert e.value.errno == errno.EBADF and time.monotonic() - t0 < 2.5
+        assert w.wait(0, []) == (set(), set())   # unregistered again: later waits are clean
+    finally:
+        w.close()
