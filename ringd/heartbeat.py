@@ -47,6 +47,23 @@ def parse_iso(text: Any) -> Optional[float]:
         return None
 
 
+# The epoch seconds iso() can show (years 1 to 9999, UTC).
+_FIRST, _AFTER_LAST = -62135596800.0, 253402300800.0
+
+
+def epoch(value: Any) -> Optional[float]:
+    """A time read from a state file (epoch seconds, or ISO 8601) as epoch
+    seconds; None for anything else. A number no date can show is None too
+    (JSON's 1e999 is inf, NaN, 1e308): iso() raised on it, and one such stamp
+    in a heartbeat made ``ringd status`` an internal error (exit 1, "dead")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if _FIRST <= value < _AFTER_LAST else None   # (an int float() cannot take too)
+    t = parse_iso(value)
+    return t if t is not None and _FIRST <= t < _AFTER_LAST else None
+
+
 def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) -> None:
     """Write JSON so a reader sees the old file or the new one, never half of one."""
     write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n", durable)
@@ -151,9 +168,9 @@ def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
     """Seconds since the heartbeat's ``at`` (negative if it is from the future)."""
     if not hb:
         return None
-    at = hb.get("at_epoch")
-    if not isinstance(at, (int, float)):
-        at = parse_iso(hb.get("at"))
+    at = epoch(hb.get("at_epoch"))
+    if at is None:
+        at = epoch(hb.get("at"))
     return None if at is None else now - at
 
 

@@ -26,7 +26,8 @@ from .errors import STATUS_OK as EXIT_HEALTHY
 from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
-from .heartbeat import heartbeat_age, heartbeat_health, iso, parse_iso, read_heartbeat, read_own, watcher_alive
+from .heartbeat import epoch as _epoch
+from .heartbeat import heartbeat_age, heartbeat_health, iso, read_heartbeat, read_own, watcher_alive
 from .journal import Journal, JournalError, RunRow, journal_path
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
@@ -168,14 +169,6 @@ def unknown_agent(name: str, known: Sequence[str]) -> OperatorError:
 
 
 # --- status -------------------------------------------------------------------
-
-def _epoch(value: Any) -> Optional[float]:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    return parse_iso(value)
-
 
 def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
     return None if value is None else round(value, digits)

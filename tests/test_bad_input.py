@@ -810,3 +810,23 @@ def test_watcher_keeps_watching_on_a_full_state_dir(small_state):
         filler.unlink()
     wait_until(lambda: _lines_with(err_path, "written again"), 20, message="state written again")
     assert w.poll() is None
+
+
+@pytest.mark.parametrize("when", ["1e999", "-1e999", "NaN", "1e308", "-1e308", "1" + "0" * 400,
+                                  '"0001-01-01T00:00:00+01:00"'])
+def test_status_survives_a_heartbeat_and_watcher_file_with_an_impossible_time(ring, when):
+    """A time no date can show (JSON's 1e999 is inf, NaN, 1e308, an ISO time
+    before year 1 in UTC) in the heartbeat or ringwatch.json is no time at all:
+    status still reports (a stopped ring: exit 3) in valid JSON, never an
+    internal error whose exit 1 reads as "driver dead"."""
+    ring.roster("a true")
+    for name in ("ringd.heartbeat", "ringwatch.json"):
+        (ring.state / name).write_text(
+            f'{{"pid": 1, "pid_start": 1, "started_at": {when}, "at": {when}, "at_epoch": {when},'
+            f' "last_poll_at": {when}, "restarts": [{when}], "lap": 1}}')
+    for args in (("status",), ("status", "--json")):
+        r = ring.cli(*args)
+        assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+        assert r.returncode == 1, (r.returncode, r.stderr)   # pid 1 is not this driver: dead
+    doc = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert doc["driver"]["started_at"] is None and doc["watcher"]["last_poll_at"] is None
