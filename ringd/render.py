@@ -409,6 +409,8 @@ def watch_status(gather: Callable[[], "tuple[Dict[str, Any], List[str]]"], inter
         return _rich_text(status_lines(doc, plain=plain, width=output_width(stream), warnings=warnings))
 
     with Live(frame(), console=_console(stream), auto_refresh=False, transient=False) as live:
-        while True:
+        # a terminal that hung up is no terminal: rich draws nothing on it, and
+        # the watch would poll the journal for nobody, forever
+        while _isatty(stream):
             time.sleep(interval)
             live.update(frame(), refresh=True)

@@ -636,3 +636,24 @@ def test_output_that_cannot_be_written_is_one_line_for_every_command(ring):
             res = subprocess.run(ring_cmd(args[0], *common, *args[1:]), env=ring.env, stdout=full,
                                  stderr=subprocess.PIPE, text=True, timeout=30)
         assert res.returncode == 1 and "No space left" in one_error_line(res), (args, res.stderr)
+
+
+def test_status_watch_on_a_terminal_that_hangs_up_ends(ring):
+    """``ringd status --watch`` on a terminal that went away (its window closed,
+    the ssh link dropped; SIGHUP ignored or never sent) must end. rich draws
+    nothing on what is no longer a terminal, so the watch went on polling (and
+    reaping) the journal every second, forever, for nobody."""
+    import pty
+    ring.roster("a true")
+    master, slave = pty.openpty()
+    try:
+        p = ring.start(ring_cmd("status", *ring.common(), "--watch"), stdin=slave, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        seen = b""
+        while b"STOPPED" not in seen:
+            seen += os.read(master, 65536)   # the first frame is drawn on the terminal
+    finally:
+        os.close(master)                     # the terminal goes away
+    wait_until(lambda: p.poll() is not None, timeout=10, message="watch ended once its terminal went away")
