@@ -65,7 +65,30 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
         return None
     if path.is_symlink():
         raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
-    return Journal.open_readonly(state_dir)
+    try:
+        return Journal.open_readonly(state_dir)
+    except JournalError:
+        if _no_schema_yet(path):
+            return None
+        raise
+
+
+def _no_schema_yet(path: Path) -> bool:
+    """A journal with no table at all is one the first driver is creating (0
+    bytes, then a header, then its schema in one transaction), or an empty file
+    SQLite and the driver take as a new database: the ring never ran, not an
+    unusable journal (status said exit 4 "no such table: runs" meanwhile)."""
+    import sqlite3
+    try:
+        if os.stat(path).st_size == 0:
+            return True
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error):
+        return False
 
 
 def process_alive(pid: Any, start_ticks: Any) -> bool:

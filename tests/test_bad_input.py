@@ -830,3 +830,23 @@ def test_status_survives_a_heartbeat_and_watcher_file_with_an_impossible_time(ri
         assert r.returncode == 1, (r.returncode, r.stderr)   # pid 1 is not this driver: dead
     doc = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     assert doc["driver"]["started_at"] is None and doc["watcher"]["last_poll_at"] is None
+
+
+@pytest.mark.parametrize("kind", ["zero-bytes", "header-only"])
+def test_a_journal_with_no_tables_yet_reads_as_a_ring_that_never_ran(ring, kind):
+    """The first driver creates its journal as 0 bytes, then a header (WAL mode),
+    then its schema: meanwhile (or with an empty file the driver would take as a
+    new database) status exited 4 "journal is not usable: no such table: runs"
+    and history 1. Read-only: the file is left as it was."""
+    ring.roster("a true")
+    ring.journal_path.write_bytes(b"")
+    if kind == "header-only":
+        con = sqlite3.connect(ring.journal_path, isolation_level=None)
+        con.execute("PRAGMA journal_mode=WAL")
+        con.close()
+    before = ring.journal_path.read_bytes()
+    r = ring.cli("status", "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["driver"]["health"] == "stopped", r.stderr
+    r = ring.cli("history", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+    assert ring.journal_path.read_bytes() == before
