@@ -427,9 +427,8 @@ class Driver:
         file now at the path - made anew if there is none, as at start-up - and
         say so; the history and counters are the new file's."""
         self.flush()   # the last run's end, into the journal it started in
-        # Closed first: the last connection's close checkpoints its write-ahead log
-        # and removes journal.db-wal/-shm at the path, which a new journal there
-        # would otherwise take up as its own (rm of journal.db alone leaves them).
+        # Closed first: the close removes our journal.db-wal/-shm at the path, which
+        # a new journal there would otherwise take up as its own (Journal.close).
         # Should the new one not open (a full disk), the next turn tries again.
         self.journal.close()
         new = Journal.open(self.state_dir, verify=True)

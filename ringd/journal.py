@@ -173,6 +173,16 @@ def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     return con
 
 
+def _identities(paths) -> Dict[str, Tuple[int, int]]:
+    """(device, inode) of each of ``paths`` that exists (a symlink's own)."""
+    out = {}
+    for name in paths:
+        with suppress(OSError):
+            st = os.stat(name, follow_symlinks=False)
+            out[name] = (st.st_dev, st.st_ino)
+    return out
+
+
 _DEFAULT_AGENT_ROW = {"runs": 0, "last_run_id": None}
 
 
@@ -320,6 +330,7 @@ class Journal:
         self.con = con
         self.path = path
         self._identity: Optional[Tuple[int, int]] = None   # (device, inode) of the file opened
+        self._wal_files: Dict[str, Tuple[int, int]] = {}    # its -wal and -shm: path -> (device, inode)
 
     def moved(self) -> bool:
         """Was the journal file removed or replaced since it was opened (``rm
@@ -370,6 +381,7 @@ class Journal:
                 st = os.stat(path, follow_symlinks=False)
                 j._identity = (st.st_dev, st.st_ino)
             j._migrate()
+            j._wal_files = _identities(f"{path}{suffix}" for suffix in ("-wal", "-shm"))
         except JournalError:
             con.close()
             raise
@@ -469,7 +481,16 @@ class Journal:
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value;")
 
     def close(self) -> None:
+        """Close the connection. SQLite removes the -wal and -shm at the last close,
+        but not of a journal moved or removed since it was opened: left at the
+        path, a journal put there (a backup restored) would take them up as its
+        own - the old journal's pages read as the new one's. Ours are removed."""
+        stale, self._wal_files = (self._wal_files if self.moved() else {}), {}   # (closed twice: once)
         self.con.close()
+        for name, identity in _identities(stale).items():
+            if identity == stale[name]:   # (never one a journal at the path made since)
+                with suppress(OSError):
+                    os.unlink(name)
 
     # --- transactions ------------------------------------------------------------
     @contextmanager

@@ -184,6 +184,30 @@ def test_the_version_is_decided_again_under_the_write_lock(tmp_path):
         t.join(15)
 
 
+def test_a_journal_replaced_under_its_connection_leaves_it_no_write_ahead_log(tmp_path):
+    """A backup restored over journal.db while a writer has it open: SQLite
+    leaves the old journal's -wal and -shm at the path when a moved database
+    is closed, and the restored file took them up as its own - the old
+    journal's newer pages read over the backup's. The close removes them."""
+    j = Journal.open(tmp_path)
+    close(j, start(j), "ok")
+    p = journal_path(tmp_path)
+    backup = tmp_path / "backup.db"
+    dst = sqlite3.connect(backup)
+    j.con.backup(dst)
+    dst.close()
+    for _ in range(3):   # newer pages, in the log only
+        close(j, start(j), "failed")
+    os.replace(backup, p)
+    j.close()
+    assert not os.path.exists(f"{p}-wal") and not os.path.exists(f"{p}-shm")
+    restored = Journal.open(tmp_path, verify=True)
+    try:
+        assert [r.status for r in restored.history()] == ["ok"], "the backup, as it was taken"
+    finally:
+        restored.close()
+
+
 def test_truncated_journal_is_refused(tmp_path):
     j = Journal.open(tmp_path)
     start(j)
