@@ -432,7 +432,15 @@ class Driver:
         # Should the new one not open (a full disk), the next turn tries again.
         self.journal.close()
         new = Journal.open(self.state_dir, verify=True)
-        new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
+        try:
+            new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
+            # Reaped as at start-up: a backup restored there holds the run going when it
+            # was taken - ours, long ended - `running`, and every start would meet it.
+            reap(new, self.state_dir, self.config, me=(self.env.pid, self.env.pid_start), log=self.log,
+                 line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
+        except JournalError:
+            new.close()   # (the next turn opens it again)
+            raise
         self.journal, self.journal_moved, self.unconfirmed = new, False, {}
         self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
                  f"(history and counters start from it)")

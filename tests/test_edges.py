@@ -447,6 +447,41 @@ def test_a_journal_moved_aside_never_makes_new_runs_collide_with_old_logs(ring):
         assert (ring.state / "logs" / "a" / name).read_text() == text, "an old log was overwritten"
 
 
+def test_a_journal_restored_from_a_backup_under_the_driver_has_its_stale_running_row_reaped(ring):
+    """A backup taken while a run was going holds that run's ``running`` row,
+    written by this very driver. Restored over journal.db under the driver, it
+    is taken up between runs; its row must be closed as the reaper would - else
+    every later start meets the one-running-row index and the ring stops for
+    good (status does not reap it either: its driver is alive)."""
+    import sqlite3
+    ring.agent("a", "sleep 0.3")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    driver = ring.start_driver()
+    wait_until(lambda: any(r["status"] == "running" for r in ring.runs()), timeout=20, message="a run")
+    backup = ring.base / "backup.db"
+    src, dst = sqlite3.connect(str(ring.journal_path)), sqlite3.connect(str(backup))
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    con = sqlite3.connect(str(backup))
+    (stale,) = con.execute("SELECT id FROM runs WHERE status = 'running'").fetchone()
+    con.close()
+    wait_until(lambda: all(r["id"] > stale for r in ring.runs() if r["status"] == "running"), timeout=20,
+               message="the run backed up has ended")
+    os.replace(backup, ring.journal_path)
+    # (read only once the driver has let go of the old journal: till then its
+    # -wal, at the same path, is read as the restored file's)
+    wait_until(lambda: "was removed or replaced under the driver" in driver.err_path.read_text(), timeout=20,
+               message="the restored journal taken up")
+    wait_until(lambda: any(r["status"] == "ok" and r["id"] > stale for r in ring.runs()), timeout=20,
+               message="runs recorded in the restored journal")
+    row = ring.rows("SELECT * FROM runs WHERE id = ?", stale)[0]
+    assert (row["status"], driver.poll()) == ("interrupted", None), dict(row)
+    assert "Traceback" not in driver.err_path.read_text()
+
+
 # --- #12: signals from the first instruction of both daemons ----------------------------------
 
 def _sig_mask(pid: int, field: str) -> int:
