@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -107,6 +108,25 @@ def _check_sqlite_header(path: Path) -> None:
     if head and (len(head) < 100 or not head.startswith(b"SQLite format 3\x00")):
         raise JournalError(f"{path}: journal is not a valid SQLite database (truncated or overwritten); "
                            f"it was left in place: move it aside to start a new journal")
+
+
+def _check_companions(path: Path) -> None:
+    """SQLite's -wal and -shm beside the journal, when there, must be regular
+    files: a FIFO, a directory or a symbolic link there fails the journal's
+    opens and writes as "disk I/O error" or "unable to open database file" -
+    an outage's words (exit 69, the driver started again and again) for what
+    no wait mends. Refused, naming the file, and left in place."""
+    for suffix in ("-wal", "-shm"):
+        name = f"{path}{suffix}"
+        try:
+            mode = os.lstat(name).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            what = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "not a regular file")
+            raise JournalError(f"{name}: the journal's {suffix[1:]} file is {what}; it was left in place: "
+                               f"move it aside")
 
 
 VERIFY_ALL_BYTES = 8 * 2 ** 20   # quick_check of this much takes ~0.1 s; beyond, start-up stays O(1)
@@ -356,6 +376,7 @@ class Journal:
         (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)
         before writing anything to it."""
         path = journal_path(state_dir)
+        _check_companions(path)
         if path.exists() or path.is_symlink():
             if path.is_symlink():
                 raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
@@ -437,6 +458,7 @@ class Journal:
         if not path.exists():
             raise JournalError(f"{path}: no journal (has the driver ever run here?)")
         _check_sqlite_header(path)
+        _check_companions(path)
         try:
             con = _connect(path, readonly=True, timeout=busy_timeout)
             con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()

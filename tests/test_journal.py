@@ -208,6 +208,28 @@ def test_a_journal_replaced_under_its_connection_leaves_it_no_write_ahead_log(tm
         restored.close()
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_wal_or_shm_that_is_no_regular_file_is_refused_naming_it(tmp_path, kind, suffix):
+    """A FIFO, a directory or a symlink at journal.db-wal/-shm failed every open
+    or write as "disk I/O error" / "unable to open database file": a transient
+    outage (the driver exits 69 and is started again, forever) for what no
+    wait mends. Refused (not transient), naming the file, left in place."""
+    j = Journal.open(tmp_path)
+    close(j, start(j), "ok")
+    j.close()
+    name = f"{journal_path(tmp_path)}{suffix}"
+    if os.path.lexists(name):
+        os.unlink(name)
+    {"fifo": os.mkfifo, "directory": os.mkdir,
+     "symlink": lambda p: os.symlink(tmp_path / "elsewhere", p)}[kind](name)
+    for opener in (lambda: Journal.open(tmp_path, verify=True), lambda: Journal.open_readonly(tmp_path)):
+        with pytest.raises(JournalError) as e:
+            opener().close()
+        assert not e.value.transient and name in str(e.value), str(e.value)
+    assert os.path.lexists(name) and not (tmp_path / "elsewhere").exists()
+
+
 def test_truncated_journal_is_refused(tmp_path):
     j = Journal.open(tmp_path)
     start(j)
