@@ -354,6 +354,12 @@ class Driver:
                                          self.config.alerts.failures_in_a_row):
             self.alert(kind, closed.agent, detail, run_id=closed.run_id)
 
+    def reap_orphans(self, journal: Journal) -> None:
+        """Close the run a dead driver left ``running`` in ``journal`` (at start-up, and
+        in a journal taken up under us); this driver's own live run is never one."""
+        reap(journal, self.state_dir, self.config, me=(self.env.pid, self.env.pid_start), log=self.log,
+             line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
+
     def on_reaped(self, row, closed: transitions.Closed) -> None:
         self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running by a "
                                                  f"dead driver (pid {row.driver_pid}); closed as interrupted",
@@ -436,8 +442,7 @@ class Driver:
             new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
             # Reaped as at start-up: a backup restored there holds the run going when it
             # was taken - ours, long ended - `running`, and every start would meet it.
-            reap(new, self.state_dir, self.config, me=(self.env.pid, self.env.pid_start), log=self.log,
-                 line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
+            self.reap_orphans(new)
         except JournalError:
             new.close()   # (the next turn opens it again)
             raise
@@ -796,14 +801,12 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     try:
         driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
                         agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
-        lines = {a.name: a.text for a in roster.agents}
         if leader is None:
             # Holding the lock proves every earlier driver of this state dir dead,
             # whatever pid it had: its running row is reaped (only a live driver's
             # is not). With PostgreSQL the lease decides instead (Driver.stand_by).
             try:
-                reap(journal, state_dir, config, me=me, line_of=lines.get, log=logger,
-                     on_reaped=driver.on_reaped)
+                driver.reap_orphans(journal)
             except JournalError as e:
                 logger(str(e))
                 return journal_exit(e)

@@ -80,7 +80,10 @@ def _no_schema_yet(path: Path) -> bool:
     unusable journal (status said exit 4 "no such table: runs" meanwhile)."""
     import sqlite3
     try:
-        if os.stat(path).st_size == 0:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):   # (a FIFO is 0 bytes long too: refused, never opened)
+            return False
+        if st.st_size == 0:
             return True
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
