@@ -203,9 +203,6 @@ def _identities(paths) -> Dict[str, Tuple[int, int]]:
     return out
 
 
-_DEFAULT_AGENT_ROW = {"runs": 0, "last_run_id": None}
-
-
 class Tx:
     """One transaction on the journal: reads and writes that commit together."""
 
