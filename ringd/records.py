@@ -75,6 +75,11 @@ class AgentState:
         return {k: getattr(self, k) for k in self.DECIDED}
 
     def with_(self, **changes: Any) -> "AgentState":
+        """This state with ``changes``: itself when they change nothing (an ok run
+        of a healthy agent - most runs - leaves its state as it was, unwritten)."""
+        mine = self.__dict__
+        if all(k in mine and mine[k] == v for k, v in changes.items()):
+            return self
         return replace(self, **changes)
 
 

@@ -60,7 +60,8 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
     stored = tx.agent(agent)
     before = seen_at(stored, now, ring)
     settled = after_run(before, status, source, now, ring, line)
-    if settled.state.decided() != stored.decided():   # an ordinary ok run of a healthy agent changes nothing
+    if settled.state is not stored and settled.state.decided() != stored.decided():
+        # (an ordinary ok run of a healthy agent changes nothing: the very same state)
         tx.put_agent(settled.state)
     if settled.entered_quarantine:
         until = datetime.fromtimestamp(settled.state.quarantined_until, tz=timezone.utc).isoformat()

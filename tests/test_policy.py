@@ -252,3 +252,16 @@ def test_a_reader_sees_a_hold_begun_under_another_roster_line_as_over():
     shown = seen_at(held, now, RING, "a ./fixed")
     assert shown.quarantined_until is None and shown.backoff_until is None and shown.bad_streak == 0
     assert seen_at(held, now, RING) == held and decide(held, now, "a ./fixed").line_changed
+
+
+def test_a_state_changed_by_nothing_is_the_very_same_state():
+    """An ok run of a healthy agent - most runs - leaves its state as it was: the
+    same object, so closing the run compares and stores nothing."""
+    s = AgentState("a", runs=3, consecutive_failures=0, backoff_until=None)
+    assert s.with_(consecutive_failures=0, backoff_until=None) is s
+    t = s.with_(consecutive_failures=1)
+    assert t is not s and (t.consecutive_failures, s.consecutive_failures) == (1, 0)
+    with pytest.raises(TypeError):
+        s.with_(no_such_field=1)
+    ring = RingSettings()
+    assert after_run(s, "ok", "driver", 100.0, ring).state is s
