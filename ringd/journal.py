@@ -193,24 +193,6 @@ def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     return con
 
 
-def _make_private(path: Path) -> None:
-    """The journal is 0600 (SPEC), also one that was there before ring wrote it:
-    an empty ``journal.db`` someone made 0644 kept that mode once filled, and
-    SQLite gives its -wal and -shm the journal's mode. Judged and changed on a
-    descriptor opened without following a symlink. Best effort."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _identities(paths) -> Dict[str, Tuple[int, int]]:
     """(device, inode) of each of ``paths`` that exists (a symlink's own)."""
     out = {}
@@ -428,7 +410,6 @@ class Journal:
                 os.chmod(f"{path}{suffix}", 0o600)
             except OSError:
                 pass
-        _make_private(path)
         return j
 
     def preallocate_wal(self) -> None:
