@@ -405,9 +405,15 @@ class Journal:
             raise
         except sqlite3.DatabaseError as e:
             raise _unusable(path, e) from None
-        for suffix in ("-wal", "-shm"):
+        # 0600 (SPEC), also a journal.db that was there before ring wrote it (an empty
+        # one made 0644 kept its mode once filled; SQLite gives -wal and -shm the
+        # journal's mode). By path: a descriptor of the journal opened and closed
+        # here would drop every SQLite lock of this process on it (POSIX locks).
+        for name in (str(path), f"{path}-wal", f"{path}-shm"):
             try:
-                os.chmod(f"{path}{suffix}", 0o600)
+                st = os.stat(name, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != 0o600:
+                    os.chmod(name, 0o600)
             except OSError:
                 pass
         return j

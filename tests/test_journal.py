@@ -337,3 +337,20 @@ def test_a_running_driver_has_made_its_log_long(ring):
     finally:
         drv.send_signal(sig.SIGTERM)
         drv.communicate(timeout=30)
+
+
+def test_a_journal_that_was_there_before_ring_wrote_it_is_made_private(tmp_path):
+    """SPEC: the journal is 0600 whatever the umask. An empty journal.db someone
+    made 0644 (``: > journal.db`` to start afresh) kept that mode once a writer
+    filled it, and SQLite gives its -wal and -shm the journal's mode."""
+    path = journal_path(tmp_path)
+    path.touch()
+    os.chmod(path, 0o644)
+    j = Journal.open(tmp_path)
+    try:
+        with j.transaction() as tx:
+            tx.set_meta("x", "1")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.glob("journal.db*")}
+    finally:
+        j.close()
+    assert modes and set(modes.values()) == {0o600}, modes
