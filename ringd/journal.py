@@ -129,6 +129,27 @@ def _check_companions(path: Path) -> None:
                                f"move it aside")
 
 
+def no_schema_yet(path: Path) -> bool:
+    """A journal with no table at all is one the first driver is creating (0
+    bytes, then a header, then its schema in one transaction), or an empty file
+    SQLite and the driver take as a new database: the ring never ran, not an
+    unusable journal (``ringd status`` said exit 4 "no such table: runs"
+    meanwhile). Read-only."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):   # (a FIFO is 0 bytes long too: refused, never opened)
+            return False
+        if st.st_size == 0:
+            return True
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error):
+        return False
+
+
 VERIFY_ALL_BYTES = 8 * 2 ** 20   # quick_check of this much takes ~0.1 s; beyond, start-up stays O(1)
 # Above that size, the pages the driver reads first (and keeps reading) are read now.
 _VERIFY_HOT = ("SELECT * FROM sqlite_master", "SELECT * FROM meta", "SELECT * FROM agents",

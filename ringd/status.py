@@ -28,7 +28,7 @@ from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import epoch as _epoch
 from .heartbeat import heartbeat_age, heartbeat_health, iso, read_heartbeat, read_own, watcher_alive
-from .journal import Journal, JournalError, RunRow, journal_path
+from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
 from .policy import seen_at
@@ -68,30 +68,9 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
     try:
         return Journal.open_readonly(state_dir)
     except JournalError:
-        if _no_schema_yet(path):
+        if no_schema_yet(path):
             return None
         raise
-
-
-def _no_schema_yet(path: Path) -> bool:
-    """A journal with no table at all is one the first driver is creating (0
-    bytes, then a header, then its schema in one transaction), or an empty file
-    SQLite and the driver take as a new database: the ring never ran, not an
-    unusable journal (status said exit 4 "no such table: runs" meanwhile)."""
-    import sqlite3
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):   # (a FIFO is 0 bytes long too: refused, never opened)
-            return False
-        if st.st_size == 0:
-            return True
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        finally:
-            con.close()
-    except (OSError, sqlite3.Error):
-        return False
 
 
 def process_alive(pid: Any, start_ticks: Any) -> bool:

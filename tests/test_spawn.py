@@ -217,12 +217,12 @@ def test_every_child_is_listed_past_the_first_page_of_the_kernels_list():
     try:
         for _ in range(1200):
             pids.append(os.posix_spawn(sleep, ["sleep", "300"], {}))
-        assert sorted(proctree.child_pids()) == sorted(pids)
+        assert set(pids) <= set(proctree.child_pids())   # (a test worker may have other children)
         done = threading.Event()
         t = threading.Thread(target=done.wait, args=(30,))
         t.start()
         try:
-            assert sorted(proctree._children_of(os.getpid())) == sorted(pids)
+            assert set(pids) <= set(proctree._children_of(os.getpid()))
         finally:
             done.set()
             t.join(30)
