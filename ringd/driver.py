@@ -31,7 +31,7 @@ from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import LOCK_FILE, KernelLock, LockHeld
 from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
                      spin_after_run, spin_at_lap_end, wait_timeout)
-from .reaper import reap
+from .reaper import orphan_cause, reap
 from .roster import RosterSource, next_index
 
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
@@ -361,9 +361,9 @@ class Driver:
              line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
 
     def on_reaped(self, row, closed: transitions.Closed) -> None:
-        self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running by a "
-                                                 f"dead driver (pid {row.driver_pid}); closed as interrupted",
-                   run_id=row.id)
+        self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running "
+                                                 f"({orphan_cause(row, (self.env.pid, self.env.pid_start))}); "
+                                                 f"closed as interrupted", run_id=row.id)
         self.alert_closed(closed)
 
     def after_run(self, result: HopResult) -> None:

@@ -31,6 +31,16 @@ def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
     return same_process(row.driver_pid, row.driver_start)
 
 
+def orphan_cause(row: RunRow, me: Optional[tuple] = None) -> str:
+    """Why ``row`` is an orphan, in the words of its reason and of the alert.
+    Its driver is dead - unless it is ``me``: a journal restored under this
+    driver from a backup taken while it ran that run, long ended."""
+    if me is not None and (row.driver_pid, row.driver_start) == me:
+        return (f"its driver (pid {row.driver_pid}, still running) no longer runs it: "
+                f"the journal was replaced under the driver")
+    return f"driver (pid {row.driver_pid}) died while it ran"
+
+
 def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int:
     """Kill what is left of an orphaned run anywhere on the host. Returns count.
 
@@ -89,7 +99,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     if row is None or driver_alive(row, me):
         return []
     killed = kill_orphan(state_dir, row, by_driver=me is not None)
-    reason = f"driver (pid {row.driver_pid}) died while it ran"
+    reason = orphan_cause(row, me)
     if killed:
         reason += f"; killed {killed} leftover process(es)"
     # the run's last phase is on the run (SPEC), also when its driver died: as it last published it

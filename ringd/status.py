@@ -113,8 +113,9 @@ def _alert_reaped(state_dir: Path, config: Config, row: RunRow, closed) -> None:
     if not config.alerts.command:
         return
     from . import alerts
+    from .reaper import orphan_cause
     alerts.fire(config.alerts.command, alerts.RUN_REAPED, row.agent,
-                f"run {row.id} of {row.agent} was left running by a dead driver (pid {row.driver_pid}); "
+                f"run {row.id} of {row.agent} was left running ({orphan_cause(row)}); "
                 f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
                 timeout=config.alerts.timeout, reaped_by_caller=False)
     alert_closed(state_dir, config, closed)

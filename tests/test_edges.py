@@ -479,6 +479,8 @@ def test_a_journal_restored_from_a_backup_under_the_driver_has_its_stale_running
                message="runs recorded in the restored journal")
     row = ring.rows("SELECT * FROM runs WHERE id = ?", stale)[0]
     assert (row["status"], driver.poll()) == ("interrupted", None), dict(row)
+    # its driver is this live one: the reason says so, and never that it died
+    assert row["reason"].startswith(f"its driver (pid {driver.pid}, still running) no longer runs it"), row["reason"]
     assert "Traceback" not in driver.err_path.read_text()
 
 

@@ -70,3 +70,16 @@ def test_watcher_restarts_in_window():
 def test_unknown_agent_message_is_short():
     e = unknown_agent("q" * 10_000, [f"agent-{i}" for i in range(500)])
     assert e.code == 2 and len(e.message) < 800 and "more)" in e.message
+
+
+def test_an_orphans_cause_names_a_dead_driver_or_this_one_still_running():
+    """The reason a reaped row carries (and its alert): a dead driver's run, or -
+    in a journal restored under the driver - this live driver's own, long ended."""
+    from ringd.journal import RunRow
+    from ringd.reaper import orphan_cause
+    row = RunRow(id=5, agent="a", position=0, status="running", started_at=1.0, ended_at=None,
+                 duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=9,
+                 run_budget=None, stall_threshold=None, log_path=None, driver_pid=42, driver_start=1000)
+    assert orphan_cause(row) == "driver (pid 42) died while it ran"
+    assert orphan_cause(row, me=(42, 999)) == "driver (pid 42) died while it ran"   # same pid, another process
+    assert orphan_cause(row, me=(42, 1000)).startswith("its driver (pid 42, still running) no longer runs it")
