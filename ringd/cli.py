@@ -15,6 +15,7 @@ if earlysig.subcommand(sys.argv[1:]) == "run":
 
 import errno
 import functools
+import io
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ from . import __version__
 from .config import ConfigError, lenient_modes, load_config, resolve_config_path, resolve_state_dir
 from .errors import EX_CONFIG as EXIT_CONFIG
 from .errors import EX_INTERRUPTED as EXIT_INTERRUPTED
+from .errors import EX_IOERR, STATUS_UNKNOWN
 from .errors import RingError
 
 
@@ -98,8 +100,10 @@ def fail(message: str, code: int) -> "click.exceptions.Exit":
     return click.exceptions.Exit(code)
 
 
-def _quiet_broken_pipe() -> None:
-    """stdout's reader went away (``ringd history | head``): end quietly."""
+def _drop_output() -> None:
+    """Standard output is gone (its reader went away: ``ringd history | head``)
+    or fails (OutputError): what is still buffered goes to /dev/null, so the
+    interpreter's last flush ends quietly."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -134,11 +138,11 @@ class RingGroup(click.Group):
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
-            _quiet_broken_pipe()
+            _drop_output()
             sys.exit(1)
         except OSError as e:
             if e.errno == errno.EPIPE:
-                _quiet_broken_pipe()
+                _drop_output()
                 sys.exit(1)
             raise
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -204,15 +208,29 @@ def reading(fn):
     return wrapper
 
 
-def operator_command(fn):
-    """Turn every expected failure of an operator command into one line + exit code."""
+def operator_command(fn=None, *, output_error: int = EX_IOERR):
+    """Turn every expected failure of an operator command into one line + exit code.
+    Its output is flushed here, not at the interpreter's exit: standard output
+    that cannot be written (a file on a full disk) is an error of its own,
+    ``output_error`` (74; for ``status`` 4, "unknown"), never the exit code of
+    a state it could not report."""
+    if fn is None:
+        return functools.partial(operator_command, output_error=output_error)
+
     @functools.wraps(fn)
     def wrapper(**kw):
         from .journal import JournalError
         try:
-            return fn(**kw)
+            _tell_output_errors()
+            try:
+                return fn(**kw)
+            finally:
+                sys.stdout.flush()
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
+        except OutputError as e:
+            _drop_output()
+            raise fail(f"cannot write to standard output: {e.strerror or e}", output_error)
         except ConfigError as e:
             raise fail(f"configuration error: {e}", e.code)
         except RingError as e:
@@ -223,10 +241,10 @@ def operator_command(fn):
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             raise
-        except PermissionError as e:
-            raise fail(f"{e.filename or 'state'}: permission denied "
-                       f"(operator commands run as the ring's user)", 1)
         except OSError as e:
+            if isinstance(e, PermissionError):
+                raise fail(f"{e.filename or 'state'}: permission denied "
+                           f"(operator commands run as the ring's user)", 1)
             if e.filename is None:
                 raise fail(f"{e.strerror or e}", 1)
             raise fail(f"{e.filename}: {e.strerror or e}", 1)
@@ -236,6 +254,41 @@ def operator_command(fn):
             raise fail(f"internal error: {type(e).__name__}: {one_line(e, 200)} "
                        f"(set RINGD_DEBUG=1 for a traceback)", 1)
     return wrapper
+
+
+class OutputError(OSError):
+    """Standard output could not be written (a file on a full disk, a device
+    that fails): told apart from a failure of the ring's own files."""
+
+
+class _StandardOutput(io.FileIO):
+    """Descriptor 1 whose write errors are OutputErrors. (EPIPE stays itself:
+    a reader that went away ends the command quietly, RingGroup.main.)"""
+
+    def write(self, data):
+        try:
+            return super().write(data)
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                raise
+            raise OutputError(e.errno, e.strerror) from None
+
+
+def _tell_output_errors() -> None:
+    """Put :class:`_StandardOutput` under ``sys.stdout`` (once), keeping its
+    encoding and buffering."""
+    out = sys.stdout
+    if isinstance(getattr(getattr(out, "buffer", None), "raw", None), _StandardOutput):
+        return
+    try:
+        if out.fileno() != 1:
+            return   # (a caller's own stream, as under a test runner)
+        out.flush()
+    except (AttributeError, OSError, ValueError):
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_StandardOutput(1, "w", closefd=False)),
+                                  encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering)
 
 
 def _warn(warnings: List[str]) -> None:
@@ -308,7 +361,7 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
 @reading
-@operator_command
+@operator_command(output_error=STATUS_UNKNOWN)
 def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool) -> None:
     """Driver health, watcher, current run, roster and one row per agent.
 
