@@ -19,6 +19,7 @@ placed by their wall time and pruned robustly against clock jumps.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -29,6 +30,7 @@ DEAD = "dead"          # its process is gone
 UNHEALTHY = (STALE, DEAD)
 
 BeatKey = Tuple[Any, ...]
+PID_LIMIT = 2 ** 31   # pid_t is 32 bits: no kernel gives a pid this big (os.pidfd_open overflows)
 
 
 def beat_key(hb: Any) -> Optional[BeatKey]:
@@ -37,16 +39,23 @@ def beat_key(hb: Any) -> Optional[BeatKey]:
     if not isinstance(hb, Mapping):
         return None
     pid = hb.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_LIMIT:
         return None
-    return (pid, _num(hb.get("pid_start")), hb.get("seq"), hb.get("at_epoch"), hb.get("at"),
+    return (pid, number(hb.get("pid_start")), hb.get("seq"), hb.get("at_epoch"), hb.get("at"),
             bool(hb.get("stopped")))
 
 
-def _num(value: Any) -> Optional[float]:
+def number(value: Any) -> Optional[float]:
+    """A number read from a state file as a finite float; None for anything else.
+    JSON reads a 400-digit number as an int that float() cannot take
+    (OverflowError), 1e999 as inf and NaN as nan: none of them is a time."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def same_start(a: Optional[float], b: Optional[float]) -> bool:
@@ -82,7 +91,7 @@ def adopted(hb: Mapping[str, Any], now: float) -> DriverView:
     """A live driver we found running: pinned to the heartbeat's identity, and given
     the benefit of the doubt (its current beat counts as seen now) - we cannot know
     how long ago it really beat without trusting the wall clock."""
-    return DriverView(pid=hb.get("pid"), pid_start=_num(hb.get("pid_start")), pinned=True,
+    return DriverView(pid=hb.get("pid"), pid_start=number(hb.get("pid_start")), pinned=True,
                       since=now, last_key=beat_key(hb), beat_at=now, beats=1)
 
 
@@ -164,14 +173,14 @@ def next_check(view: DriverView, *, last_poll: float, poll_interval: float,
 
 def prune(restarts: Sequence[Any], now: float, interval: float) -> List[float]:
     """Restart times (seconds on one clock) still inside the window ending at ``now``,
-    oldest first. Non-numbers are dropped. A time in the future (the wall clock
-    was set back) is clamped to ``now``: it still counts, but expires within
-    ``interval`` instead of lingering for as long as the clock jump."""
+    oldest first. Non-numbers (:func:`number`) are dropped. A time in the future
+    (the wall clock was set back) is clamped to ``now``: it still counts, but
+    expires within ``interval`` instead of lingering for as long as the clock jump."""
     kept = []
-    for t in restarts:
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+    for t in map(number, restarts):
+        if t is None:
             continue
-        t = min(float(t), now)
+        t = min(t, now)
         if now - t < interval:
             kept.append(t)
     return sorted(kept)

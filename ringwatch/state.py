@@ -16,7 +16,6 @@ holder's pid is published in ``ringwatch.json``, not in the lock.
 """
 from __future__ import annotations
 
-import math
 import os
 import stat
 import time
@@ -27,6 +26,8 @@ from typing import Any, Dict, List, Optional
 from ringd.errors import ConfigError, exit_for
 from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
 from ringd.safefile import check_state_dir
+
+from .policy import number
 
 STATE_FILE = "ringwatch.json"
 LOCK_FILE = "ringwatch.lock"
@@ -125,13 +126,13 @@ def restart_times(data: Dict[str, Any], clock: Clock) -> List[float]:
         known = rc["since_boot"]
     out: List[float] = []
     for item in raw if isinstance(raw, list) else []:
-        b = known.get(item) if isinstance(item, str) else None
-        if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b):
-            out.append(float(b))
+        b = number(known.get(item)) if isinstance(item, str) else None
+        if b is not None:
+            out.append(b)
             continue
-        t = item if isinstance(item, (int, float)) and not isinstance(item, bool) else parse_iso(item)
-        if t is not None and math.isfinite(t):
-            out.append(float(t) - (clock.wall - clock.boot))
+        t = number(item) if not isinstance(item, str) else number(parse_iso(item))
+        if t is not None:
+            out.append(t - (clock.wall - clock.boot))
     return out
 
 

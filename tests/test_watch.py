@@ -586,3 +586,24 @@ def test_a_wall_clock_set_back_never_turns_old_restarts_into_a_burst(ring):
         raise AssertionError(f"no new driver (watcher exit {rc}): {(ring.base / 'proc-0.stderr').read_text()[-600:]}")
     assert len(watch_state(ring)["restarts"]) == 1
     stop_watcher(ring, watcher)
+
+
+def test_numbers_too_big_for_a_float_in_the_heartbeat_or_ringwatch_json_are_no_numbers(ring):
+    """JSON reads a 400-digit number as an int that float() cannot take: such a
+    pid_start in the heartbeat killed the watcher just after it had started the
+    driver (internal error, exit 70 - the give-up code - its driver left running
+    unwatched), such a restart time in ringwatch.json killed it at start-up, and
+    `ringwatch reset`, the operator's way out, failed on it the same way."""
+    simple_ring(ring)
+    huge = "1" + "0" * 400
+    (ring.state / "ringd.heartbeat").write_text(f'{{"pid": 1, "pid_start": {huge}, "seq": 1}}')
+    (ring.state / "ringwatch.json").write_text(f'{{"restarts": [{huge}, -{huge}], "gave_up": false}}')
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    assert psutil.Process(hb["pid"]).ppid() == watcher.pid, watcher.poll()
+    stop_watcher(ring, watcher)
+    (ring.state / "ringwatch.json").write_text(
+        f'{{"restarts": [{huge}], "gave_up": true, "restart_clock": {{"boot_id": "x", "since_boot": {{"a": {huge}}}}}}}')
+    res = run_cli(ring, "reset", "--state", str(ring.state))
+    assert res.returncode == 0, res.stderr
+    assert json.loads((ring.state / "ringwatch.json").read_text())["gave_up"] is False

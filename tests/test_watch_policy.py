@@ -25,6 +25,25 @@ def test_beat_key_rejects_garbage(bad):
     assert policy.beat_key(bad) is None
 
 
+def test_beat_key_rejects_a_pid_no_kernel_gives():
+    """pid_t is 32 bits: a bigger pid made os.pidfd_open raise OverflowError when
+    the watcher followed that heartbeat (restart_command mode), a traceback."""
+    assert policy.beat_key(hb(pid=2 ** 31)) is None
+    assert policy.beat_key(hb(pid=10 ** 400)) is None
+    assert policy.beat_key(hb(pid=2 ** 31 - 1)) is not None
+
+
+@pytest.mark.parametrize("start", [10 ** 400, -10 ** 400, float("inf"), float("nan"), "x", True],
+                         ids=["huge", "-huge", "inf", "nan", "str", "bool"])
+def test_a_start_time_no_process_can_have_is_no_start_time(start):
+    """A 400-digit pid_start (JSON reads it as an int) raised OverflowError in
+    beat_key: the watcher died at its next poll (exit 70, read as "gave up")
+    and left its driver running unwatched."""
+    key = policy.beat_key(hb(start=start))
+    assert key is not None and key[1] is None
+    assert policy.adopted(hb(start=start), 0.0).pid_start is None
+
+
 def test_beat_key_changes_with_seq_and_identity():
     assert policy.beat_key(hb(seq=1)) != policy.beat_key(hb(seq=2))
     assert policy.beat_key(hb(pid=1)) != policy.beat_key(hb(pid=2))
@@ -193,6 +212,11 @@ def test_prune_drops_garbage_and_clamps_future_times():
     assert policy.prune(kept, 131.0, 30) == []
 
 
+def test_prune_drops_numbers_no_clock_can_show():
+    """A 400-digit restart time raised OverflowError (float() of it)."""
+    assert policy.prune([10 ** 400, -10 ** 400, float("inf"), float("-inf"), 5.0], 10.0, 30) == [5.0]
+
+
 def test_record_restart_prunes_and_sorts():
     assert policy.record_restart([50.0, 1.0], 60.0, 30) == [50.0, 60.0]
 
@@ -231,3 +255,14 @@ def test_restarts_of_another_boot_or_an_older_ringwatch_are_placed_by_wall_time(
     bad = dict(saved, restart_clock={"boot_id": "b1", "since_boot": {saved["restarts"][0]: float("nan")}})
     assert restart_times(bad, old) == [990.0]
     assert restart_times({"restarts": "x", "restart_clock": []}, old) == []
+
+
+def test_restart_times_too_big_for_a_float_are_dropped_not_raised():
+    """ringwatch.json with a 400-digit restart (or its boot time) made the watcher
+    and `ringwatch reset` - the operator's way out - an internal error."""
+    from ringwatch.state import Clock, encode_restarts, restart_times
+    old = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
+    saved = encode_restarts([990.0], old)
+    assert restart_times({"restarts": [10 ** 400, -10 ** 400, old.wall - 5]}, old) == [995.0]
+    huge = dict(saved, restart_clock={"boot_id": "b1", "since_boot": {saved["restarts"][0]: 10 ** 400}})
+    assert restart_times(huge, old) == [990.0]   # placed by its wall time instead
