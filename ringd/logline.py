@@ -73,10 +73,17 @@ os.register_at_fork(after_in_child=_forget_pid)
 
 
 def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
-    """Write one line to stderr (or ``stream``) and flush it."""
+    """Write one line to stderr (or ``stream``) and flush it. A line that cannot
+    be written (the log's disk is full: ENOSPC, EIO) is lost, never an error: a
+    driver under ringwatch writes to ``logs/ringd.log``, and on a full disk it
+    exited 1 at its first line, every driver the watcher started likewise, and
+    the watcher gave up - though the journal and heartbeat could be written."""
     global _journald
     stream = stream or sys.stderr
     if _journald is None:   # stderr does not change under a running daemon: look once
         _journald = stream_is_journal(stream, os.environ.get("JOURNAL_STREAM"))
-    stream.write(format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald))
-    stream.flush()
+    try:
+        stream.write(format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald))
+        stream.flush()
+    except OSError:
+        pass

@@ -96,3 +96,20 @@ def test_a_forked_child_logs_its_own_pid(tmp_path):
     out = io.StringIO()
     logline.emit("ringd", "parent again", stream=out)
     assert f"ringd[{os.getpid()}]: parent again" in out.getvalue()
+
+
+def test_a_line_the_disk_cannot_take_is_lost_not_raised():
+    """/dev/full answers every write with ENOSPC, as ringd.log on a full disk."""
+    from ringd import logline
+    if not os.path.exists("/dev/full"):
+        import pytest
+        pytest.skip("no /dev/full")
+    full = open("/dev/full", "w")
+    try:
+        logline.emit("ringd", "a line", stream=full)
+        logline.emit("ringd", "x" * 20000, stream=full)   # past the buffer too
+    finally:
+        try:
+            full.close()   # (flushes what is still buffered: ENOSPC again)
+        except OSError:
+            pass

@@ -607,3 +607,55 @@ def test_numbers_too_big_for_a_float_in_the_heartbeat_or_ringwatch_json_are_no_n
     res = run_cli(ring, "reset", "--state", str(ring.state))
     assert res.returncode == 0, res.stderr
     assert json.loads((ring.state / "ringwatch.json").read_text())["gave_up"] is False
+
+
+@pytest.fixture
+def full_logs(ring):
+    """ring.state/logs on its own tiny tmpfs, filled up (unmounted afterwards)."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tiny tmpfs")
+    logs = ring.state / "logs"
+    logs.mkdir(mode=0o700)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(logs)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        (logs / "ringd.log").touch(mode=0o600)
+        fd = os.open(logs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for size in (4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        yield ring
+    finally:
+        ring.cleanup()
+        if subprocess.run(["umount", str(logs)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(logs)], capture_output=True)
+
+
+def test_a_full_driver_log_never_kills_the_driver(full_logs):
+    """The driver writes its log lines to its stderr, logs/ringd.log under the
+    watcher. On a full disk the first line raised ENOSPC and the driver exited 1
+    before it had beaten once; every driver the watcher started died the same
+    way, and the watcher gave up (exit 70) - though a driver whose journal and
+    heartbeat are writable runs the ring as well without its log."""
+    ring = full_logs
+    ring.write_config(watch={"start_limit_burst": 2})
+    simple_ring(ring, "true")
+    watcher = ring.start_watcher()
+    try:
+        hb = wait_driver(ring)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nwatcher (exit {watcher.poll()}):\n{watcher.err_path.read_text()[-1500:]}") from None
+    # a few polls and beats later: the same driver, never replaced
+    seq = hb["seq"]
+    wait_until(lambda: (ring.heartbeat() or {}).get("seq", 0) > seq + 10, 10, message="the driver beats on")
+    assert ring.heartbeat()["pid"] == hb["pid"] and watch_state(ring)["restarts"] == []
+    stop_watcher(ring, watcher)
