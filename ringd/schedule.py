@@ -190,8 +190,11 @@ def wall_clock(t: float, tz: Optional[tzinfo] = None) -> datetime:
 
 # --- what the journal keeps ------------------------------------------------------
 # Per scheduled agent, meta ``schedule:<name>`` holds JSON {"spec", "since",
-# "last_wall"}: when this schedule was first seen (so a restart does not move a
-# never-run agent's first due time) and the wall-clock reading of its last start.
+# "last_start", "last_wall"}: when this schedule was first seen (so a restart does
+# not move a never-run agent's first due time), and the epoch time and wall-clock
+# reading of its last start. The last start is kept here as well as in its run:
+# retention (``ring.keep_runs``) deletes the oldest runs whoever ran them, and a
+# job whose last run went would be due again at once.
 # ``tx`` is a journal transaction (ringd.journal.Tx) or anything with its
 # meta/set_meta/agent/run/running_row reads.
 
@@ -208,19 +211,26 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         kept = json.loads(tx.meta(_meta_key(name)) or "{}")
     except ValueError:
         kept = {}
-    if not isinstance(kept, dict) or kept.get("spec") != schedule.describe() \
-            or not isinstance(kept.get("since"), (int, float)):
-        kept = {"spec": schedule.describe(), "since": now, "last_wall": None}
+    if not isinstance(kept, dict):
+        kept = {}
+    kept_start = _number(kept.get("last_start"))
+    if kept.get("spec") != schedule.describe() or _number(kept.get("since")) is None:
+        # (the last start is a fact of the agent, whatever its schedule says now)
+        kept = {"spec": schedule.describe(), "since": now, "last_start": kept_start, "last_wall": None}
         if write:
             tx.set_meta(_meta_key(name), json.dumps(kept))
-    last_start = None
     running = tx.running_row()
     if running is not None and running.agent == name:
-        last_start = running.started_at
+        run_start = running.started_at
     else:
         last_id = tx.agent(name).last_run_id
         last = tx.run(last_id) if last_id is not None else None
-        last_start = last.started_at if last is not None else None
+        run_start = last.started_at if last is not None else None
+    last_start = max((t for t in (run_start, kept_start) if t is not None), default=None)
+    if write and last_start is not None and last_start != kept_start:
+        # a start not recorded here yet (a journal from before the key, ``ringd next``)
+        kept["last_start"] = last_start
+        tx.set_meta(_meta_key(name), json.dumps(kept))
     if schedule.every is not None and last_start is not None and last_start > now + schedule.every:
         # started before the wall clock was stepped back by more than a period: due now, not the
         # step's length later (a smaller step stretches one wait, to twice the period at most;
@@ -264,5 +274,13 @@ def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None
     except ValueError:
         kept = {}
     if isinstance(kept, dict):
-        kept["last_wall"] = wall_clock(now, tz).isoformat()
+        kept["last_start"], kept["last_wall"] = now, wall_clock(now, tz).isoformat()
         tx.set_meta(_meta_key(name), json.dumps(kept))
+
+
+def _number(value: object) -> Optional[float]:
+    """A finite number kept in the journal's meta, else None (bool, NaN, text ...)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or value in (float("inf"), float("-inf")):
+        return None
+    return float(value)

@@ -1,6 +1,7 @@
 """The driver loop and the hop against a scripted environment (tests/fakeenv.py):
 a fake clock, scripted agents and signals, a real SQLite journal in tmp_path.
 Each test runs minutes of ring time in milliseconds."""
+import json
 import os
 import signal
 
@@ -480,3 +481,22 @@ def test_the_agents_log_dirs_are_listed_once_before_the_first_run(tmp_path):
     env.index_run_logs = lambda agents: calls.append((list(agents), len(env.children)))
     assert d.run() == 0
     assert calls == [(["a", "b", "c"], 0)]
+
+
+@pytest.mark.parametrize("job", [AgentOverride(every=3600.0), AgentOverride(schedule="0 0 1 1 *")])
+def test_a_scheduled_job_whose_last_run_was_pruned_is_not_run_again(tmp_path, job):
+    """Retention (``ring.keep_runs``) deletes the oldest runs, whoever ran them:
+    a fast ring soon prunes an hourly (or yearly) job's last run. The job's last
+    start is kept with its schedule, so it is not due again at once - its
+    next due time never moves back because history was pruned."""
+    d, env, j = make(tmp_path, ["a", "job"], default=Behaviour(runs_for=0.1), agents={"job": job}, keep_runs=5)
+    with j.transaction() as tx:   # the yearly job last ran a minute ago (first seen a year back)
+        run_id = tx.start_run("job", 1, now=WALL0 - 60.0, run_budget=10.0, stall_threshold=15.0,
+                              driver_pid=1, driver_start=1.0)
+        tx.close_run(run_id, "ok", source="driver", now=WALL0 - 59.0, exit_code=0)
+        tx.set_meta("schedule:job", json.dumps({"spec": d.config.schedule_for("job").describe(),
+                                                "since": WALL0 - 366 * 86400.0, "last_wall": None}))
+    env.send(30.0, signal.SIGTERM)
+    assert d.run() == 0
+    assert len(rows(j)) <= 5 + 500 and len(env.children) > 100   # pruned as it went
+    assert not [m for _, m in env.logs if m.startswith("job: due")], "the job ran again"
