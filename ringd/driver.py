@@ -554,6 +554,8 @@ class Driver:
                              and plan.index <= self.prev_index)
                     if wraps and not self.at_lap_start:
                         plan = None   # a new lap: count it (and pause) before anything starts
+                    elif plan.again:
+                        pass          # a new round of scheduled runs: slow down first if need be
                     elif plan.index is not None:
                         agent = agents[plan.index]
                         d = plan.decision
@@ -589,10 +591,14 @@ class Driver:
         if plan is None:
             self.lap_boundary()
             return 0
+        if plan.again:   # the job due again starts the next round
+            self.end_round()
+            return 0
         if plan.index is None:
-            self.ran_scheduled.clear()
             if self.once:
+                self.ran_scheduled.clear()
                 return len(plan.passed) or 1
+            self.end_round()
             self.idle(plan.until, now)
             return 0
         self.idle_logged = False
@@ -711,6 +717,22 @@ class Driver:
         self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
         if self.once:
             return
+        self.slow_down_if_spinning()
+        if self.config.ring.lap_pause > 0:
+            self.pause(self.config.ring.lap_pause)
+
+    def end_round(self) -> None:
+        """A round of scheduled runs ends with no ordinary turn (nothing else is
+        due, or a job is due again): a ring of scheduled agents has no lap, so
+        its round is one for the fast-fail guard."""
+        if self.ran_scheduled:
+            self.ran_scheduled.clear()
+            self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
+            self.slow_down_if_spinning()
+
+    def slow_down_if_spinning(self) -> None:
+        """At the end of a lap (or of a round of scheduled runs): wait ``spin.delay``
+        if every run of it failed at once (SPEC: a ring that fails at once never spins)."""
         if self.spin.delay > 0:
             if not self.spin_logged:
                 self.log(f"every run of the last lap failed within {self.config.ring.fast_fail:g}s; "
@@ -719,8 +741,6 @@ class Driver:
             self.pause(self.spin.delay)
         else:
             self.spin_logged = False
-        if self.config.ring.lap_pause > 0:
-            self.pause(self.config.ring.lap_pause)
 
     def idle(self, until: Optional[float], now: float) -> None:
         """Nothing is due (every agent backing off, quarantined ...): wait until the

@@ -190,6 +190,8 @@ class Plan:
     until: Optional[float] = None
     forced: bool = False    # ``ringd next``: a turn out of order (the ring's place is kept)
     scheduled: bool = False      # ``index`` is a scheduled agent that is due (not an ordinary turn)
+    again: bool = False          # ... due again with no ordinary turn since it ran: a new round of
+                                 # scheduled runs, which a ring that fails at once waits before, like a lap
 
 
 def plan_turn(inp: TurnInputs) -> Plan:
@@ -223,7 +225,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
         elif name not in inp.ran_scheduled:
             return Plan(i, d, [], scheduled=True)
         elif again is None:
-            again = Plan(i, d, [], scheduled=True)
+            again = Plan(i, d, [], scheduled=True, again=True)
     passed: List[int] = []
     for k in range(n if inp.limit is None else min(n, inp.limit)):
         i = (inp.start + k) % n

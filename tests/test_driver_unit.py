@@ -500,3 +500,24 @@ def test_a_scheduled_job_whose_last_run_was_pruned_is_not_run_again(tmp_path, jo
     assert d.run() == 0
     assert len(rows(j)) <= 5 + 500 and len(env.children) > 100   # pruned as it went
     assert not [m for _, m in env.logs if m.startswith("job: due")], "the job ran again"
+
+
+def test_a_ring_of_scheduled_agents_whose_every_run_fails_at_once_does_not_spin(tmp_path):
+    """A roster of ``every`` jobs only has no ordinary turn, hence no lap: the
+    fast-fail guard, which waits after a lap of runs that all failed at once,
+    never engaged, and an ``every: 0.01`` job failing at once wrote a hundred
+    rows a second. A scheduled agent due again with no ordinary agent wanting a
+    turn starts a new round, which waits like a lap (SPEC: under 2 rows/s);
+    a healthy job still runs back to back."""
+    d, env, j = make(tmp_path, ["job", "tick"], default=Behaviour(runs_for=0.001, code=1), backoff_max=16.0,
+                     agents={"job": AgentOverride(every=0.01), "tick": AgentOverride(every=0.5)})
+    env.send(120.0, signal.SIGTERM)
+    assert d.run() == 0
+    assert len(rows(j)) / 120 < 2, len(rows(j))
+    assert {r.agent for r in rows(j)} == {"job", "tick"}
+    assert sum("failed within" in m for _, m in env.logs) == 1
+    (tmp_path / "ok").mkdir()
+    d, env, j = make(tmp_path / "ok", ["job"], default=Behaviour(runs_for=0.2), agents={"job": AgentOverride(every=0.01)})
+    env.send(10.0, signal.SIGTERM)
+    assert d.run() == 0
+    assert len(rows(j)) >= 45
