@@ -15,9 +15,8 @@ from typing import Callable, List, Optional
 
 from . import transitions
 from .config import Config
-from .heartbeat import read_heartbeat
+from .heartbeat import journal_boot, live_writer, read_heartbeat
 from .notify import read_notes, without_controls
-from .procid import same_process
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
                      require_state_dir, roster_view, unknown_agent)
@@ -29,12 +28,10 @@ def wake_driver(state_dir: Path) -> Optional[int]:
     """SIGUSR1 to the live driver of ``state_dir``. Returns its pid, or None when no
     driver runs (the request then waits in the journal for the next one)."""
     from . import proctree
-    hb = read_heartbeat(state_dir)
-    if not hb or hb.get("stopped"):
+    writer = live_writer(read_heartbeat(state_dir))
+    if writer is None:
         return None
-    pid, start = hb.get("pid"), hb.get("pid_start")
-    if not isinstance(pid, int) or not same_process(pid, start):
-        return None
+    pid, start = writer
     return pid if proctree.signal_process(pid, start, signal.SIGUSR1) else None
 
 
@@ -171,7 +168,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         from .reaper import driver_alive, kill_orphan
         # A many-host ring's run may be on another box: its pids mean nothing
         # here. Kill only when its driver is a live process of this box.
-        if not config.ring.journal or driver_alive(row):
+        if not config.ring.journal or driver_alive(row, boot=journal_boot(state_dir)):
             result.killed = kill_orphan(state_dir, row)
         alert_closed(state_dir, config, closed)
         from .metrics import refresh_without_driver

@@ -24,8 +24,7 @@ from . import alerts, cgroup, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
-from .heartbeat import read_heartbeat
-from .procid import same_process
+from .heartbeat import live_writer, read_heartbeat
 from .hop import Hop, HopResult, Pending
 from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import LOCK_FILE, KernelLock, LockHeld
@@ -112,13 +111,8 @@ def acquire_lock(state_dir: Path) -> KernelLock:
 def live_driver(state_dir: Path, me: tuple) -> Optional[int]:
     """The pid of another driver of this state dir that is alive (per its heartbeat:
     pid *and* start time), though we hold the lock - its lock file was deleted."""
-    hb = read_heartbeat(state_dir)
-    if not hb or hb.get("stopped"):
-        return None
-    pid, start = hb.get("pid"), hb.get("pid_start")
-    if (pid, start) == me or not isinstance(pid, int):
-        return None
-    return pid if same_process(pid, start) else None
+    writer = live_writer(read_heartbeat(state_dir))
+    return writer[0] if writer is not None and writer != me else None
 
 
 class Driver:

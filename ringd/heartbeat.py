@@ -24,7 +24,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import procid, safefile
 
@@ -132,15 +132,38 @@ def read_own(path: Path, state_dir: Path) -> Optional[Dict[str, Any]]:
     return None
 
 
+def live_writer(data: Any, even_stopped: bool = False) -> Optional[Tuple[int, int]]:
+    """(pid, start ticks) of the live process that wrote ``data`` (the heartbeat,
+    ringwatch.json), else None: its pid, start ticks *and* boot, so neither a
+    recycled pid nor, after a reboot, a process that got the same pid at the same
+    tick. Not after its clean stop, unless ``even_stopped``."""
+    if not isinstance(data, dict) or (data.get("stopped") and not even_stopped):
+        return None
+    pid, start = data.get("pid"), data.get("pid_start")
+    if not procid.same_process(pid, start, data.get("boot_id")):
+        return None
+    return pid, start
+
+
 def watcher_alive(data: Optional[Dict[str, Any]]) -> bool:
-    """Is the watcher that wrote ``ringwatch.json`` (``data``) still running: its
-    pid *and* start ticks, never a recycled pid; not after its clean stop."""
-    return bool(data) and not data.get("stopped") and procid.same_process(data.get("pid"), data.get("pid_start"))
+    """Is the watcher that wrote ``ringwatch.json`` (``data``) still running?"""
+    return live_writer(data) is not None
+
+
+def journal_boot(state_dir: Path) -> Optional[str]:
+    """The boot its journal's process identities were recorded in (a ``running``
+    row's driver and agent): its last driver's, as its heartbeat says - a single-host
+    ring has one driver at a time, and a new one reaps before its first beat.
+    None: not known (no heartbeat, or one from before ring recorded boots)."""
+    boot = (read_heartbeat(state_dir) or {}).get("boot_id")
+    return boot if isinstance(boot, str) else None
 
 
 def whose(state_dir: Path) -> Dict[str, Any]:
-    """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`)."""
-    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir)}
+    """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`), and
+    to this boot (:func:`live_writer`)."""
+    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir),
+            "boot_id": procid.boot_id()}
 
 
 def state_id(state_dir: Path) -> Optional[List[int]]:

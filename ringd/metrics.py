@@ -138,14 +138,13 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
     beat, start, lap, role) are taken from its heartbeat, never made up. Only
     for a state dir's own SQLite journal (a many-host ring's drivers each write
     their own). Never raises; True if written."""
-    from .heartbeat import parse_iso, read_heartbeat
-    from .procid import same_process
+    from .heartbeat import live_writer, parse_iso, read_heartbeat
     from .status import roster_view
     if config.ring.journal:
         return False
     try:
         hb = read_heartbeat(state_dir) or {}
-        if same_process(hb.get("pid"), hb.get("pid_start")):
+        if live_writer(hb, even_stopped=True):
             return False   # its driver lives: it rewrites the file at its next beat
         _, roster, roster_error = roster_view(config, state_dir)
         if roster is None:   # a broken roster: the agents the journal knows stand in for it

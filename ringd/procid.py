@@ -71,12 +71,37 @@ def start_ticks(pid: Any) -> Optional[int]:
         return None
 
 
-def same_process(pid: Any, ticks: Any) -> bool:
+def same_process(pid: Any, ticks: Any, boot: Any = None) -> bool:
     """True when ``pid`` is alive and is the process that started at ``ticks``
     (as returned by :func:`start_ticks`, possibly round-tripped through JSON or a
-    REAL column). A recycled pid, a zombie or a malformed record never match."""
+    REAL column) in boot ``boot`` (:func:`boot_id` when it was recorded; None:
+    not recorded, taken as this boot). A recycled pid, a zombie, a malformed
+    record or one from before a reboot never match: ticks count from boot, and
+    a deterministic boot hands out the same pid at the same tick again."""
     want = _as_ticks(ticks)
-    return want is not None and start_ticks(pid) == want
+    return want is not None and this_boot(boot) and start_ticks(pid) == want
+
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+_boot_id: Optional[str] = None
+
+
+def boot_id() -> Optional[str]:
+    """This boot's random id (a new one at every boot); None without one (not Linux)."""
+    global _boot_id
+    if _boot_id is None and _LINUX:
+        try:
+            _boot_id = read_small(_BOOT_ID).decode("ascii", "replace").strip() or None
+        except OSError:
+            pass
+    return _boot_id
+
+
+def this_boot(boot: Any) -> bool:
+    """Was an identity recorded with ``boot`` (a :func:`boot_id`) recorded in this
+    boot? Yes when it was recorded without one, or there is none to compare."""
+    now = boot_id()
+    return boot is None or now is None or boot == now
 
 
 def _as_ticks(value: Any) -> Optional[int]:

@@ -19,16 +19,18 @@ from typing import Callable, List, Optional
 from . import cgroup, proctree
 from .config import Config
 from .notify import read_notes
+from .heartbeat import journal_boot
 from .procid import same_process
 from .journal import Journal, RunRow, journal_path
 from .transitions import Closed, close_row
 
 
-def driver_alive(row: RunRow, me: Optional[tuple] = None) -> bool:
-    """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?"""
+def driver_alive(row: RunRow, me: Optional[tuple] = None, boot: Optional[str] = None) -> bool:
+    """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?
+    ``boot``: the journal's (heartbeat.journal_boot)."""
     if me is not None and (row.driver_pid, row.driver_start) == me:
         return False
-    return same_process(row.driver_pid, row.driver_start)
+    return same_process(row.driver_pid, row.driver_start, boot)
 
 
 def orphan_cause(row: RunRow, me: Optional[tuple] = None) -> str:
@@ -75,7 +77,8 @@ def _other_owner(state_dir: Path) -> Optional[tuple]:
 
 
 def _kill_orphan(state_dir: Path, row: RunRow) -> int:
-    if bool(row.pid) and same_process(row.pid, row.pid_start):
+    # (pids of an earlier boot name nobody now; its run cgroups are gone with it)
+    if bool(row.pid) and same_process(row.pid, row.pid_start, journal_boot(state_dir)):
         # The group now, while its leader (just identified) holds the group id,
         # and never again: the leader is no child of ours, whoever reaps it
         # frees the id for any new session. One killpg is enough: a fork racing
@@ -96,7 +99,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     ``line_of``: the agent's roster line, recorded so that an edit of the line
     lifts a quarantine decided here. Returns the ids reaped."""
     row = journal.running_row()
-    if row is None or driver_alive(row, me):
+    if row is None or driver_alive(row, me, journal_boot(state_dir)):
         return []
     killed = kill_orphan(state_dir, row, by_driver=me is not None)
     reason = orphan_cause(row, me)

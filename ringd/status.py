@@ -27,7 +27,8 @@ from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import epoch as _epoch
-from .heartbeat import heartbeat_age, heartbeat_health, iso, read_heartbeat, read_own, watcher_alive
+from .heartbeat import (heartbeat_age, heartbeat_health, iso, journal_boot, live_writer, read_heartbeat, read_own,
+                        watcher_alive)
 from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
@@ -73,15 +74,11 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
         raise
 
 
-def process_alive(pid: Any, start_ticks: Any) -> bool:
-    """Is ``pid`` alive and the process that started at ``start_ticks``? (procid:
-    boot-relative, so a step of the wall clock changes nothing; no psutil import,
-    which would cost a status call ~10 ms.)"""
-    return procid.same_process(pid, start_ticks)
-
-
-def driver_of_row_alive(row: RunRow) -> bool:
-    return process_alive(row.driver_pid, row.driver_start)
+def driver_of_row_alive(row: RunRow, boot: Optional[str]) -> bool:
+    """Is the driver that wrote ``row`` alive? ``boot``: the journal's
+    (heartbeat.journal_boot). (procid: boot-relative, so a step of the wall
+    clock changes nothing; no psutil import, which would cost a status call ~10 ms.)"""
+    return procid.same_process(row.driver_pid, row.driver_start, boot)
 
 
 def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
@@ -90,7 +87,7 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
     if config.ring.journal:
         return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
     row = reader.running_row()
-    if row is None or driver_of_row_alive(row):
+    if row is None or driver_of_row_alive(row, journal_boot(state_dir)):
         return [], None
     try:
         from .reaper import reap
@@ -488,9 +485,7 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
 
 
 def _heartbeat_alive(hb: Optional[Mapping[str, Any]]) -> bool:
-    if not hb:
-        return False
-    return process_alive(hb.get("pid"), hb.get("pid_start"))
+    return live_writer(hb, even_stopped=True) is not None
 
 
 # --- history --------------------------------------------------------------------

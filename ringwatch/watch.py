@@ -28,7 +28,8 @@ from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
 from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
-from ringd.heartbeat import Notifier, iso, read_heartbeat, whose
+from ringd.heartbeat import Notifier, iso, live_writer, read_heartbeat, whose
+from ringd.procid import this_boot
 from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
 
@@ -134,7 +135,7 @@ class Watcher:
     # --- start-up -------------------------------------------------------------
     def _first_driver(self) -> None:
         now = time.monotonic()
-        hb = read_heartbeat(self.state_dir)
+        hb = _this_boots_heartbeat(self.state_dir)
         live = _live_driver(hb)
         mode = f"restart_command {list(self.w.restart_command)}" if self.command_mode else "owner"
         log(f"watching {self.state_dir} (pid {os.getpid()}, mode {mode}, "
@@ -159,7 +160,7 @@ class Watcher:
         now = time.monotonic()
         self.last_poll = now
         self._check_lock()
-        hb = read_heartbeat(self.state_dir)
+        hb = _this_boots_heartbeat(self.state_dir)
         self.view = policy.observe(self.view, hb, now)
         code = self._child_exit(hb, now)
         if code is not None:
@@ -308,7 +309,7 @@ class Watcher:
                                           last_key=None, beat_at=None)
             return
         self.proc = proc
-        self.view = policy.started(proc.pid, proc.start_time, read_heartbeat(self.state_dir),
+        self.view = policy.started(proc.pid, proc.start_time, _this_boots_heartbeat(self.state_dir),
                                    time.monotonic())
         log(f"started driver (pid {proc.pid}; {why}), output in {self.state_dir / 'logs' / driverproc.DRIVER_LOG}")
         self._status(f"started driver pid {proc.pid}")
@@ -317,7 +318,7 @@ class Watcher:
         argv = list(self.w.restart_command)
         log(f"running restart command {argv} ({why})")
         self._status(f"running restart command ({why})")
-        hb = read_heartbeat(self.state_dir)
+        hb = _this_boots_heartbeat(self.state_dir)
         try:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                                  stderr=sys.stderr.fileno(), start_new_session=True, close_fds=True,
@@ -494,14 +495,17 @@ class Watcher:
         self._unsaved = None
 
 
+def _this_boots_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
+    """The heartbeat, unless a driver of an earlier boot wrote it: its pid and
+    start tick name nobody now (or a process that got both again, which the
+    watcher would follow, then stop as a hung driver)."""
+    hb = read_heartbeat(state_dir)
+    return hb if isinstance(hb, dict) and this_boot(hb.get("boot_id")) else None
+
+
 def _live_driver(hb: Any):
     """(pid, start time) of the live driver the heartbeat names, else None."""
-    if not isinstance(hb, dict) or hb.get("stopped"):
-        return None
-    pid, start = hb.get("pid"), hb.get("pid_start")
-    if isinstance(pid, int) and same_process(pid, start):
-        return pid, start
-    return None
+    return live_writer(hb)
 
 
 def _pidfd(pid: int) -> Optional[int]:

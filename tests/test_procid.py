@@ -34,6 +34,19 @@ def test_start_ticks_are_field_22_of_proc_stat():
     assert procid.same_process(os.getpid(), procid.start_ticks(os.getpid()))
 
 
+def test_an_identity_of_another_boot_never_matches():
+    """Ticks count from boot: a pid and start tick recorded before a reboot can
+    be handed out again. One recorded with this boot's id, or with none (an
+    older file), is judged by pid and ticks alone."""
+    me, ticks = os.getpid(), procid.start_ticks(os.getpid())
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert procid.boot_id() == boot
+    assert procid.same_process(me, ticks, boot) and procid.same_process(me, ticks, None)
+    for other in ("00000000-0000-0000-0000-000000000000", "", 7):
+        assert not procid.same_process(me, ticks, other)
+    assert procid.this_boot(None) and procid.this_boot(boot) and not procid.this_boot(boot.upper() + "x")
+
+
 def test_a_zombie_is_dead_and_a_malformed_identity_never_matches():
     pid = os.posix_spawnp("sleep", ["sleep", "0.3"], os.environ)
     ticks = procid.start_ticks(pid)
@@ -121,3 +134,33 @@ def test_a_clock_step_never_makes_the_watcher_replace_a_live_driver(ring, tmp_pa
     assert [row["status"] for row in ring.runs()] == ["running"]
     w.send_signal(signal.SIGTERM)
     w.communicate(timeout=30)
+
+
+def test_a_run_of_an_earlier_boot_is_reaped_without_killing_whoever_has_its_pid_now(ring):
+    """After a reboot a ``running`` row names its dead driver and agent by pid and
+    start tick, and a deterministic boot can hand both to other processes. The
+    reaper (here ``ringd status``) killed such a stranger's whole group as the
+    run's leftover. Its last driver's heartbeat says which boot the journal's
+    processes ran in: those of another boot name nobody now."""
+    import sqlite3
+    import time
+    ring.roster("a true")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    stranger = ring.start(["sleep", "120"])
+    ticks = wait_until(lambda: procid.start_ticks(stranger.pid), 5, message="the stranger started")
+    con = sqlite3.connect(str(ring.journal_path))
+    with con:
+        con.execute("INSERT INTO runs(agent, position, status, started_at, driver_pid, driver_start, pid, pid_start)"
+                    " VALUES ('a', 0, 'running', ?, ?, ?, ?, ?)",
+                    (time.time(), stranger.pid, ticks + 1, stranger.pid, ticks))   # its driver: gone
+    con.close()
+    hb_path = ring.state / "ringd.heartbeat"
+    hb = json.loads(hb_path.read_text())
+    hb.update(pid=stranger.pid, pid_start=ticks, stopped=False, boot_id="00000000-0000-0000-0000-000000000000")
+    hb_path.write_text(json.dumps(hb))
+    r = subprocess.run(ring_cmd("status", "--json", *ring.common()), env=ring.env,
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    assert doc["driver"]["health"] == "dead", (doc["driver"], r.stderr)
+    assert [row["status"] for row in ring.runs()][-1] == "interrupted", "the earlier boot's run was not reaped"
+    assert procid.same_process(stranger.pid, ticks), "the reaper killed a process that only has the run's pid now"

@@ -659,3 +659,31 @@ def test_a_full_driver_log_never_kills_the_driver(full_logs):
     wait_until(lambda: (ring.heartbeat() or {}).get("seq", 0) > seq + 10, 10, message="the driver beats on")
     assert ring.heartbeat()["pid"] == hb["pid"] and watch_state(ring)["restarts"] == []
     stop_watcher(ring, watcher)
+
+
+def test_a_heartbeat_from_an_earlier_boot_names_no_driver(ring):
+    """After a reboot the heartbeat still names the last boot's driver by pid and
+    start tick, and a deterministic boot can hand both to another process. The
+    watcher took such a process (here a `sleep`, named with its real pid and
+    start tick but another boot's id) for its driver and, as it never beat,
+    stopped it as a hung one after stale_after. A heartbeat of another boot names
+    nobody: the watcher starts its own driver and leaves the stranger alone."""
+    from ringd.procid import start_ticks
+    simple_ring(ring)
+    stranger = ring.start(["sleep", "120"])
+    ticks = wait_until(lambda: start_ticks(stranger.pid), 5, message="the stranger started")
+    (ring.state / "ringd.heartbeat").write_text(json.dumps({
+        "pid": stranger.pid, "pid_start": ticks, "seq": 7, "at_epoch": time.time(),
+        "boot_id": "00000000-0000-0000-0000-000000000000"}))
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring, not_pid=stranger.pid)
+    assert psutil.Process(hb["pid"]).ppid() == watcher.pid
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert hb["boot_id"] == watch_state(ring)["boot_id"] == boot   # both files say which boot they are of
+    stale_after = ring.config["watch"]["stale_after"]
+    deadline = time.monotonic() + 2 * stale_after + 1
+    while time.monotonic() < deadline:   # well past stale_after: never taken for a hung driver
+        assert stranger.poll() is None, "the watcher killed a process another boot's heartbeat named"
+        time.sleep(0.1)
+    stop_watcher(ring, watcher)
+    assert stranger.poll() is None
