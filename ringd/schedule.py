@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Iterable, List, Optional, Sequence
 
+from .heartbeat import epoch
+
 _MAX_WALL_SKIPS = 100   # guard: matches looked at (a repeated stretch is jumped over at once)
 
 
@@ -213,8 +215,8 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         kept = {}
     if not isinstance(kept, dict):
         kept = {}
-    kept_start = _number(kept.get("last_start"))
-    if kept.get("spec") != schedule.describe() or _number(kept.get("since")) is None:
+    kept_start = epoch(kept.get("last_start"))
+    if kept.get("spec") != schedule.describe() or epoch(kept.get("since")) is None:
         # (the last start is a fact of the agent, whatever its schedule says now)
         kept = {"spec": schedule.describe(), "since": now, "last_start": kept_start, "last_wall": None}
         if write:
@@ -277,10 +279,3 @@ def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None
         kept["last_start"], kept["last_wall"] = now, wall_clock(now, tz).isoformat()
         tx.set_meta(_meta_key(name), json.dumps(kept))
 
-
-def _number(value: object) -> Optional[float]:
-    """A finite number kept in the journal's meta, else None (bool, NaN, text ...)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value in (float("inf"), float("-inf")):
-        return None
-    return float(value)

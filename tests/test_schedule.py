@@ -319,6 +319,42 @@ def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
     assert entry(Journal(t), "job", every, t - 86400).next_due(BERLIN) == t - 86400     # a day back: due now
 
 
+def test_a_schedules_kept_times_that_no_clock_can_show_are_no_times():
+    """``schedule:<name>`` in the journal's meta is read, not trusted: a time no
+    clock can show (JSON's 400-digit integer, which float() cannot take; 1e999;
+    NaN) is no time - never an OverflowError in the driver's turn."""
+    import json
+    from ringd.schedule import entry
+
+    class Journal:   # a job that never ran, its meta as a hand (or a bit flip) left it
+        def __init__(self, kept):
+            self.kept = kept
+
+        def meta(self, key):
+            return self.kept
+
+        def set_meta(self, key, value):
+            self.kept = value
+
+        def running_row(self):
+            return None
+
+        def agent(self, name):
+            from ringd.records import AgentState
+            return AgentState(name)
+
+        def run(self, run_id):
+            return None
+
+    every, t = Schedule(every=600), 1_800_000_000.0
+    for bad in ("1" + "0" * 400, "-1" + "0" * 400, "1e999", "NaN", "true"):
+        kept = f'{{"spec": "{every.describe()}", "since": {t - 60}, "last_start": {bad}}}'
+        assert entry(Journal(kept), "job", every, t).next_due(BERLIN) == t - 60, bad   # never ran: due
+        j = Journal(f'{{"spec": "{every.describe()}", "since": {bad}}}')
+        assert entry(j, "job", every, t).next_due(BERLIN) == t, bad   # first seen now
+        assert json.loads(j.kept)["since"] == t
+
+
 def test_the_ring_resumes_after_its_last_ordinary_run_however_many_scheduled_runs_came_since(tmp_path):
     """A scheduled run is not a turn: the ring resumes after the last ordinary
     run - also when a frequent job ran more than a hundred times since (a day
