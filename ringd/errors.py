@@ -13,7 +13,7 @@ from typing import Any
 # sysexits(3)
 EX_OK = os.EX_OK                # 0
 EX_UNAVAILABLE = os.EX_UNAVAILABLE  # 69: the journal cannot be used now (busy, full, unreachable): restart later
-EX_SOFTWARE = os.EX_SOFTWARE    # 70: internal error; ringwatch gave up
+EX_SOFTWARE = os.EX_SOFTWARE    # 70: ringwatch gave up (the start limit was hit); nothing else exits 70
 EX_IOERR = os.EX_IOERR          # 74: a command's output could not be written (stdout on a full disk)
 EX_TEMPFAIL = os.EX_TEMPFAIL    # 75: another daemon holds the lock
 EX_CONFIG = os.EX_CONFIG        # 78: configuration (or unusable journal): do not restart blindly

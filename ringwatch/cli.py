@@ -19,10 +19,15 @@ import click
 from ringd import __version__, logline
 from ringd.cli import RingGroup
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-from ringd.errors import EX_SOFTWARE as EXIT_INTERNAL
 
 from . import state
 from .state import Refusal
+
+
+# An unexpected error (a bug) exits 1, never 70: 70 says the watcher gave up, and
+# the shipped units tell systemd never to restart that (RestartPreventExitStatus=70
+# 78), so a bug stopped the ring for good instead of costing one restart.
+EXIT_INTERNAL = 1
 
 
 def _fail(message: str, code: int) -> None:

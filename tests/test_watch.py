@@ -687,3 +687,23 @@ def test_a_heartbeat_from_an_earlier_boot_names_no_driver(ring):
         time.sleep(0.1)
     stop_watcher(ring, watcher)
     assert stranger.poll() is None
+
+
+def test_an_internal_error_of_the_watcher_is_not_its_give_up_code(monkeypatch, capsys):
+    """An unexpected exception exited 70, the code that says the watcher gave up
+    (start limit hit), which the shipped units tell systemd never to restart: a
+    bug stopped the ring for good. It is one line and exit 1, which systemd
+    restarts (``Restart=on-failure``)."""
+    import ringwatch.cli as wcli
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(wcli, "cli", boom)
+    with pytest.raises(SystemExit) as exit_:
+        wcli.main()
+    assert exit_.value.code == 1
+    assert "internal error: RuntimeError: boom" in capsys.readouterr().err
+    for unit in ("ringwatch.service", "ringwatch-systemd.service"):
+        text = (Path(__file__).resolve().parent.parent / "systemd" / unit).read_text()
+        prevent = next(ln for ln in text.splitlines() if ln.startswith("RestartPreventExitStatus="))
+        assert "1" not in prevent.split("=", 1)[1].split(), prevent
