@@ -419,17 +419,21 @@ def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
 
 def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
     """``phase`` and ``agent_beat_at`` of run ``run_id`` as last published
-    (empty when the file is about another run, missing or corrupt)."""
+    (empty when the file is about another run, missing or corrupt). The file
+    is in a state dir agents can write: it is read as input, never trusted -
+    the phase as :func:`clean_phase` keeps one (status shows it, the reaper
+    and force-fail record it), the ping's time only if a clock can show it
+    (heartbeat.epoch: an infinite one made status print ``Infinity``, and
+    fail)."""
     if run_id is None:
         return {}
-    from .heartbeat import read_json
+    from .heartbeat import epoch, read_json
     data = read_json(state_dir / NOTES_FILE)
-    if data is None or data.get("run_id") != run_id:
+    if data is None or type(data.get("run_id")) is not int or data["run_id"] != run_id:
         return {}
     phase = data.get("phase")
-    beat = data.get("agent_beat_at")
-    return {"phase": phase if isinstance(phase, str) else None,
-            "agent_beat_at": beat if isinstance(beat, (int, float)) and not isinstance(beat, bool) else None}
+    return {"phase": clean_phase(phase) if isinstance(phase, str) else None,
+            "agent_beat_at": epoch(data.get("agent_beat_at"))}
 
 
 def remove_notes(state_dir: Path) -> None:

@@ -117,6 +117,21 @@ def test_notes_are_written_at_most_once_a_second(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "notify.json").st_mode) == 0o600
 
 
+@pytest.mark.parametrize("beat", ["-1e999", "1e999", "NaN", "1e308", "true", "\"soon\""])
+def test_notes_written_by_someone_else_never_reach_status_raw(tmp_path, beat):
+    """notify.json is in a state dir every agent can write: a stamp no clock can
+    show made ``status --json`` print ``Infinity`` (not JSON) and ``ringd status``
+    an internal error; a phase is what the driver would have kept of it
+    (one line, 200 characters), since the reaper and force-fail record it."""
+    (tmp_path / "notify.json").write_text(
+        '{"run_id": 3, "phase": "\\u001b[31mred\\nnext' + "x" * 300 + '", "agent_beat_at": ' + beat + '}')
+    notes = read_notes(tmp_path, 3)
+    assert notes["agent_beat_at"] is None
+    assert notes["phase"] == clean_phase("\x1b[31mred\nnext" + "x" * 300) and "\x1b" not in notes["phase"]
+    (tmp_path / "notify.json").write_text('{"run_id": true, "phase": "p", "agent_beat_at": 1000.0}')
+    assert read_notes(tmp_path, 1) == {}
+
+
 # --- the real socket --------------------------------------------------------------------
 
 def _sender(code: str, env_socket: str) -> subprocess.CompletedProcess:
