@@ -8,9 +8,9 @@ ordering that matters - a skip during the budget's grace, a stop during a skip,
 a stall at the same instant as an exit - is a plain function call to test.
 
 Rules (SPEC "An agent's life"): at the budget SIGTERM to the group; at the stall
-threshold, or when the agent's watchdog starves (or it says WATCHDOG=trigger),
-the run is killed and counts as ``stalled``; an operator skip or a driver stop
-SIGTERMs the group and kills the tree after a short grace. The first ending decided stays decided: a skipped run
+threshold, or when the agent's watchdog starves before the budget (or it says
+WATCHDOG=trigger), the run is killed and counts as ``stalled``; an operator skip
+or a driver stop SIGTERMs the group and kills the tree after a short grace. The first ending decided stays decided: a skipped run
 stays ``skipped`` if the driver stops during the skip's grace. An exit observed
 together with a deadline or a stop is the agent's own ending.
 """
@@ -152,7 +152,7 @@ def next_deadline(s: RunState) -> float:
         times.append(s.stall_at)
         if not s.termed_at_budget:
             times.append(s.term_at)
-        if s.watchdog_at is not None:
+        if s.watchdog_at is not None and not s.termed_at_budget:
             times.append(s.watchdog_at)
     return min(times)
 
@@ -216,7 +216,8 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
     if s.ending is None and now >= s.stall_at:
         s = replace(s, ending="stall", reason=f"no exit {s.stall:g}s after start", killed=True, killed_at=now)
         acts += [Log("stalled; SIGKILL to its whole process tree"), KillTree()]
-    elif s.ending is None and s.watchdog_at is not None and now >= s.watchdog_at:
+    elif s.ending is None and not s.termed_at_budget and s.watchdog_at is not None and now >= s.watchdog_at:
+        # (after the budget's SIGTERM the run is ending: its watchdog is off, as systemd's is for a stopping service)
         s, more = _ending(s, "watchdog", f"watchdog: no ping for {s.watchdog:g} s", WATCHDOG_GRACE, now)
         acts += [Log(f"{s.reason}; ending it like a stall")] + more
     elif s.ending is None and not s.termed_at_budget and now >= s.term_at:

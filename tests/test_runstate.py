@@ -108,6 +108,19 @@ def test_the_watchdog_starves_into_a_stall_unless_pinged():
     assert c.status == "stalled" and c.reason.startswith("watchdog:")
 
 
+def test_the_watchdog_starves_no_run_the_budget_is_already_ending():
+    """After the budget's SIGTERM the run is ending (the first ending decided
+    stays decided): an agent cleaning up without pinging - as systemd, which
+    stops watching a service once it is stopping, lets it - keeps its grace up to
+    the stall threshold and ends ``timeout``, never ``stalled`` by a watchdog."""
+    s, acts = run(new(watchdog=2.0), (9.5, Ping()), (10.0, Tick()))
+    assert kinds(acts) == ["Term"] and next_deadline(s) == 15.0   # the next beat, not 11.5
+    s, acts = run(s, (11.5, Tick()), (13.0, Tick()), (14.0, Exited(None, 15)))
+    c = closes(acts)[0]
+    assert kinds(acts) == ["KillTree", "Close"]
+    assert c.status == "timeout" and c.reason == "run budget of 10s reached"
+
+
 def test_watchdog_trigger_ends_the_run_as_a_starved_watchdog_with_or_without_one():
     for watchdog in (None, 30.0):
         s, acts = run(new(watchdog=watchdog), (1.0, Trigger()))
