@@ -85,6 +85,7 @@ class Hop:
         self.watchdog = host.config.watchdog_for(agent.name)
         self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
         self.notes = None    # what the agent said, as published for status (ringd.notify.Notes)
+        self._notes_failing = False   # its last publication failed (said once, until one succeeds)
         self.cgroup = None   # the run's cgroup until the spawn hands it to the child
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
@@ -231,7 +232,11 @@ class Hop:
                 self.env.write_notes(self.notes, now)
             except OSError as e:   # a full state dir: status shows an older phase, the run goes on
                 self.notes.dirty = False
-                self.say(f"cannot publish its phase: {self.env.errno_reason(e)}")
+                if not self._notes_failing:   # said once, as for the heartbeat: never once a second
+                    self.say(f"cannot publish its phase: {self.env.errno_reason(e)}")
+                self._notes_failing = True
+            else:
+                self._notes_failing = False
 
     def _close_notify(self) -> None:
         if self.notify is not None:

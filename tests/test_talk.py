@@ -355,3 +355,23 @@ def test_a_journal_from_before_phases_gets_the_column(ring):
     assert ring.start_driver("--once").wait(timeout=30) == 0
     runs = history_json(ring)
     assert [r["phase"] for r in runs] == ["after the upgrade", None]
+
+
+def test_a_phase_that_cannot_be_published_is_said_once_a_run_not_once_a_second(ring):
+    """notify.json cannot be written (here a directory is in its place; a full
+    state dir does the same): the run goes on and the driver says so once, like
+    a heartbeat it cannot write - not once a second for as long as its agent
+    talks."""
+    ring.agent("chatty", f"""
+        mkdir "$RING_STATE/notify.json"
+        for i in $(seq 40); do {NOTIFY} --ping --status "step $i"; sleep 0.1; done
+        """)
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"chatty {ring.agents_dir}/chatty.sh")
+    drv = ring.start_driver()
+    row = wait_until(lambda: [r for r in ring.runs() if r["status"] != "running"], timeout=40,
+                     message="the chatty run ended")[0]
+    stop(ring, drv)
+    assert row["status"] == "ok" and row["phase"] == "step 40" and row["duration"] > 2.5, dict(row)
+    log = drv.communicate()[1].decode()
+    assert log.count("cannot publish its phase") == 1, log
