@@ -266,3 +266,19 @@ def ring(tmp_path):
     r.cleanup()
     leftovers = [p for p in processes_of(r.state) if _not_zombie(p)]
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+
+
+def fill_up(directory: Path) -> Path:
+    """Fill the file system under ``directory`` with one file, to its last byte; returns it."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler

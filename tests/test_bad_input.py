@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import processes_of, wait_until
+from conftest import fill_up, processes_of, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -524,21 +524,6 @@ def small_state(ring):
             subprocess.run(["umount", "-l", str(ring.state)], capture_output=True)
 
 
-def _fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def _lines_with(path: Path, *words) -> list:
     return [x for x in read_text(path).splitlines() if any(w in x for w in words)]
 
@@ -593,7 +578,7 @@ def _fault_and_recover(ring, inject, repair):
 def test_state_dir_full_says_why_keeps_alive_and_recovers(small_state):
     ring = small_state
     filler = ring.state / "filler"
-    log = _fault_and_recover(ring, lambda: _fill(ring.state), lambda: filler.unlink())
+    log = _fault_and_recover(ring, lambda: fill_up(ring.state), lambda: filler.unlink())
     assert not list(ring.state.glob(".*.tmp")), "failed atomic writes left temp files"
     assert "No space left" in log or "disk is full" in log
 
@@ -700,7 +685,7 @@ def test_read_only_state_dir_at_startup_is_one_line_and_no_configuration_error(r
 def test_full_state_dir_at_startup_is_one_line(small_state):
     ring = small_state
     ring.roster("a /bin/true")
-    _fill(ring.state)
+    fill_up(ring.state)
     code, err = finish(ring.start_driver("--once"))
     assert code != 0 and "Traceback" not in err, err[-2000:]
     assert_one_clear_line(err)
@@ -798,7 +783,7 @@ def test_watcher_keeps_watching_on_a_full_state_dir(small_state):
     err_file.close()
     wait_until(lambda: (ring.state / "ringwatch.json").exists() and ring.heartbeat(), 20,
                message="watcher and driver up")
-    filler = _fill(ring.state)
+    filler = fill_up(ring.state)
     try:
         wait_until(lambda: _lines_with(err_path, "watching on with the state in memory"), 20,
                    message="watcher reports the unwritable state")

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import processes_of, wait_until, watch_cmd
+from conftest import fill_up, processes_of, wait_until, watch_cmd
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -623,16 +623,7 @@ def full_logs(ring):
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
         (logs / "ringd.log").touch(mode=0o600)
-        fd = os.open(logs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            for size in (4096, 1):
-                try:
-                    while True:
-                        os.write(fd, b"\0" * size)
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        fill_up(logs)
         yield ring
     finally:
         ring.cleanup()
