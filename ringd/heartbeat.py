@@ -232,6 +232,7 @@ class Heartbeat:
         self.notifier = notifier
         self.pid = os.getpid()
         self.pid_start = procid.start_ticks(self.pid)  # boot-relative: immune to clock steps
+        self.tz = os.environ.get("TZ")   # the zone its cron schedules are read in (schedule.local_zone)
         self.started_at = time.time()
         self.seq = 0
 
@@ -244,7 +245,7 @@ class Heartbeat:
             "pid": self.pid, "pid_start": self.pid_start,
             "started_at": iso(self.started_at), "at": iso(now), "at_epoch": now,
             "lap": lap, "agent": agent, "run_id": run_id, "run_pid": run_pid,
-            "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped,
+            "run_started_at": iso(run_started_at), "seq": self.seq, "stopped": stopped, "tz": self.tz,
             **self.whose,
         }
         if extra:

@@ -59,13 +59,22 @@ def check_cron(expr: object) -> str:
     return norm
 
 
-def local_zone() -> tzinfo:
+_OWN_TZ = object()
+
+
+def local_zone(tz: object = _OWN_TZ) -> tzinfo:
     """The box's local time zone as its C library reads it (cron's "local time"),
     as a zoneinfo zone (so DST rules are known): ``$TZ`` - a zone name, a TZif
     file (``:/path``), a POSIX rule (``CET-1CEST,M3.5.0,M10.5.0/3``), UTC when
     empty or unusable, as libc takes it - else ``/etc/localtime``, else UTC.
+    ``tz``: another process's ``$TZ`` instead of ours (None: it had none) - the
+    driver's, as its heartbeat says, for ``status``: an operator's shell with
+    another ``TZ`` showed cron due times off by the difference.
     Never raises: whatever TZ says, ``ringd run`` runs what ``ringd check`` accepted."""
-    tz = os.environ.get("TZ")
+    if tz is _OWN_TZ:
+        tz = os.environ.get("TZ")
+    if not isinstance(tz, str):
+        tz = None
     if tz is None:
         return _zone_file("/etc/localtime", "localtime") or timezone.utc
     key = tz[1:] if tz.startswith(":") else tz

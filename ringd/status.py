@@ -464,15 +464,18 @@ def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: 
 
 
 def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path) -> Dict[str, float]:
-    """Next due time of every scheduled agent on the roster (read-only). No
-    journal yet (``reader`` None): none has run, so each is due as a schedule
-    first seen now (``every`` at once, a cron at its next matching minute)."""
+    """Next due time of every scheduled agent on the roster (read-only), in the
+    driver's time zone (its heartbeat's ``tz``; ours without one). No journal
+    yet (``reader`` None): none has run, so each is due as a schedule first seen
+    now (``every`` at once, a cron at its next matching minute)."""
     if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
         return {}
     from . import schedule
     _, roster, _ = roster_view(config, state_dir)
     names = [n for n, _ in roster] if roster is not None else list(config.agents)
-    now, zone, out = time.time(), schedule.local_zone(), {}
+    hb = read_heartbeat(state_dir) or {}
+    zone = schedule.local_zone(hb["tz"]) if "tz" in hb else schedule.local_zone()
+    now, out = time.time(), {}
     if reader is None:
         scheds = ((name, config.schedule_for(name)) for name in names)
         return {name: schedule.next_due(sched, None, now, zone) for name, sched in scheds if sched is not None}

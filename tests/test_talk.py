@@ -318,6 +318,25 @@ def test_a_tz_that_names_no_zone_file_still_runs_the_ring_check_accepted(ring):
     assert {r["agent"] for r in ring.runs() if r["status"] == "ok"} == {"a", "job"}
 
 
+def test_status_reads_cron_times_in_the_drivers_zone_not_its_own(ring):
+    """A cron schedule is read in the driver's local time (its ``TZ``). ``status``
+    read it in its own: an operator's shell with another ``TZ`` than the service
+    showed every cron due time off by the difference (here 9 hours)."""
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+    ring.agent("a", "exit 0")
+    ring.write_config(agents={"noon": {"schedule": "0 12 * * *"}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"noon {ring.agents_dir}/a.sh")
+    drv = ring.start_driver("--once", env=dict(ring.env, TZ="Asia/Tokyo"))
+    out, err = drv.communicate(timeout=60)
+    assert drv.returncode == 0, err.decode()
+    r = ring.cli("status", "--json", env=dict(ring.env, TZ="UTC"))
+    due = datetime.fromisoformat({a["name"]: a["next_due"] for a in json.loads(r.stdout)["agents"]}["noon"])
+    tokyo = due.astimezone(ZoneInfo("Asia/Tokyo"))
+    assert (tokyo.hour, tokyo.minute) == (12, 0), due
+    assert timedelta(0) < due - datetime.now(due.tzinfo) <= timedelta(days=1, minutes=1), due
+
+
 def test_bad_cron_exits_78_naming_the_key(ring):
     ring.agent("a", "true")
     ring.roster(f"a {ring.agents_dir}/a.sh")
