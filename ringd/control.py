@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 from . import transitions
 from .config import Config
-from .heartbeat import journal_boot, live_writer, read_heartbeat
+from .heartbeat import live_writer, read_heartbeat
 from .notify import read_notes, without_controls
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
@@ -168,7 +168,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
         from .reaper import driver_alive, kill_orphan
         # A many-host ring's run may be on another box: its pids mean nothing
         # here. Kill only when its driver is a live process of this box.
-        if not config.ring.journal or driver_alive(row, boot=journal_boot(state_dir)):
+        if not config.ring.journal or driver_alive(row, state_dir):
             result.killed = kill_orphan(state_dir, row)
         alert_closed(state_dir, config, closed)
         from .metrics import refresh_without_driver

@@ -140,9 +140,7 @@ def live_writer(data: Any, even_stopped: bool = False) -> Optional[Tuple[int, in
     if not isinstance(data, dict) or (data.get("stopped") and not even_stopped):
         return None
     pid, start = data.get("pid"), data.get("pid_start")
-    if not procid.same_process(pid, start, data.get("boot_id")):
-        return None
-    return pid, start
+    return (pid, start) if procid.same_process(pid, start, data.get("boot_id")) else None
 
 
 def watcher_alive(data: Optional[Dict[str, Any]]) -> bool:
@@ -154,9 +152,15 @@ def journal_boot(state_dir: Path) -> Optional[str]:
     """The boot its journal's process identities were recorded in (a ``running``
     row's driver and agent): its last driver's, as its heartbeat says - a single-host
     ring has one driver at a time, and a new one reaps before its first beat.
-    None: not known (no heartbeat, or one from before ring recorded boots)."""
+    None: not known (no heartbeat, one from before ring recorded boots), or this
+    boot's: another live process holds the driver's lock, so the driver that
+    wrote any ``running`` row is of this boot, heartbeat or not (one that could
+    not write its heartbeat yet must not have its run taken for an earlier boot's)."""
+    from .lock import LOCK_FILE, holder_pid
     boot = (read_heartbeat(state_dir) or {}).get("boot_id")
-    return boot if isinstance(boot, str) else None
+    if not isinstance(boot, str) or holder_pid(Path(state_dir) / LOCK_FILE) not in (None, os.getpid()):
+        return None
+    return boot
 
 
 def whose(state_dir: Path) -> Dict[str, Any]:

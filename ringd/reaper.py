@@ -25,12 +25,11 @@ from .journal import Journal, RunRow, journal_path
 from .transitions import Closed, close_row
 
 
-def driver_alive(row: RunRow, me: Optional[tuple] = None, boot: Optional[str] = None) -> bool:
-    """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?
-    ``boot``: the journal's (heartbeat.journal_boot)."""
+def driver_alive(row: RunRow, state_dir: Path, me: Optional[tuple] = None) -> bool:
+    """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?"""
     if me is not None and (row.driver_pid, row.driver_start) == me:
         return False
-    return same_process(row.driver_pid, row.driver_start, boot)
+    return same_process(row.driver_pid, row.driver_start, journal_boot(state_dir))
 
 
 def orphan_cause(row: RunRow, me: Optional[tuple] = None) -> str:
@@ -99,7 +98,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
     ``line_of``: the agent's roster line, recorded so that an edit of the line
     lifts a quarantine decided here. Returns the ids reaped."""
     row = journal.running_row()
-    if row is None or driver_alive(row, me, journal_boot(state_dir)):
+    if row is None or driver_alive(row, state_dir, me):
         return []
     killed = kill_orphan(state_dir, row, by_driver=me is not None)
     reason = orphan_cause(row, me)

@@ -74,11 +74,11 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
         raise
 
 
-def driver_of_row_alive(row: RunRow, boot: Optional[str]) -> bool:
-    """Is the driver that wrote ``row`` alive? ``boot``: the journal's
-    (heartbeat.journal_boot). (procid: boot-relative, so a step of the wall
-    clock changes nothing; no psutil import, which would cost a status call ~10 ms.)"""
-    return procid.same_process(row.driver_pid, row.driver_start, boot)
+def driver_of_row_alive(row: RunRow, state_dir: Path) -> bool:
+    """Is the driver that wrote ``row`` alive? (procid: boot-relative, so a step
+    of the wall clock changes nothing; heartbeat.journal_boot: nor a reboot; no
+    psutil import, which would cost a status call ~10 ms.)"""
+    return procid.same_process(row.driver_pid, row.driver_start, journal_boot(state_dir))
 
 
 def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
@@ -87,7 +87,7 @@ def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[
     if config.ring.journal:
         return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
     row = reader.running_row()
-    if row is None or driver_of_row_alive(row, journal_boot(state_dir)):
+    if row is None or driver_of_row_alive(row, state_dir):
         return [], None
     try:
         from .reaper import reap
@@ -438,7 +438,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     now = time.time() if now is None else now
     doc = build_status(
         state_dir=state_dir, config=config, now=now,
-        heartbeat=hb, driver_alive=_heartbeat_alive(hb),
+        heartbeat=hb, driver_alive=live_writer(hb, even_stopped=True) is not None,
         lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
         running=view["running"], agent_rows=view["agent_rows"],
@@ -485,10 +485,6 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
             if sched is not None:
                 out[name] = schedule.entry(tx, name, sched, now, write=False).next_due(zone)
     return out
-
-
-def _heartbeat_alive(hb: Optional[Mapping[str, Any]]) -> bool:
-    return live_writer(hb, even_stopped=True) is not None
 
 
 # --- history --------------------------------------------------------------------

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -164,3 +165,31 @@ def test_a_run_of_an_earlier_boot_is_reaped_without_killing_whoever_has_its_pid_
     assert doc["driver"]["health"] == "dead", (doc["driver"], r.stderr)
     assert [row["status"] for row in ring.runs()][-1] == "interrupted", "the earlier boot's run was not reaped"
     assert procid.same_process(stranger.pid, ticks), "the reaper killed a process that only has the run's pid now"
+
+
+def test_the_journals_boot_is_this_one_while_another_process_holds_the_drivers_lock(tmp_path):
+    """journal_boot: the boot a ``running`` row's processes ran in is its last
+    driver's, as the heartbeat says - unless another live process holds the
+    driver's lock: that driver is of this boot, and so is any running row (it
+    reaped the older ones at its start), though it could not write its
+    heartbeat yet. The caller's own lock (a driver reaping at its start) is no
+    such proof."""
+    from ringd.heartbeat import journal_boot
+    from ringd.lock import KernelLock
+    (tmp_path / "ringd.heartbeat").write_text(json.dumps({"pid": 1, "pid_start": 1, "boot_id": "an-earlier-boot"}))
+    (tmp_path / "ringd.lock").touch()
+    assert journal_boot(tmp_path) == "an-earlier-boot"
+    mine = KernelLock(tmp_path / "ringd.lock").acquire()
+    try:
+        assert journal_boot(tmp_path) == "an-earlier-boot"   # our own lock proves nothing
+    finally:
+        mine.release()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
+                               "fcntl.flock(os.open(sys.argv[1], os.O_RDWR), fcntl.LOCK_EX); time.sleep(60)",
+                               str(tmp_path / "ringd.lock")])
+    try:
+        wait_until(lambda: journal_boot(tmp_path) is None, 10, message="another process holds the lock")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert journal_boot(tmp_path) == "an-earlier-boot"
