@@ -297,11 +297,19 @@ class PgJournal(Journal):
         writes are fenced with the new epoch; on WAIT they are not fenced (a
         standby writes nothing of the ring). Raises on a database failure."""
         my_epoch = self.fence.epoch if self.fence is not None and self.fence.holder == me else None
-        with self._transaction() as con:
-            row = con.execute(
-                "SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
+        lock = ("SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
                 " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1"
-                " FOR UPDATE").fetchone()
+                " FOR UPDATE")
+        with self._transaction() as con:
+            row = con.execute(lock).fetchone()
+            if row is None:
+                # Deleted by hand: whoever led may still run its agent. Made again as
+                # held by nobody for one TTL, so that leader's writes are fenced and
+                # it stops before another driver can take the lease.
+                con.execute("INSERT INTO lease (id, holder, epoch, expires_at) VALUES"
+                            " (1, ?, 0, clock_timestamp() + make_interval(secs => ?)) ON CONFLICT (id) DO NOTHING",
+                            (leaselib.NOBODY, ttl))
+                row = con.execute(lock).fetchone()
             now = row["server_now"]
             d = leaselib.decide(leaselib.LeaseRow(row["holder"], row["epoch"], row["expires_at"]),
                                 me, my_epoch, now)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 TAKE, RENEW, WAIT = "take", "renew", "wait"
+NOBODY = "nobody (the lease row was deleted)"   # the holder of a lease row made again
 
 
 @dataclass(frozen=True)

@@ -204,3 +204,25 @@ def test_the_version_is_decided_again_under_the_migration_lock(pgj, pg_dsn):
         if t.ident is not None:
             t.join(15)
         watcher.close()
+
+
+def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn):
+    """The lease row deleted (an operator's DELETE, a bad restore): a beat
+    crashed the driver (TypeError on the missing row), every restart alike. It
+    must come back - held by nobody for one TTL, so that whoever led notices it
+    lost its lease and kills its agent before anyone else can take it."""
+    import psycopg
+    from ringd.journal_pg import Fenced
+    a, b = pgj(), pgj()
+    assert a.acquire("A", 30).action == TAKE
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("DELETE FROM lease")
+    assert a.acquire("A", 0.5).action == WAIT       # not its own any more, and nobody's to take yet
+    with pytest.raises(Fenced):
+        a.set_meta("k", "A after the row went")
+    assert b.acquire("B", 0.5).action == WAIT
+    d = wait_until(lambda: (d := b.acquire("B", 5)).action == TAKE and d, timeout=5,
+                   message="the recreated lease lapsing")
+    assert d.epoch == 1
+    b.set_meta("k", "B leads")
+    assert a.acquire("A", 5).action == WAIT
