@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence
@@ -148,7 +149,7 @@ class _Con:
                 self.pg.execute(s)
         except psycopg.Error as e:
             self.pg = None
-            raise PgJournalError(f"{redact(self.dsn)}: cannot connect: {_one_line(e)}") from None
+            raise PgJournalError(f"{redact(self.dsn)}: cannot connect: {self._say(e)}") from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
         if self.pg is None or self.pg.closed or self.pg.broken:
@@ -161,9 +162,9 @@ class _Con:
             cur = self.pg.execute(translate(sql), tuple(params), prepare=False)
             rows = cur.fetchall() if cur.description is not None else []
         except psycopg.IntegrityError as e:
-            raise PgIntegrityError(_one_line(e)) from None
+            raise PgIntegrityError(self._say(e)) from None
         except psycopg.Error as e:
-            raise PgJournalError(f"{redact(self.dsn)}: {_one_line(e)}") from None
+            raise PgJournalError(f"{redact(self.dsn)}: {self._say(e)}") from None
         lastrowid = rows[0][0] if rows and _INSERT_WITH_ID.match(sql) else None
         return _Cursor(rows, lastrowid, cur.rowcount)
 
@@ -171,10 +172,36 @@ class _Con:
         if self.pg is not None:
             self.pg.close()
 
+    def _say(self, e: BaseException) -> str:
+        """An error of psycopg's in one line, never with our password in it."""
+        return scrub(_one_line(e), self.dsn)
+
+
+# Where a DSN holds a password: a URL's user:PASSWORD@ or ?password=, a key=value
+# string's password = value (quoted with '' when it holds spaces, \ escaping).
+_PASSWORDS = (re.compile(r"://[^:/@?#]*:([^@/?#]*)@"),
+              re.compile(r"[?&]password=([^&#]*)", re.I),
+              re.compile(r"(?<!\S)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", re.I))
+
 
 def redact(dsn: str) -> str:
     """A DSN fit for a log line: never its password."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", re.sub(r"(password=)\S+", r"\1***", dsn))
+    for pattern in _PASSWORDS:
+        dsn = pattern.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***"
+                          + m.group(0)[m.end(1) - m.start(0):], dsn)
+    return dsn
+
+
+def scrub(text: str, dsn: str) -> str:
+    """``text`` (libpq's words on ``dsn``: it quotes a token it cannot parse)
+    without the DSN's password, as written or decoded."""
+    for pattern in _PASSWORDS:
+        for m in pattern.finditer(dsn):
+            raw = m.group(1)
+            for secret in {raw, raw.strip("'"), urllib.parse.unquote(raw)}:
+                if secret:
+                    text = text.replace(secret, "***")
+    return text
 
 
 @dataclass

@@ -226,3 +226,21 @@ def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn)
     assert d.epoch == 1
     b.set_meta("k", "B leads")
     assert a.acquire("A", 5).action == WAIT
+
+
+@pytest.mark.parametrize("dsn, secret", [
+    # libpq quotes the bad token of a URL, the password itself here
+    ("postgresql://ring:s3cr%ZZet@/ring?host=/nonexistent", "s3cr"),
+    ("postgresql://ring@/ring?host=/nonexistent&password=s3cr%ZZet", "s3cr"),
+    # a quoted password with a space: redact stopped at the space
+    ("host=/nonexistent password='s3cr et' dbname=ring", "et'"),
+    ("host=/nonexistent password = s3cret dbname=ring junk", "s3cret"),
+])
+def test_a_journal_url_that_cannot_be_used_never_prints_its_password(dsn, secret):
+    pytest.importorskip("psycopg")
+    from ringd.journal import JournalError
+    from ringd.journal_pg import PgJournal, redact
+    assert secret not in redact(dsn)
+    with pytest.raises(JournalError) as e:
+        PgJournal.connect(dsn)
+    assert secret not in str(e.value) and "\n" not in str(e.value), str(e.value)
