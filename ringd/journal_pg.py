@@ -42,6 +42,7 @@ from .schema_sqlite import too_new
 # (keepalives notice a silent peer, tcp_user_timeout unacknowledged data).
 # Server side (per session, from the TTL): no statement or lock wait of ours
 # may outlast a quarter of the lease.
+MAX_WAIT_MS = 2 ** 31 - 1
 CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2)
 
 
@@ -127,7 +128,8 @@ class _Con:
 
     def __init__(self, dsn: str, readonly: bool, wait_limit: float):
         self.dsn, self.readonly = dsn, readonly
-        self.wait_ms = max(100, int(wait_limit * 1000))
+        # (PostgreSQL's timeouts, and libpq's tcp_user_timeout, are ints of milliseconds)
+        self.wait_ms = min(max(100, int(wait_limit * 1000)), MAX_WAIT_MS)
         self.pg = None
         self.connect()
 

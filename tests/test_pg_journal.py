@@ -244,3 +244,18 @@ def test_a_journal_url_that_cannot_be_used_never_prints_its_password(dsn, secret
     with pytest.raises(JournalError) as e:
         PgJournal.connect(dsn)
     assert secret not in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_longest_lease_ttl_the_config_allows_still_connects(pg_dsn):
+    """ring.lease_ttl is accepted up to 10 years, and a quarter of it bounds every
+    wait on the server: past ~99 days that is no int of milliseconds, and every
+    connect failed ("Value exceeds integer range") - a driver exiting 69 forever."""
+    from ringd.config import MAX_DURATION, parse_config
+    from ringd.journal_pg import PgJournal
+    ttl = parse_config({"ring": {"journal": pg_dsn, "lease_ttl": MAX_DURATION}}).ring.lease_ttl
+    j = PgJournal.connect(pg_dsn, ttl=ttl)
+    try:
+        assert j.acquire("A", ttl).action == TAKE
+        assert j.read_lease().expires_at > time.time() + MAX_DURATION / 2
+    finally:
+        j.close()
