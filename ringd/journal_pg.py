@@ -206,6 +206,12 @@ def scrub(text: str, dsn: str) -> str:
     return text
 
 
+# The lease's expiry as epoch seconds a date can hold: a row edited by hand may
+# say 'infinity' or a year past 9999 (still the future) or '-infinity' (the past).
+_EXPIRES_AT = ("extract(epoch FROM greatest(least(expires_at, '9999-12-31 UTC'::timestamptz),"
+               " '1970-01-01 UTC'::timestamptz))::float8")
+
+
 @dataclass
 class Fence:
     """The lease this driver holds: checked by every one of its writes."""
@@ -313,7 +319,7 @@ class PgJournal(Journal):
     # --- the lease -------------------------------------------------------------------
     def read_lease(self) -> LeaseView:
         row = self.con.execute(
-            "SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
+            f"SELECT holder, epoch, {_EXPIRES_AT} AS expires_at,"
             " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1").fetchone()
         if row is None:
             now = self.con.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
@@ -326,7 +332,7 @@ class PgJournal(Journal):
         writes are fenced with the new epoch; on WAIT they are not fenced (a
         standby writes nothing of the ring). Raises on a database failure."""
         my_epoch = self.fence.epoch if self.fence is not None and self.fence.holder == me else None
-        lock = ("SELECT holder, epoch, extract(epoch FROM expires_at)::float8 AS expires_at,"
+        lock = (f"SELECT holder, epoch, {_EXPIRES_AT} AS expires_at,"
                 " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1"
                 " FOR UPDATE")
         with self._transaction() as con:

@@ -259,3 +259,20 @@ def test_the_longest_lease_ttl_the_config_allows_still_connects(pg_dsn):
         assert j.read_lease().expires_at > time.time() + MAX_DURATION / 2
     finally:
         j.close()
+
+
+@pytest.mark.parametrize("expires, action", [("infinity", WAIT), ("-infinity", TAKE),
+                                             ("200000-01-01 UTC", WAIT)])
+def test_a_lease_expiry_edited_beyond_any_date_still_reads(pgj, pg_dsn, expires, action):
+    """A lease row pinned by hand ('infinity', a year past 9999): its expiry read
+    as a float no date can hold, and `ringd status` died of an OverflowError
+    (and a standby wrote Infinity into its heartbeat's JSON)."""
+    import math
+    import psycopg
+    from ringd.heartbeat import iso
+    a = pgj()
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("UPDATE lease SET holder = 'X pid=1 start=1', epoch = 7, expires_at = %s", (expires,))
+    view = a.read_lease()
+    assert math.isfinite(view.expires_at) and iso(view.expires_at)
+    assert a.acquire("A", 5).action == action
