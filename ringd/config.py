@@ -147,7 +147,10 @@ def resolve_state_dir(option: Optional[str]) -> Path:
 
 def resolve_config_path(option: Optional[str]) -> Optional[Path]:
     """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None
-    (an empty ``--config`` refused, as an empty ``--state``)."""
+    (an empty ``--config`` refused, as an empty ``--state``). Present means any
+    entry there: a dangling symlink, a directory or a FIFO at that
+    path is the operator's config that cannot be read - load_config says why -
+    never a reason to run on the built-in defaults."""
     if option == "":
         raise ConfigError("--config: an empty path (is the variable that should hold it set?)")
     raw = option or os.environ.get("RING_CONFIG")
@@ -155,7 +158,13 @@ def resolve_config_path(option: Optional[str]) -> Optional[Path]:
         check_path("config file", raw)
         return Path(os.path.abspath(os.path.expanduser(raw)))
     default = Path("config/ring.yaml")
-    return default.absolute() if default.is_file() else None
+    try:
+        os.lstat(default)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:   # (a config folder this user may not search: load_config names it)
+        pass
+    return default.absolute()
 
 
 # --- YAML without aliases ----------------------------------------------------

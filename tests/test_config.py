@@ -172,3 +172,32 @@ def test_an_agent_name_yaml_reads_as_another_type_says_to_quote_it(name, shown):
     assert f"agents: keys must be strings, got {shown}" in str(e.value) and "in quotes" in str(e.value)
     cfg = parse_config(yaml.safe_load(f"agents:\n  '{name}': {{run_budget: 5, stall_threshold: 9}}\n"))
     assert cfg.limits_for(name).run_budget == 5
+
+
+@pytest.mark.parametrize("kind", ["dangling-symlink", "directory", "fifo"])
+def test_a_default_config_that_exists_but_cannot_be_read_is_an_error_never_the_defaults(tmp_path, monkeypatch,
+                                                                                        kind):
+    """SPEC: the config is ./config/ring.yaml *if it exists*. A dangling symlink
+    (its target on a file system not mounted yet), a directory or a FIFO there
+    exists: it was passed over as if absent, and the ring ran silently on the
+    built-in defaults (another roster path, budgets, alert command)."""
+    from ringd.config import resolve_config_path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RING_CONFIG", raising=False)
+    (tmp_path / "config").mkdir()
+    default = tmp_path / "config" / "ring.yaml"
+    {"dangling-symlink": lambda: os.symlink(tmp_path / "mnt" / "ring.yaml", default),
+     "directory": default.mkdir,
+     "fifo": lambda: os.mkfifo(default, 0o600)}[kind]()
+    path = resolve_config_path(None)
+    assert path == default
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(default) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_no_default_config_means_builtin_defaults(tmp_path, monkeypatch):
+    from ringd.config import resolve_config_path
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RING_CONFIG", raising=False)
+    assert resolve_config_path(None) is None
