@@ -248,7 +248,9 @@ class RosterSource:
     a read that came within RACY_NS of the file's last change (git's "racily
     clean" files): an in-place edit of the same size in the same clock tick
     leaves every stamp as it was, so such a file is read again at each
-    refresh until a read comes later than that. ``clock``: wall time in ns.
+    refresh until a read comes later than that; such a read that finds the
+    file empty or its last line unterminated keeps the last good roster (the
+    file is being written). ``clock``: wall time in ns.
     """
 
     def __init__(self, path: Path, clock: Callable[[], int] = time.time_ns):
@@ -292,6 +294,13 @@ class RosterSource:
             self._blob = None
             return self._failed(e)
         if blob == self._blob:   # (a racy file read again, as it was): what it said before
+            return False
+        if self._racy and self.agents and not blob.endswith(b"\n"):
+            # Empty or cut mid-line just after a change: being written in place
+            # (truncated, then written in chunks), and a cut line may parse
+            # ("--dry-run" cut to "--dry"). The last good roster stays, with no
+            # error, until the file ends its last line or settles (read again at
+            # each refresh while racy). Without a last good one it is taken as is.
             return False
         self._blob = blob
         try:

@@ -176,3 +176,60 @@ def test_a_warning_about_a_long_program_path_is_one_short_line(tmp_path):
     for argv in ((f"./{long_dir}/x.sh",), (f"/{long_dir}/x.sh",)):
         problem = program_problem(argv, tmp_path)
         assert problem and "not found" in problem and len(problem) < 250, problem[:300]
+
+
+def test_a_roster_caught_half_written_in_place_never_replaces_the_last_good_one(tmp_path):
+    """An editor that rewrites the file in place (nano, ``cat >``) truncates it,
+    then writes it in chunks: a read in between sees an empty file, or one cut
+    mid-line - and a line cut mid-word may parse (``--dry-run`` cut to ``--dry``,
+    or dropped). The driver ran that cut command at the next hop. A file read
+    within RACY_NS of its change that is empty or ends without a newline is
+    being written: the last good roster stays, no error, and it is read again
+    at the next refresh until it is whole or settles."""
+    from ringd.roster import RACY_NS
+    p = tmp_path / "ring.txt"
+    p.write_text("a true\nb deploy --dry-run\n")
+    os.chmod(p, 0o600)
+    now = [time.time_ns()]
+    src = RosterSource(p, clock=lambda: now[0])
+    assert src.refresh() and src.names == ["a", "b"]
+    good = list(src.agents)
+    for partial in ("", "a true\nb deploy --dry", "a true\nb deploy", "a tr"):
+        with open(p, "r+") as f:              # in place: truncated, then written in part
+            f.truncate(0)
+            f.write(partial)
+        now[0] = time.time_ns()
+        assert not src.refresh(), f"a half-written roster was taken: {partial!r}"
+        assert src.agents == good and src.error is None, partial
+    with open(p, "r+") as f:
+        f.truncate(0)
+        f.write("a true\nb deploy --dry-run\nc true\n")
+    now[0] = time.time_ns()
+    assert src.refresh() and src.names == ["a", "b", "c"] and src.agents[1].argv == ("deploy", "--dry-run")
+    # a file that is left without a final newline is taken once it has settled
+    p.write_text("a true\nb true")
+    now[0] = time.time_ns()
+    assert not src.refresh() and src.names == ["a", "b", "c"]
+    now[0] = time.time_ns() + RACY_NS
+    assert src.refresh() and src.names == ["a", "b"] and src.error is None
+    # ... and so is an empty one: then it is an error, the last good roster kept
+    p.write_text("")
+    now[0] = time.time_ns()
+    assert not src.refresh() and src.error is None
+    now[0] = time.time_ns() + RACY_NS
+    assert src.refresh() and src.names == ["a", "b"] and "no agents" in src.error
+
+
+def test_a_first_read_takes_the_roster_as_it_is(tmp_path):
+    """With no last good roster to keep (the driver's start), there is nothing to
+    wait for: ``ringd run`` reads what ``ringd check`` reads."""
+    p = tmp_path / "ring.txt"
+    p.write_text("a true")
+    os.chmod(p, 0o600)
+    src = RosterSource(p)
+    assert src.refresh(force=True) and src.names == ["a"] and src.error is None
+    q = tmp_path / "empty.txt"
+    q.write_text("")
+    os.chmod(q, 0o600)
+    src = RosterSource(q)
+    assert src.refresh(force=True) and "no agents" in src.error
