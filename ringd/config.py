@@ -483,6 +483,10 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
             f"watch.start_limit_interval ({watch.start_limit_interval}) is shorter than "
             f"start_limit_burst x restart_sec ({watch.start_limit_burst} x {watch.restart_sec}): "
             f"the start limit can never trigger")
+    if watch.stale_after <= ring.heartbeat_interval:
+        warnings.append(
+            f"watch.stale_after ({watch.stale_after}) is not longer than ring.heartbeat_interval "
+            f"({ring.heartbeat_interval}): a healthy driver will look stale between two beats")
     return Config(ring=ring, agents=agents, watch=watch, alerts=alerts, path=path,
                   warnings=tuple(warnings))
 

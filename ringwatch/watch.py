@@ -125,12 +125,7 @@ class Watcher:
             return self._shutdown()
 
     def _warnings(self):
-        out = list(self.config.warnings)
-        if self.w.stale_after <= self.config.ring.heartbeat_interval:
-            out.append(f"watch.stale_after ({self.w.stale_after}) is not longer than "
-                       f"ring.heartbeat_interval ({self.config.ring.heartbeat_interval}): "
-                       f"a healthy driver will look stale between two beats")
-        return out
+        return list(self.config.warnings)   # the config's own (config.parse_config), as ringd check says them
 
     # --- start-up -------------------------------------------------------------
     def _first_driver(self) -> None:

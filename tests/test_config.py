@@ -201,3 +201,13 @@ def test_no_default_config_means_builtin_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RING_CONFIG", raising=False)
     assert resolve_config_path(None) is None
+
+
+def test_a_stale_after_no_longer_than_the_heartbeat_interval_is_a_config_warning():
+    """ringwatch warned of it from a copy of the rule of its own, so ``ringd
+    check`` (which prints the config's warnings) passed such a config in silence,
+    and the watcher then stopped a healthy driver between two of its beats."""
+    c = parse_config({"ring": {"heartbeat_interval": 10}, "watch": {"stale_after": 10}})
+    assert any(w.startswith("watch.stale_after (10) is not longer than ring.heartbeat_interval (10)")
+               for w in c.warnings), c.warnings
+    assert not parse_config({"ring": {"heartbeat_interval": 10}, "watch": {"stale_after": 11}}).warnings
