@@ -140,8 +140,9 @@ def _read_blob(path: Path) -> bytes:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
     try:  # non-blocking, its mode and owner judged on the descriptor read: swapped for a FIFO, it is refused
         blob = read_regular_file(path, "roster", MAX_ROSTER_BYTES)
-    except ConfigError as e:
-        raise RosterError(path, None, str(e).split(": ", 1)[1]) from None
+    except ConfigError as e:   # "<path>: <reason>": the reason (a path may hold ": " itself)
+        message, prefix = str(e), f"{path}: "
+        raise RosterError(path, None, message[len(prefix):] if message.startswith(prefix) else message) from None
     if len(blob) > MAX_ROSTER_BYTES:
         raise RosterError(path, None, f"roster is larger than {MAX_ROSTER_BYTES // 1024} KiB")
     return blob

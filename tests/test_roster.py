@@ -233,3 +233,17 @@ def test_a_first_read_takes_the_roster_as_it_is(tmp_path):
     os.chmod(q, 0o600)
     src = RosterSource(q)
     assert src.refresh(force=True) and "no agents" in src.error
+
+
+def test_an_error_about_a_roster_in_a_folder_with_a_colon_names_its_path_once(tmp_path):
+    """The reason was cut from the file check's message at its first ': ' - inside
+    a path like '/srv/ring: prod/ring.txt' - so the error named half the path twice."""
+    folder = tmp_path / "ring: prod"
+    folder.mkdir()
+    p = folder / "ring.txt"
+    p.write_text("a true\n")
+    os.chmod(p, 0o620)
+    with pytest.raises(RosterError) as e:
+        read_roster(p)
+    assert str(e.value).startswith(f"{p}: roster is writable by group or others"), str(e.value)
+    assert e.value.reason.startswith("roster is writable")
