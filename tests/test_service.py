@@ -308,3 +308,25 @@ def test_a_bin_dir_without_the_programs_is_warned_about(tmp_path):
     assert res.returncode == 0 and f"{empty}/ringwatch" in res.stderr, res.stderr
     ok = cli("service", "print", "--mode", "systemd", "--bin-dir", str(stub_bin(tmp_path)))
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+
+
+@pytest.mark.parametrize("kind", ["state-is-a-file", "state-writable-by-others", "config-is-a-file"])
+def test_init_refuses_a_layout_ringd_run_would_refuse_before_creating_anything(tmp_path, kind):
+    """A STATE that is a file failed half way (config/ring.yaml written, then
+    'STATE: File exists'; a second init then refused over the config it had
+    made); a STATE others may write was kept as it was and init said 'next:
+    ringwatch', which refuses it. Either is one line, and nothing is created."""
+    d = tmp_path / "ring"
+    d.mkdir()
+    if kind == "state-is-a-file":
+        (d / "STATE").write_text("")
+    elif kind == "state-writable-by-others":
+        (d / "STATE").mkdir()
+        os.chmod(d / "STATE", 0o777)
+    else:
+        (d / "config").write_text("")
+    before = sorted(p.relative_to(d) for p in d.rglob("*"))
+    res = cli("init", str(d))
+    assert res.returncode != 0 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr
+    assert str(d / ("config" if kind == "config-is-a-file" else "STATE")) in res.stderr, res.stderr
+    assert sorted(p.relative_to(d) for p in d.rglob("*")) == before, "init created part of the layout"
