@@ -191,7 +191,7 @@ def program_problem(argv: Sequence[str], roster_dir: Path, cwd: Optional[str] = 
         prog = found
     if not os.path.exists(prog):
         return f"program {_shown(prog)} not found"
-    if os.path.isdir(prog) or not os.access(prog, os.X_OK):
+    if not os.path.isfile(prog) or not os.access(prog, os.X_OK):   # exec takes a regular file only
         return f"program {_shown(prog)} is not executable"
     if _exec_header(prog) not in (None, b"#!", b"\x7fE"):
         return (f"program {_shown(prog)} has no #! line and is not a binary: exec refuses it "

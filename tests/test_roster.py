@@ -247,3 +247,12 @@ def test_an_error_about_a_roster_in_a_folder_with_a_colon_names_its_path_once(tm
         read_roster(p)
     assert str(e.value).startswith(f"{p}: roster is writable by group or others"), str(e.value)
     assert e.value.reason.startswith("roster is writable")
+
+
+def test_check_warns_of_a_program_that_is_a_fifo(tmp_path):
+    """exec takes only a regular file: a FIFO with execute bits passed ringd
+    check (--strict too) as a fine program, and every run of it ended 'error'."""
+    from ringd.roster import program_problem
+    os.mkfifo(tmp_path / "agent", 0o755)
+    problem = program_problem(("./agent",), tmp_path)
+    assert problem and "is not executable" in problem, problem
