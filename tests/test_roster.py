@@ -256,3 +256,29 @@ def test_check_warns_of_a_program_that_is_a_fifo(tmp_path):
     os.mkfifo(tmp_path / "agent", 0o755)
     problem = program_problem(("./agent",), tmp_path)
     assert problem and "is not executable" in problem, problem
+
+
+def test_check_and_the_driver_read_every_generated_roster_alike(tmp_path):
+    """Whatever ``ringd check`` accepts (read_roster), ``ringd run`` runs (the
+    driver's RosterSource at start-up): the same agents, or the same one-line
+    error naming the file, on many generated rosters of hostile pieces."""
+    import random
+    pieces = ["a true", "b /bin/true --x", "c sh -c 'exit 0'", "# c", "", "\ufeffd true", "e true\r", "f 'unbal",
+              "g", "A true", "a true", "h ./x.sh # c", "i\ttrue", "k \x00", "l\u00a0true", "m true \\", "-o true",
+              "p ''", "q \"a b\"#c", "r " + "z" * 9000, "s caf\u00e9", "t \x1b[2J", " \t", "u\u2028v true", "w\x85 x"]
+    rng = random.Random(12)
+    p = tmp_path / "ring.txt"
+    for _ in range(400):
+        text = "\n".join(rng.choice(pieces) for _ in range(rng.randint(0, 5))) + rng.choice(["", "\n", "\r\n"])
+        blob = text.encode("utf-8", "surrogatepass") if rng.random() < 0.9 else text.encode() + b"\xff"
+        p.write_bytes(blob)
+        os.chmod(p, 0o600)
+        try:
+            checked, check_error = [(a.name, a.argv) for a in read_roster(p)], None
+        except RosterError as e:
+            checked, check_error = [], str(e)
+        src = RosterSource(p)
+        src.refresh(force=True)
+        assert ([(a.name, a.argv) for a in src.agents], src.error) == (checked, check_error), repr(blob[:200])
+        if check_error:
+            assert str(p) in check_error and "\n" not in check_error and len(check_error) < 400, check_error
