@@ -501,7 +501,8 @@ def load_config(path: Optional[Path]) -> Config:
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: config file is not UTF-8 text (byte {e.start})") from None
+        line = blob.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}: line {line}: config file is not UTF-8 text (byte {e.start})") from None
     if "\x00" in text:
         raise ConfigError(f"{path}: config file contains NUL bytes")
     data = _safe_yaml(text, path)

@@ -211,3 +211,14 @@ def test_a_stale_after_no_longer_than_the_heartbeat_interval_is_a_config_warning
     assert any(w.startswith("watch.stale_after (10) is not longer than ring.heartbeat_interval (10)")
                for w in c.warnings), c.warnings
     assert not parse_config({"ring": {"heartbeat_interval": 10}, "watch": {"stale_after": 11}}).warnings
+
+
+def test_a_config_that_is_not_utf8_names_the_line(tmp_path):
+    """The roster's decoding error names its line; the config's named only a
+    byte offset, which no editor shows."""
+    p = tmp_path / "ring.yaml"
+    p.write_bytes(b"ring:\n  run_budget: 5\n  # caf\xe9\n")
+    os.chmod(p, 0o600)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert f"{p}: line 3: config file is not UTF-8 text" in str(e.value), str(e.value)
