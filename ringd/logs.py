@@ -21,6 +21,7 @@ from .journal import Journal, JournalError, RunRow, journal_path
 from .status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
 
 CHUNK = 64 * 1024
+MAX_LINE = 64 * 1024   # bytes of one line of a prefixed view held before it is shown in pieces
 FOLLOW_INTERVAL = 0.1   # s between looks at a followed log (the CLI polls; the driver never does)
 JOURNAL_CREATE_GRACE = 5.0   # s a journal may look unusable while its first driver creates it
 
@@ -172,21 +173,61 @@ def tail_bytes(data: bytes, lines: int) -> bytes:
     return data[cut + 1:]
 
 
+def tail_offset(fd: int, lines: int, chunk: int = CHUNK) -> int:
+    """Where the last ``lines`` lines of the regular file at ``fd`` start (its
+    size for 0 lines): ``data[tail_offset(fd, n):] == tail_bytes(data, n)``.
+    Read backwards from the end a block at a time, so the last lines of a 10 GB
+    log cost what they hold, not the whole log in memory (``--lines`` read all
+    of it, and ``-f --lines`` did so by repeated concatenation: a 300 MB log
+    hung it for minutes before a line was shown)."""
+    end = pos = os.fstat(fd).st_size
+    if lines <= 0:
+        return end
+    left = lines
+    while pos > 0:
+        start = max(0, pos - chunk)
+        block = os.pread(fd, pos - start, start)
+        if not block:
+            break   # truncated meanwhile: what there is
+        if pos == end and block.endswith(b"\n"):
+            block = block[:-1]   # the last line's own newline
+        cut = len(block)
+        while True:
+            cut = block.rfind(b"\n", 0, cut)
+            if cut < 0:
+                break
+            left -= 1
+            if not left:
+                return start + cut + 1
+        pos = start
+    return 0
+
+
 def show_tail(state_dir: Path, config: Config, row: RunRow, out: BinaryIO, lines: int) -> None:
     fd = _open_log(state_dir, row)
     if fd is None:
         raise _no_log(row, config)
     try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        os.lseek(fd, tail_offset(fd, lines), os.SEEK_SET)
+        _copy(fd, out)
     finally:
         os.close(fd)
-    out.write(tail_bytes(b"".join(chunks), lines))
     out.flush()
+
+
+def split_lines(data: bytes, limit: Optional[int] = None) -> "tuple[List[bytes], bytes]":
+    """(whole lines without their newline, what is left): a line longer than
+    ``limit`` (MAX_LINE) is cut into pieces of ``limit`` bytes, and so is what
+    is left, to less than ``limit``."""
+    limit = MAX_LINE if limit is None else limit
+    *lines, rest = data.split(b"\n")
+    out: List[bytes] = []
+    for line in lines:
+        out += [line[i:i + limit] for i in range(0, len(line), limit)] or [b""]
+    while len(rest) >= limit:
+        out.append(rest[:limit])
+        rest = rest[limit:]
+    return out, rest
 
 
 class _Tracked:
@@ -199,31 +240,29 @@ class _Tracked:
         self.partial = b""
 
     def pump(self, state_dir: Path, out: BinaryIO, skip_to_lines: Optional[int] = None) -> bool:
-        """Copy what was appended (whole lines, prefixed). True if anything was written."""
+        """Copy what was appended (whole lines, prefixed), a chunk at a time. True
+        if anything was written. A line longer than MAX_LINE is shown in pieces
+        of that size, each prefixed: an agent printing without a newline is held
+        in memory that far, never without end."""
         if self.fd is None:
             self.fd = _open_log(state_dir, self.row)
             if self.fd is None:
                 return False
-        data = b""
+            if skip_to_lines is not None:
+                os.lseek(self.fd, tail_offset(self.fd, skip_to_lines), os.SEEK_SET)
+        wrote = False
         while True:
             chunk = os.read(self.fd, CHUNK)
             if not chunk:
-                break
-            data += chunk
-        if skip_to_lines is not None:
-            data = tail_bytes(data, skip_to_lines)
-        if not data:
-            return False
-        data = self.partial + data
-        if not self.prefix:
-            out.write(data)
-            self.partial = b""
-            return True
-        complete, _, self.partial = data.rpartition(b"\n")
-        if complete or data.endswith(b"\n"):
-            out.write(b"".join(self.prefix + line + b"\n" for line in complete.split(b"\n")))
-            return True
-        return False
+                return wrote
+            if not self.prefix:
+                out.write(chunk)
+                wrote = True
+                continue
+            lines, self.partial = split_lines(self.partial + chunk)
+            if lines:
+                out.write(b"".join(self.prefix + line + b"\n" for line in lines))
+                wrote = True
 
     def finish(self, state_dir: Path, out: BinaryIO) -> None:
         """The run ended: its last words, a last line without newline included."""

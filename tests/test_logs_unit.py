@@ -1,0 +1,112 @@
+"""``ringd logs`` without processes: the last N lines and the prefixed view of
+a run log, on logs an agent made hostile (huge, one endless line)."""
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from ringd import logs
+from ringd.config import Config
+from ringd.records import RunRow
+
+
+def run_row(run_id: int = 7, agent: str = "web", status: str = "ok") -> RunRow:
+    return RunRow(id=run_id, agent=agent, position=0, status=status, started_at=0.0, ended_at=1.0,
+                  duration=1.0, exit_code=0, signal=None, reason=None, pid=1, pid_start=None,
+                  run_budget=None, stall_threshold=None, log_path=None, driver_pid=None, driver_start=None)
+
+
+def write_log(state: Path, row: RunRow, data: bytes) -> Path:
+    folder = state / "logs" / row.agent
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{row.id}.log"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def counted_reads(monkeypatch):
+    """Bytes the code under test read from files (os.read and os.pread)."""
+    total = {"bytes": 0}
+    real_read, real_pread = os.read, os.pread
+
+    def read(fd, n):
+        data = real_read(fd, n)
+        total["bytes"] += len(data)
+        return data
+
+    def pread(fd, n, off):
+        data = real_pread(fd, n, off)
+        total["bytes"] += len(data)
+        return data
+
+    monkeypatch.setattr(logs.os, "read", read)
+    monkeypatch.setattr(logs.os, "pread", pread)
+    return total
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tail_offset_agrees_with_tail_bytes(tmp_path, seed):
+    rnd = random.Random(seed)
+    data = bytes(rnd.choice(b"ab\n") for _ in range(rnd.randrange(0, 300)))
+    path = tmp_path / "log"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for n in range(0, 12):
+            assert data[logs.tail_offset(fd, n, chunk=rnd.randrange(1, 20)):] == logs.tail_bytes(data, n), (data, n)
+    finally:
+        os.close(fd)
+
+
+BIG = 40 * 1024 * 1024
+
+
+def test_the_last_lines_of_a_huge_log_read_only_its_end(tmp_path, counted_reads):
+    row = run_row()
+    write_log(tmp_path, row, b"x" * BIG + b"\nlast one\nlast two\n")
+    out = io.BytesIO()
+    logs.show_tail(tmp_path, Config(), row, out, 2)
+    assert out.getvalue() == b"last one\nlast two\n"
+    assert counted_reads["bytes"] < 1024 * 1024, "read the whole log for its last lines"
+
+
+def test_follow_from_the_last_lines_of_a_huge_log_reads_only_its_end(tmp_path, counted_reads):
+    row = run_row()
+    write_log(tmp_path, row, b"x\n" * (BIG // 2) + b"last one\nlast two")
+    out = io.BytesIO()
+    t = logs._Tracked(row, b"web[7] ")
+    t.pump(tmp_path, out, skip_to_lines=1)
+    t.finish(tmp_path, out)
+    assert out.getvalue() == b"web[7] last two\n"
+    assert counted_reads["bytes"] < 1024 * 1024
+
+
+def test_an_endless_line_is_shown_in_prefixed_pieces_not_held(tmp_path):
+    row = run_row()
+    path = write_log(tmp_path, row, b"")
+    out = io.BytesIO()
+    t = logs._Tracked(row, b"web[7] ")
+    with open(path, "ab") as f:
+        for _ in range(64):
+            f.write(b"y" * 65536)
+            f.flush()
+            t.pump(tmp_path, out)
+            assert len(t.partial) < logs.MAX_LINE
+        f.write(b"tail\nnext")
+    t.pump(tmp_path, out)
+    t.finish(tmp_path, out)
+    text = out.getvalue()
+    assert all(line.startswith(b"web[7] ") and len(line) <= len(b"web[7] ") + logs.MAX_LINE
+               for line in text.split(b"\n")[:-1])
+    assert text.replace(b"\nweb[7] ", b"") == b"web[7] " + b"y" * (64 * 65536) + b"tail" + b"next\n"
+
+
+def test_split_lines():
+    assert logs.split_lines(b"a\n\nbc", 4) == ([b"a", b""], b"bc")
+    assert logs.split_lines(b"abcdefghij\nxyzwv", 4) == ([b"abcd", b"efgh", b"ij", b"xyzw"], b"v")
+    assert logs.split_lines(b"", 4) == ([], b"")
