@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional
@@ -230,6 +231,28 @@ def split_lines(data: bytes, limit: Optional[int] = None) -> "tuple[List[bytes],
     return out, rest
 
 
+# What a terminal acts on inside a line: C0 controls but tab (a carriage return,
+# an escape sequence), DEL, and the C1 controls in UTF-8 (U+0080-U+009F: CSI is
+# U+009B).
+_CONTROLS = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def _caret(m: "re.Match[bytes]") -> bytes:
+    b = m.group()
+    if len(b) == 2:
+        return b"M-^" + bytes([b[1] - 0x40])
+    return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 0x40])
+
+
+def visible(line: bytes) -> bytes:
+    """One line of the prefixed (whole-ring) view with its control characters
+    shown as ``cat -v`` shows them (``^M``, ``^[``, ``M-^[``): an agent's carriage
+    return or escape sequence would otherwise move the operator's cursor back
+    over the ``NAME[RUN_ID] `` prefix (or up a line) and show its own text as
+    another agent's line."""
+    return _CONTROLS.sub(_caret, line) if _CONTROLS.search(line) else line
+
+
 class _Tracked:
     """One run being followed: its log's descriptor and a partial last line."""
 
@@ -261,14 +284,14 @@ class _Tracked:
                 continue
             lines, self.partial = split_lines(self.partial + chunk)
             if lines:
-                out.write(b"".join(self.prefix + line + b"\n" for line in lines))
+                out.write(b"".join(self.prefix + visible(line) + b"\n" for line in lines))
                 wrote = True
 
     def finish(self, state_dir: Path, out: BinaryIO) -> None:
         """The run ended: its last words, a last line without newline included."""
         self.pump(state_dir, out)
         if self.partial:
-            out.write(self.prefix + self.partial + b"\n")
+            out.write(self.prefix + visible(self.partial) + b"\n")
             self.partial = b""
         if self.fd is not None:
             os.close(self.fd)

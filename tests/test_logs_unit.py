@@ -110,3 +110,21 @@ def test_split_lines():
     assert logs.split_lines(b"a\n\nbc", 4) == ([b"a", b""], b"bc")
     assert logs.split_lines(b"abcdefghij\nxyzwv", 4) == ([b"abcd", b"efgh", b"ij", b"xyzw"], b"v")
     assert logs.split_lines(b"", 4) == ([], b"")
+
+
+def test_an_agent_cannot_forge_another_agents_line_in_the_whole_ring_view(tmp_path):
+    row = run_row(5, "a")
+    write_log(tmp_path, row, b"ok\rb[6] forged\n\x1b[1A\x1b[2Kb[6] also\n\xc2\x9b2Kc1 \x7f\ttab \xc3\xa9\nend\r")
+    out = io.BytesIO()
+    t = logs._Tracked(row, b"a[5] ")
+    t.pump(tmp_path, out)
+    t.finish(tmp_path, out)
+    assert out.getvalue() == (b"a[5] ok^Mb[6] forged\n"
+                              b"a[5] ^[[1A^[[2Kb[6] also\n"
+                              b"a[5] M-^[2Kc1 ^?\ttab \xc3\xa9\n"
+                              b"a[5] end^M\n")
+
+
+def test_visible():
+    assert logs.visible(b"plain \xff\xfe bytes\t") == b"plain \xff\xfe bytes\t"
+    assert logs.visible(b"\x00\x1b\x1f") == b"^@^[^_"
