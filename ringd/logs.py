@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional
@@ -256,11 +257,13 @@ def visible(line: bytes) -> bytes:
 class _Tracked:
     """One run being followed: its log's descriptor and a partial last line."""
 
-    def __init__(self, row: RunRow, prefix: bytes):
+    def __init__(self, row: RunRow, prefix: bytes, warn: Callable[[str], None] = lambda _m: None):
         self.row = row
         self.prefix = prefix
+        self.warn = warn
         self.fd: Optional[int] = None
         self.partial = b""
+        self.refused = False   # its log is not one to read (a FIFO, a symlink ...): said once
 
     def pump(self, state_dir: Path, out: BinaryIO, skip_to_lines: Optional[int] = None) -> bool:
         """Copy what was appended (whole lines, prefixed), a chunk at a time. True
@@ -268,7 +271,16 @@ class _Tracked:
         of that size, each prefixed: an agent printing without a newline is held
         in memory that far, never without end."""
         if self.fd is None:
-            self.fd = _open_log(state_dir, self.row)
+            if self.refused:
+                return False
+            try:
+                self.fd = _open_log(state_dir, self.row)
+            except OperatorError as e:
+                # one agent's log made a FIFO or a symlink must not end the
+                # following of its later runs, or of the whole ring
+                self.refused = True
+                self.warn(e.message)
+                return False
             if self.fd is None:
                 return False
             if skip_to_lines is not None:
@@ -300,12 +312,19 @@ class _Tracked:
 
 def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO, *,
            lines: Optional[int] = None, interval: float = FOLLOW_INTERVAL,
-           sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None) -> None:
+           sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None,
+           warn: Optional[Callable[[str], None]] = None) -> None:
     """Follow ``agent``'s runs (None: every run of the ring, lines prefixed
     ``NAME[RUN_ID] ``) until interrupted (or ``until()`` says so): first the
     running (else the last) run - all of it, or its last ``lines`` lines - then
     every later run as it is written. A run whose driver died is reaped (which
-    ends it), as ``status`` would."""
+    ends it), as ``status`` would. A run log that cannot be read is named in
+    one line to ``warn`` (stderr), and following goes on."""
+    if warn is None:
+        def warn(message: str) -> None:
+            out.flush()
+            sys.stderr.write(f"ringd: {message}\n")
+            sys.stderr.flush()
     require_state_dir(state_dir)
     prefixed = agent is None
     if agent is not None:
@@ -348,7 +367,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                 if row is not None:
                     first = RunRow.from_mapping(row)
                     seen = first.id
-                    t = _Tracked(first, f"{first.agent}[{first.id}] ".encode() if prefixed else b"")
+                    t = _Tracked(first, f"{first.agent}[{first.id}] ".encode() if prefixed else b"", warn)
                     t.pump(state_dir, out, skip_to_lines=lines)
                     if first.status == "running":
                         tracked[first.id] = t
@@ -358,7 +377,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                                         [seen, *args]).fetchall():
                 row = RunRow.from_mapping(r)
                 seen = row.id
-                tracked[row.id] = _Tracked(row, f"{row.agent}[{row.id}] ".encode() if prefixed else b"")
+                tracked[row.id] = _Tracked(row, f"{row.agent}[{row.id}] ".encode() if prefixed else b"", warn)
             for run_id in sorted(tracked):
                 t = tracked[run_id]
                 t.pump(state_dir, out)

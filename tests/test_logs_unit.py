@@ -128,3 +128,29 @@ def test_an_agent_cannot_forge_another_agents_line_in_the_whole_ring_view(tmp_pa
 def test_visible():
     assert logs.visible(b"plain \xff\xfe bytes\t") == b"plain \xff\xfe bytes\t"
     assert logs.visible(b"\x00\x1b\x1f") == b"^@^[^_"
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink", "directory", "dir-symlink"])
+def test_a_log_an_agent_made_unreadable_is_named_once_and_following_goes_on(tmp_path, plant):
+    row = run_row()
+    folder = tmp_path / "logs" / row.agent
+    folder.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "7.log").write_bytes(b"not this run's\n")
+    path = folder / "7.log"
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "symlink":
+        path.symlink_to(tmp_path / "elsewhere" / "7.log")
+    elif plant == "directory":
+        path.mkdir()
+    else:
+        folder.rmdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    said = []
+    out = io.BytesIO()
+    t = logs._Tracked(row, b"web[7] ", said.append)
+    assert t.pump(tmp_path, out) is False
+    t.pump(tmp_path, out)
+    t.finish(tmp_path, out)
+    assert out.getvalue() == b"" and len(said) == 1 and "refusing" in said[0], said
