@@ -310,6 +310,14 @@ class _Tracked:
             self.fd = None
 
 
+def _file_identity(path: Path) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO, *,
            lines: Optional[int] = None, interval: float = FOLLOW_INTERVAL,
            sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None,
@@ -337,6 +345,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
         if agent not in known:
             raise unknown_agent(agent, known)
     reader = None
+    reader_file: Optional[tuple] = None   # (device, inode) of the journal ``reader`` reads
     tracked: Dict[int, _Tracked] = {}
     seen = 0            # runs up to this id are tracked or done
     started = False
@@ -349,7 +358,8 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
             if reader is None:
                 # no run yet: wait for the first driver (and for it to finish creating the journal)
                 try:
-                    reader = Journal.open_readonly(state_dir) if journal_path(state_dir).exists() else None
+                    reader_file = _file_identity(journal_path(state_dir))   # (before it is opened)
+                    reader = Journal.open_readonly(state_dir) if reader_file is not None else None
                 except JournalError:
                     if unusable_since is None:
                         unusable_since = time.monotonic()
@@ -359,6 +369,10 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                 if reader is None:
                     sleep(interval)
                     continue
+                unusable_since = None
+                if started:   # a journal put in place of the one followed: its runs from here on
+                    top = reader.con.execute("SELECT max(id) FROM runs").fetchone()[0]
+                    seen = min(seen, top or 0)
             if not started:
                 started = True
                 row = reader.con.execute(f"SELECT * FROM runs WHERE status = 'running'{where}", args).fetchone() \
@@ -390,6 +404,12 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
             if now - last_reap_check >= 1.0:
                 last_reap_check = now
                 reap_if_orphaned(state_dir, config, reader)
+                if _file_identity(journal_path(state_dir)) != reader_file:
+                    # moved aside or removed, and a driver made a new one: a reader
+                    # kept on the old file would show no run of the ring again
+                    reader.close()
+                    reader = None
+                    continue
             sleep(interval)
     finally:
         for t in tracked.values():

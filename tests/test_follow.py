@@ -72,3 +72,27 @@ def test_follow_the_whole_ring_with_prefixes(ring):
         assert m.group(3) in ("from a", "a again", "from b")
     assert any(x.endswith("] a again") for x in lines)   # a last line without newline, prefixed too
     assert ring.cli("logs", "ghost", "-f").returncode == 2
+
+
+def test_follow_goes_on_with_a_journal_put_in_place_of_the_one_followed(ring):
+    """The operator moves a journal aside (a damaged one: the driver refuses to
+    start on it) and a driver makes a new one: a follower kept reading the old
+    file and showed no run again."""
+    ring.write_config(ring={"lap_pause": 0.3})
+    ring.agent("b", 'echo "run $RING_RUN_ID"')
+    ring.roster(f"b {ring.agents_dir}/b.sh")
+    driver = ring.start_driver()
+    p, out = follower(ring, "-f")
+    wait_until(lambda: re.search(r"^b\[\d+\] run \d+$", out.read_text(), re.M), timeout=20,
+               message="a run followed")
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=10) == 0
+    last_old = ring.runs()[-1]["id"]
+    aside = ring.base / "aside"
+    aside.mkdir()
+    for f in ring.state.glob("journal.db*"):
+        f.rename(aside / f.name)
+    ring.start_driver()
+    wait_until(lambda: any(int(x) > last_old for x in re.findall(r"^b\[(\d+)\] ", out.read_text(), re.M)),
+               timeout=20, message="a run of the new journal followed")
+    assert stop(p) == 0
