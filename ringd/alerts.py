@@ -27,7 +27,25 @@ ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
 # would otherwise start a supervisor (a Python interpreter) per alert until the
 # box runs out of memory; past this, an alert is dropped, and the log says so.
 MAX_ALERTS_RUNNING = 16
+# Alerts started: at most ALERT_BURST at once, then ALERT_RATE a second. Each
+# starts a supervisor (a Python interpreter, ~40 ms of CPU): a ring whose every
+# run failed with failures_in_a_row: 1 and a quick command (/bin/true) turned
+# 17 times slower (466 runs/s -> 27 on two cores), the box busy starting them.
+ALERT_BURST = MAX_ALERTS_RUNNING
+ALERT_RATE = 1.0
 _dropped = 0   # alerts dropped since the last one sent
+_bucket: "tuple[float, Optional[float]]" = (float(ALERT_BURST), None)   # (tokens, when counted)
+
+
+def admit(bucket: "tuple[float, Optional[float]]", now: float, rate: float = ALERT_RATE,
+          burst: int = ALERT_BURST) -> "tuple[tuple[float, Optional[float]], bool]":
+    """Token bucket (pure): (the bucket after, may one alert start now?)."""
+    tokens, at = bucket
+    if at is not None:
+        tokens = min(float(burst), tokens + max(0.0, now - at) * rate)
+    if tokens >= 1.0:
+        return (tokens - 1.0, now), True
+    return (tokens, now), False
 
 # Event kinds.
 QUARANTINED = "quarantined"
@@ -64,18 +82,26 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
     Never raises: an alert must never hurt the ring. ``reaped_by_caller``: the
     caller collects exited children itself (the driver does, as a subreaper), so
     Popen must never waitpid this pid later (it could be recycled by then)."""
-    global _dropped
+    global _dropped, _bucket
     if not command:
         return None
     from .proctree import helpers_running
+    why = None
     if helpers_running() >= MAX_ALERTS_RUNNING:
+        why = (f"{MAX_ALERTS_RUNNING} alert commands are still running (alerts.timeout {timeout:g}s); "
+               f"alerts are dropped until one ends")
+    else:
+        _bucket, admitted = admit(_bucket, time.monotonic())
+        if not admitted:
+            why = (f"more than {ALERT_BURST} alerts, then {ALERT_RATE:g} a second; "
+                   f"alerts are dropped until the storm passes")
+    if why is not None:
         _dropped += 1
         if _dropped == 1:   # said once per storm
-            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {MAX_ALERTS_RUNNING} alert "
-                f"commands are still running (alerts.timeout {timeout:g}s); alerts are dropped until one ends")
+            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {why}")
         return None
     if _dropped:
-        log(f"{_dropped} alert(s) were not sent while {MAX_ALERTS_RUNNING} alert commands ran")
+        log(f"{_dropped} alert(s) were not sent (too many at once)")
         _dropped = 0
     payload = event_payload(kind, agent, detail, state_dir, extra)
     try:
