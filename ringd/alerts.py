@@ -53,6 +53,9 @@ FAILURES = "failures"
 WATCHER_GAVE_UP = "watcher-gave-up"
 DRIVER_REPLACED = "driver-replaced"
 RUN_REAPED = "run-reaped"
+# The one kind a failing ring raises at every run. The others come once per
+# agent (a quarantine), per driver or per run reaped: never dropped for the rate.
+RATE_LIMITED = frozenset({FAILURES})
 
 
 def open_alert_log(state_dir: Path) -> int:
@@ -90,7 +93,7 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
     if helpers_running() >= MAX_ALERTS_RUNNING:
         why = (f"{MAX_ALERTS_RUNNING} alert commands are still running (alerts.timeout {timeout:g}s); "
                f"alerts are dropped until one ends")
-    else:
+    elif kind in RATE_LIMITED:
         _bucket, admitted = admit(_bucket, time.monotonic())
         if not admitted:
             why = (f"more than {ALERT_BURST} alerts, then {ALERT_RATE:g} a second; "

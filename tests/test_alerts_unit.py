@@ -3,6 +3,7 @@ of alert commands (each one is a supervisor process, a Python interpreter)."""
 from __future__ import annotations
 
 import os
+import time
 
 from ringd import alerts
 
@@ -44,3 +45,20 @@ def test_an_alert_storm_starts_a_bounded_number_of_alert_commands(tmp_path, monk
                 pass
     assert alerts.MAX_ALERTS_RUNNING <= len(pids) <= alerts.MAX_ALERTS_RUNNING + 5, len(pids)
     assert sum("not sent" in m for m in said) == 1, said
+
+
+def test_the_rate_limit_drops_only_the_alert_a_failing_ring_raises_at_every_run(tmp_path, monkeypatch):
+    """A storm is of ``failures`` alerts; a quarantine (once per agent), a watcher
+    that gave up or a reaped run is never dropped for the rate, only for the cap
+    on commands running at once."""
+    monkeypatch.setattr(alerts, "_bucket", (0.0, time.monotonic()))   # an empty bucket: the storm is on
+    monkeypatch.setattr(alerts, "_dropped", 0)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    said = []
+    assert alerts.fire(["/bin/true"], alerts.FAILURES, "a", "failed", state, log=said.append,
+                       reaped_by_caller=True) is None
+    for kind in (alerts.QUARANTINED, alerts.WATCHER_GAVE_UP, alerts.RUN_REAPED):
+        pid = alerts.fire(["/bin/true"], kind, "a", "x", state, log=said.append, reaped_by_caller=True)
+        assert pid is not None, (kind, said)
+        os.waitpid(pid, 0)
