@@ -99,13 +99,12 @@ class Leader:
         for _ in range(5):
             # walk first, then signal, and walk again: a child of a dying process
             # is re-parented to us meanwhile and one walk can miss it
-            victims = [p for p in proctree.run_descendants() if p.pid not in killed]
+            victims = [v for v in proctree.run_descendants() if v[0] not in killed]
             if procid.same_process(pid, ticks):
                 proctree.signal_group(pid, signal.SIGKILL)
-            for p in victims:
-                start = procid.start_ticks(p.pid)
-                if start is not None and proctree.signal_process(p.pid, start, signal.SIGKILL):
-                    killed.add(p.pid)
+            for victim, start in victims:   # identity as listed: a pid recycled since is not hit
+                if proctree.signal_process(victim, start, signal.SIGKILL):
+                    killed.add(victim)
             if not victims and killed:
                 break
             time.sleep(0.02)

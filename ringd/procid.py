@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 _LINUX = sys.platform.startswith("linux")
 
@@ -56,17 +56,27 @@ def start_ticks(pid: Any) -> Optional[int]:
         return None
     if not _LINUX:
         return _fallback_ticks(pid)
+    found = parent_and_ticks(pid)
+    return None if found is None else found[1]
+
+
+def parent_and_ticks(pid: int) -> Optional[Tuple[int, int]]:
+    """(parent pid, start ticks) of live process ``pid``, read together in one
+    read (Linux): a process found as a child of P is still the one listed if
+    its parent is still P - a recycled pid names some other parent's child.
+    None if there is no such process, it is a zombie, or it cannot be read."""
     try:
         data = read_small(f"/proc/{pid}/stat")
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so
-    # split after its last ')'. Then index 0 is field 3 (state), 19 is field 22.
+    # split after its last ')'. Then index 0 is field 3 (state), 1 field 4
+    # (ppid), 19 field 22 (start ticks).
     fields = data[data.rfind(b")") + 2:].split()
     try:
         if fields[0] in (b"Z", b"X", b"x"):
             return None
-        return int(fields[19])
+        return int(fields[1]), int(fields[19])
     except (IndexError, ValueError):
         return None
 

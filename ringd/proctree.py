@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import earlysig, procid
 
@@ -303,57 +303,77 @@ def helpers_running() -> int:
     return len(_live_helpers())
 
 
-def run_descendants(exclude: Iterable[int] = (), dead: Iterable[int] = ()) -> List[psutil.Process]:
+def run_descendants(exclude: Iterable[int] = (), dead: Iterable[int] = ()) -> List[Tuple[int, int]]:
     """The current run's processes as the driver sees them: every live
     descendant of ours except our helpers and theirs (one run in flight at a
     time; the driver is a subreaper, so escapees re-parent to us), and except
     ``exclude`` itself (its descendants are still listed). ``dead``: processes
-    known to have exited (a zombie's children are already ours): not walked."""
-    return [p for p in my_descendants(spare=set(_live_helpers()) | set(dead), exclude=exclude)
-            if procid.start_ticks(p.pid) is not None]
+    known to have exited (a zombie's children are already ours): not walked.
+    Each as (pid, start ticks), the ticks read as it was listed: signalled by
+    :func:`signal_process` with them, a pid that died and was recycled after
+    the walk is never hit."""
+    excluded = set(exclude)
+    return [(pid, t) for pid, t in _descendant_ids(set(_live_helpers()) | set(dead)) if pid not in excluded]
 
 
-def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[psutil.Process]:
+def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[Tuple[int, int]]:
     """Live processes of a run anywhere on the host: members of its process
-    group, and processes whose environment carries this ring's and run's key."""
+    group, and processes whose environment carries this ring's and run's key.
+    Each as (pid, start ticks), the ticks read before it was judged the run's:
+    a pid recycled meanwhile is then never signalled (:func:`signal_process`)."""
     import psutil
     me = os.getpid()
-    return [p for p in psutil.process_iter()
-            if p.pid != me and procid.start_ticks(p.pid) is not None
-            and _belongs_to_run(p, state_key, run_id, pgid)]
+    out = []
+    for p in psutil.process_iter():
+        ticks = procid.start_ticks(p.pid) if p.pid != me else None
+        if ticks is not None and _belongs_to_run(p, state_key, run_id, pgid):
+            out.append((p.pid, ticks))
+    return out
 
 
 def my_descendants(spare: Iterable[int] = (), exclude: Iterable[int] = ()) -> List[psutil.Process]:
-    """Our descendants, except the subtrees rooted at ``spare`` and the
-    processes ``exclude`` (not their subtrees). On Linux walk
-    /proc/<pid>/task/*/children down from us (a few small reads) instead of
-    scanning every process on the host."""
-    spare, excluded = set(spare), set(exclude)
-    pids = _descendant_pids_linux(spare)
-    if pids == []:   # (the ordinary end of a run: nothing left behind)
+    """Our live descendants, except the subtrees rooted at ``spare`` and the
+    processes ``exclude`` (not their subtrees)."""
+    excluded = set(exclude)
+    found = [pid for pid, _ in _descendant_ids(set(spare)) if pid not in excluded]
+    if not found:   # (the ordinary end of a run: nothing left behind)
         return []
     import psutil
-    if pids is None:
-        try:
-            found = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return []
-        spared = set(spare)
-        for p in found:   # children(recursive) lists parents before their children
-            try:
-                if p.ppid() in spared:
-                    spared.add(p.pid)
-            except psutil.Error:
-                pass
-        return [p for p in found if p.pid not in spared and p.pid not in excluded]
     out = []
-    for pid in pids:
-        if pid in excluded:
-            continue
+    for pid in found:
         try:
             out.append(psutil.Process(pid))
         except psutil.Error:
             pass
+    return out
+
+
+def _descendant_ids(spare: Set[int]) -> List[Tuple[int, int]]:
+    """Our live descendants but the subtrees rooted at ``spare``, as (pid,
+    start ticks). On Linux walk /proc/<pid>/task/*/children down from us (a
+    few small reads) instead of scanning every process on the host; a child
+    is listed with the ticks read together with its parent's pid, and only if
+    that is still the parent it was found under (not a pid recycled since)."""
+    found = _descendant_ids_linux(spare)
+    if found is not None:
+        return found
+    import psutil   # no CONFIG_PROC_CHILDREN (or not Linux): a full scan
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    spared = set(spare)
+    out = []
+    for p in procs:   # children(recursive) lists parents before their children
+        try:
+            if p.pid in spared or p.ppid() in spared:
+                spared.add(p.pid)
+                continue
+        except psutil.Error:
+            continue
+        ticks = procid.start_ticks(p.pid)
+        if ticks is not None:
+            out.append((p.pid, ticks))
     return out
 
 
@@ -391,17 +411,23 @@ def _own_children() -> Optional[List[int]]:
     return _children_of(os.getpid())
 
 
-def _descendant_pids_linux(spare: Set[int]) -> Optional[List[int]]:
-    found: List[int] = []
+def _descendant_ids_linux(spare: Set[int]) -> Optional[List[Tuple[int, int]]]:
+    found: List[Tuple[int, int]] = []
     todo: List[int] = []
-    kids = _own_children()
+    parent, kids = os.getpid(), _own_children()
     while kids is not None:
-        kids = [k for k in kids if k not in spare]
-        found.extend(kids)
-        todo.extend(kids)
+        for kid in kids:
+            if kid in spare:
+                continue
+            seen = procid.parent_and_ticks(kid)
+            if seen is None or seen[0] != parent:
+                continue   # gone, a zombie, or re-parented (found under us next walk) or recycled
+            found.append((kid, seen[1]))
+            todo.append(kid)
         if not todo:
             return found
-        kids = _children_of(todo.pop())
+        parent = todo.pop()
+        kids = _children_of(parent)
     return None  # no CONFIG_PROC_CHILDREN: fall back to a full scan
 
 
@@ -466,14 +492,12 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
         if scope == "descendants":
             victims = run_descendants(exclude=keep, dead=dead)
         else:
-            victims = [p for p in run_processes(state_key, run_id, pgid) if p.pid not in keep]
+            victims = [(pid, t) for pid, t in run_processes(state_key, run_id, pgid) if pid not in keep]
         if not victims:
-            # the walk lists zombies too: none of the run's is left to collect
-            # (helpers are collected on their SIGCHLD)
+            # (the run's zombies are collected on their SIGCHLD, as helpers are)
             return killed
-        for p in victims:
-            start = procid.start_ticks(p.pid)
-            if start is not None and signal_process(p.pid, start, signal.SIGKILL):
+        for pid, ticks in victims:   # identity as listed: a pid recycled since is not hit
+            if signal_process(pid, ticks, signal.SIGKILL):
                 killed += 1
         reap_zombie_children(keep)
         if time.monotonic() >= deadline:

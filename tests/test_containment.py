@@ -517,3 +517,79 @@ def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
             cg.kill()
             cg.remove()
         env.close()
+
+
+# --- a pid recycled between the walk that lists it and the kill ---------------------------
+
+_RECYCLE_IN_WALK = r'''
+"""pid 1 of a fresh pid namespace: the driver lists a run's grandchild, which
+dies and is reaped by its parent (a run process) before the kill; a helper's
+new child takes its pid (ns_last_pid)."""
+import json, os, signal, subprocess, time
+from ringd import procid, proctree
+
+hr, hw = os.pipe()
+sr, sw = os.pipe()
+helper = os.fork()
+if helper == 0:   # an alert helper of the driver's: forks the stranger when told which pid to take
+    os.close(hw)
+    os.close(sr)
+    want = int(os.read(hr, 64))
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(want - 1))
+    stranger = subprocess.Popen(["sleep", "300"])
+    os.write(sw, b"%d" % stranger.pid)
+    stranger.wait()
+    os._exit(0)
+proctree.register_helper(helper)
+# the run: a shell that reaps its sleep, then blocks in a builtin (forks nothing more)
+run = subprocess.Popen(["sh", "-c", "sleep 300; read x"], stdin=subprocess.PIPE, start_new_session=True)
+deadline = time.monotonic() + 10
+while not proctree._children_of(run.pid) and time.monotonic() < deadline:
+    time.sleep(0.01)
+grandchild = proctree._children_of(run.pid)[0]
+out = {"grandchild": grandchild}
+walk = proctree._children_of
+
+def recycling_walk(pid):
+    kids = walk(pid)
+    if pid == run.pid and "stranger" not in out:
+        os.kill(grandchild, signal.SIGKILL)   # dies, and its parent reaps it at once
+        end = time.monotonic() + 10
+        while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < end:
+            time.sleep(0.005)
+        os.write(hw, b"%d" % grandchild)
+        out["stranger"] = int(os.read(sr, 64))
+        out["ticks"] = procid.start_ticks(out["stranger"])
+    return kids
+
+proctree._children_of = recycling_walk
+proctree.kill_run("", 0, None, scope="descendants")
+time.sleep(0.2)   # a kill sent lands at once; headroom for a loaded box
+out["alive"] = procid.same_process(out["stranger"], out["ticks"])
+print(json.dumps(out))
+'''
+
+
+def test_a_pid_recycled_between_the_walk_and_the_kill_is_never_hit(tmp_path):
+    """kill_run read each listed process's start ticks again just before its
+    kill, so the identity check compared a recycled pid with itself: a run's
+    process that died and was reaped by its parent after the walk listed it
+    left its pid to a stranger (here a helper's child), which was killed.
+    Forced in a private pid namespace (ns_last_pid)."""
+    import json
+    import shutil
+    from conftest import REPO
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a private pid namespace")
+    script = tmp_path / "recycle_walk.py"
+    script.write_text(_RECYCLE_IN_WALK)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(["unshare", "-fp", "--mount-proc", "--kill-child", sys.executable, str(script)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[:200]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stranger"] == out["grandchild"], f"the pid was not recycled: {out}"
+    assert out["alive"], "the tree kill hit a stranger that got a listed run process's pid"
