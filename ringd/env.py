@@ -69,7 +69,7 @@ class RealEnv:
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
-        self._stuck: Dict[int, int] = {}   # pid -> start ticks: leaders that outlived SIGKILL (reap)
+        self._stuck: Dict[int, int] = {}   # pid -> start ticks: processes that outlived SIGKILL (kill_tree, reap)
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once: here, or by the driver just before its first run), else
         # the subreaper rule alone - said once.
@@ -180,8 +180,16 @@ class RealEnv:
             # children are still being re-parented to us, and a walk of our process
             # tree at that moment misses them (found by the soak).
             dead = proctree.wait_exit(child.pidfd, timeout=2.0)
-        return proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid, *self._stuck_pids()],
-                                 dead=[child.pid] if dead else [])
+        unkillable: Dict[int, int] = {}
+        killed = proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid, *self._stuck_pids()],
+                                   dead=[child.pid] if dead else [], unkillable=unkillable)
+        if unkillable:
+            # spared by every later kill (as a stuck leader is): a later run must
+            # not spend its kill's whole bound on them, nor count them as its own
+            self._stuck.update(unkillable)
+            self.log(f"run {run_id}: {len(unkillable)} process(es) did not die of SIGKILL "
+                     f"(uninterruptible sleep?): left behind (pids {', '.join(map(str, sorted(unkillable)))})")
+        return killed
 
     def reap(self, child: Child) -> None:
         """The run's end: empty its cgroup (reading its CPU time) while the leader
@@ -207,7 +215,7 @@ class RealEnv:
         child.close()
 
     def _stuck_pids(self) -> List[int]:
-        """Leaders of earlier runs that outlived SIGKILL and still live."""
+        """Processes of earlier runs that outlived SIGKILL and still live."""
         if self._stuck:
             self._stuck = {pid: t for pid, t in self._stuck.items() if same_process(pid, t)}
         return list(self._stuck)

@@ -470,7 +470,8 @@ def child_pids() -> List[int]:
 
 
 def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "descendants",
-             keep_unreaped: Iterable[int] = (), dead: Iterable[int] = (), timeout: float = 3.0) -> int:
+             keep_unreaped: Iterable[int] = (), dead: Iterable[int] = (), timeout: float = 3.0,
+             unkillable: Optional[Dict[int, int]] = None) -> int:
     """SIGKILL every process of a run and wait (bounded) until none is left.
 
     ``scope="descendants"`` (the driver, at the end of its run): every live
@@ -482,9 +483,15 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
     our children known to have exited (not walked into). ``pgid`` is signalled
     and matched in every round: only for a group whose id cannot be reused
     meanwhile (its leader our own child, kept an unreaped zombie).
+    ``unkillable``: filled with the processes (pid: start ticks) still alive
+    at the bound though SIGKILLed at least half of it before (uninterruptible
+    sleep, a cgroup v1 freezer; or not ours to signal: a setuid program under
+    a driver that is not root), for the caller to spare from then on - never
+    a fork bomb's newest children, first signalled only just now.
     Returns how many processes were signalled."""
     keep = set(keep_unreaped)
-    killed = 0
+    first: Dict[Tuple[int, int], float] = {}   # (pid, start ticks) -> when first listed to be SIGKILLed
+    killed: Set[Tuple[int, int]] = set()
     deadline = time.monotonic() + timeout
     while True:
         if pgid is not None:
@@ -495,13 +502,18 @@ def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "
             victims = [(pid, t) for pid, t in run_processes(state_key, run_id, pgid) if pid not in keep]
         if not victims:
             # (the run's zombies are collected on their SIGCHLD, as helpers are)
-            return killed
-        for pid, ticks in victims:   # identity as listed: a pid recycled since is not hit
-            if signal_process(pid, ticks, signal.SIGKILL):
-                killed += 1
+            return len(killed)
+        now = time.monotonic()
+        for victim in victims:   # identity as listed: a pid recycled since is not hit
+            first.setdefault(victim, now)
+            if signal_process(*victim, signal.SIGKILL):
+                killed.add(victim)
         reap_zombie_children(keep)
-        if time.monotonic() >= deadline:
-            return killed
+        if now >= deadline:
+            if unkillable is not None:
+                unkillable.update(v for v in victims
+                                  if first[v] <= now - timeout / 2 and procid.same_process(*v))
+            return len(killed)
         time.sleep(0.01)
 
 

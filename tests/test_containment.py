@@ -453,6 +453,47 @@ def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
         ice.rmdir()
 
 
+
+def test_a_descendant_that_sigkill_cannot_end_costs_its_own_run_only(ring):
+    """A run's background process in uninterruptible sleep (here: a frozen
+    cgroup v1 freezer) outlives its SIGKILL. It is the driver's descendant
+    still, so every later run's tree kill listed it again, spent its whole
+    bound (3 s) signalling it and said it 'left ~300 process(es) behind': each
+    /bin/true hop of the ring cost 3 s from then on. Now it is spared by later
+    runs' kills once it has outlived one, and said once."""
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+    ice = _FREEZER_V1 / f"ring-test-ice-bg-{os.getpid()}"
+    ice.mkdir()
+    pidfile = ring.base / "frozen.pid"
+    frozen = None
+    try:
+        ring.agent("ice", f"""
+            sleep 300 &
+            echo $! > {ice}/cgroup.procs
+            echo FROZEN > {ice}/freezer.state
+            echo $! > {pidfile}
+            exit 0
+            """)
+        ring.roster(f"ice {ring.agents_dir}/ice.sh", "t1 /bin/true", "t2 /bin/true", "t3 /bin/true")
+        drv = ring.start_driver("--once")
+        frozen = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
+                                message="a background process frozen"))
+        assert drv.wait(timeout=60) == 0
+        rows = {r["agent"]: r for r in ring.runs()}
+        assert [rows[a]["status"] for a in ("ice", "t1", "t2", "t3")] == ["ok"] * 4, [dict(r) for r in rows.values()]
+        slow = {a: rows[a]["duration"] for a in ("t1", "t2", "t3") if rows[a]["duration"] > 1.5}
+        assert not slow, f"later runs paid for the unkillable process: {slow}"
+        err = drv.communicate(timeout=10)[1].decode()
+        assert err.count("did not die of SIGKILL") == 1, err
+        assert "left 1 process(es) behind" in err and "t1 left" not in err, err
+    finally:
+        (ice / "freezer.state").write_text("THAWED")   # it dies of the SIGKILL it holds
+        if frozen is not None:
+            wait_until(lambda: procid.start_ticks(frozen) is None, 10, message="the thawed process gone")
+        wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
+        ice.rmdir()
+
 # the run cgroup's end in the driver's effects (ringd.env): emptied at once, removed at the next wait
 
 def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tmp_path):
