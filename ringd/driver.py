@@ -794,7 +794,8 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         if config.ring.journal:
             from .journal_pg import PgJournal
             from .leader import Leader
-            journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl)
+            # its calls are bounded, and a stop signal ends one in flight (pgcall)
+            journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl, tap=env.wakeups)
             journal.stop_recording()  # until this driver takes the lease
             leader = Leader(journal, config.ring.lease_ttl, logger)
             config = for_leadership(config)

@@ -34,13 +34,16 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
     psycopg = None
 
 from . import lease as leaselib
+from . import pgcall
 from .journal import Journal, JournalError
 from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 from .schema_sqlite import too_new
 
 # Client side: fail fast instead of hanging on a dead server or a partition
-# (keepalives notice a silent peer, tcp_user_timeout unacknowledged data).
-# Server side (per session, from the TTL): no statement or lock wait of ours
+# (keepalives notice a silent peer, tcp_user_timeout unacknowledged data), and
+# no call waits for an answer longer than its bound (``pgcall``: a stopped
+# server process, a peer whose kernel still acknowledges, applies no timeout).
+# Server side (per session, the same bound): no statement or lock wait of ours
 # may outlast a quarter of the lease.
 MAX_WAIT_MS = 2 ** 31 - 1
 CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2)
@@ -122,12 +125,24 @@ class _Cursor:
         return iter(self.fetchall())
 
 
+if psycopg is not None:
+    class _BoundConnection(psycopg.Connection):
+        """psycopg's connection, but every wait for the server's answer is
+        ``pgcall.wait``: bounded, and ended by a stop signal of the driver's."""
+        ring_bound = float(MAX_WAIT_MS // 1000)   # (set by _Con.connect)
+        ring_tap: Optional[pgcall.SignalTap] = None
+
+        def wait(self, gen, *args, **kwargs):   # (psycopg's own takes a poll interval and a timeout)
+            return pgcall.wait(gen, self.pgconn.socket, self.ring_bound, self.ring_tap)
+
+
 class _Con:
     """The slice of ``sqlite3.Connection`` the journal and its readers use, on psycopg.
-    Autocommit: a statement outside ``write()`` is its own transaction."""
+    Autocommit: a statement outside ``write()`` is its own transaction. ``tap``:
+    the driver's wake-up pipe, whose stop signals end a call in flight."""
 
-    def __init__(self, dsn: str, readonly: bool, wait_limit: float):
-        self.dsn, self.readonly = dsn, readonly
+    def __init__(self, dsn: str, readonly: bool, wait_limit: float, tap: Optional[pgcall.SignalTap] = None):
+        self.dsn, self.readonly, self.tap = dsn, readonly, tap
         # (PostgreSQL's timeouts, and libpq's tcp_user_timeout, are ints of milliseconds)
         self.wait_ms = min(max(100, int(wait_limit * 1000)), MAX_WAIT_MS)
         self.pg = None
@@ -135,11 +150,13 @@ class _Con:
 
     def connect(self) -> None:
         try:
-            self.pg = psycopg.connect(self.dsn, autocommit=True, row_factory=_row_factory,
-                                      connect_timeout=max(2, round(self.wait_ms / 1000)),
-                                      tcp_user_timeout=self.wait_ms,
-                                      application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
-                                      **CONNECT_ARGS)
+            self.pg = _BoundConnection.connect(
+                self.dsn, autocommit=True, row_factory=_row_factory,
+                connect_timeout=max(2, round(self.wait_ms / 1000)),
+                tcp_user_timeout=self.wait_ms,
+                application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
+                **CONNECT_ARGS)
+            self.pg.ring_bound, self.pg.ring_tap = self.wait_ms / 1000, self.tap
             # idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP,
             # paused VM) holds the lease row's lock; the server ends its session,
             # rolling the write back, so a hand-over is never held up past the TTL
@@ -149,8 +166,8 @@ class _Con:
                 settings.append("SET default_transaction_read_only = on")
             for s in settings:
                 self.pg.execute(s)
-        except psycopg.Error as e:
-            self.pg = None
+        except (psycopg.Error, pgcall.Abandoned) as e:
+            self._drop()
             raise PgJournalError(f"{redact(self.dsn)}: cannot connect: {self._say(e)}") from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
@@ -167,8 +184,28 @@ class _Con:
             raise PgIntegrityError(self._say(e)) from None
         except psycopg.Error as e:
             raise PgJournalError(f"{redact(self.dsn)}: {self._say(e)}") from None
+        except pgcall.Abandoned as e:
+            self._drop()   # its state is unknown: a new one for the next call
+            raise PgJournalError(f"{redact(self.dsn)}: {e}") from None
         lastrowid = rows[0][0] if rows and _INSERT_WITH_ID.match(sql) else None
         return _Cursor(rows, lastrowid, cur.rowcount)
+
+    def script(self, sql: str) -> None:
+        """Statements as written (no placeholders: the schema's DDL)."""
+        try:
+            self.pg.execute(sql)
+        except psycopg.Error as e:
+            raise PgJournalError(f"{redact(self.dsn)}: {self._say(e)}") from None
+        except pgcall.Abandoned as e:
+            self._drop()
+            raise PgJournalError(f"{redact(self.dsn)}: {e}") from None
+
+    def _drop(self) -> None:
+        """Close the connection without a word to the server (libpq's goodbye is
+        non-blocking: psycopg's connections are)."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            pg.close()
 
     def close(self) -> None:
         if self.pg is not None:
@@ -243,13 +280,16 @@ class PgJournal(Journal):
         self.fence = None
 
     @classmethod
-    def connect(cls, dsn: str, *, readonly: bool = False, ttl: float = 30) -> "PgJournal":
-        """``ttl`` (the lease's) bounds every wait on the server: a leader blocked in
-        a query must still reach its half-TTL switch in time."""
+    def connect(cls, dsn: str, *, readonly: bool = False, ttl: float = 30,
+                tap: Optional[pgcall.SignalTap] = None) -> "PgJournal":
+        """``ttl`` (the lease's) bounds every wait on the server, on both sides
+        (``pgcall.call_bound``): a leader blocked in a query must still reach its
+        half-TTL switch in time, and beat. ``tap``: the driver's wake-up pipe
+        (a stop signal ends a call in flight)."""
         if psycopg is None:
             raise JournalError("ring.journal names PostgreSQL, but psycopg is not installed: "
                                "pip install 'ring[pg]' (or psycopg[binary])")
-        j = cls(_Con(dsn, readonly, wait_limit=ttl / 4), dsn)
+        j = cls(_Con(dsn, readonly, wait_limit=pgcall.call_bound(ttl), tap=tap), dsn)
         if not readonly:
             try:
                 j._migrate()
@@ -268,7 +308,7 @@ class PgJournal(Journal):
         with self._transaction():
             self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
             if not self._schema_is_current():
-                self.con.pg.execute(SCHEMA)
+                self.con.script(SCHEMA)
 
     def _schema_is_current(self) -> bool:
         """Whether the journal has this ring's schema; raises for a newer ring's.

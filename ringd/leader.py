@@ -9,8 +9,10 @@ SQLite journal there is no Leader: the lock file already makes the one driver
 the leader.
 
 The switch is checked by the driver's loop, and also by a watchdog thread:
-a driver blocked in a database call that does not return (a stopped server
-process, a black-holed network) must still kill its agent in time. The thread
+a driver blocked on the journal past its switch must still kill its agent in
+time. (A call is bounded, ``ringd.pgcall``, at a quarter of the TTL; but a few
+of them in a row, or a new connection waiting out its connect_timeout on a
+server that does not answer, can outlast the switch.) The thread
 only sends SIGKILL to the run's processes (it never reaps: the loop owns every
 exit status) and stops this driver leading and recording.
 """

@@ -74,6 +74,17 @@ class Wakeups:
             got.update(data)
         return got
 
+    def fileno(self) -> int:
+        """The pipe's read end (a PostgreSQL call polls it too: ``ringd.pgcall``)."""
+        return self._r
+
+    def put_back(self, sigs: Set[int]) -> None:
+        """Signals read from the pipe by someone else, for the next wait or drain."""
+        try:
+            os.write(self._w, bytes(sorted(sigs)))
+        except BlockingIOError:   # a full pipe: it wakes the next wait anyway
+            pass
+
     def close(self) -> None:
         signal.set_wakeup_fd(self._old_fd)
         for sig, old in self._old.items():

@@ -331,9 +331,12 @@ def test_a_ring_of_quick_agents_keeps_its_lease(hosts):
     sampler.finish()
 
 
-def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
-    """The server process serving the leader is stopped: the leader's next call
-    never returns. Its watchdog must still kill the agent before the lease can pass."""
+def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts, pg_cluster):
+    """The whole server is stopped (the process serving the leader and the one
+    that accepts connections): the leader's call is dropped after its bound
+    (pgcall), and its next connection attempt waits for connect_timeout, past
+    the half-TTL switch. Its watchdog must still kill the agent before the
+    lease can pass."""
     a, b, dsn, sampler = hosts
     escaped = a.base / "escaped.pid"
     a.agent("long", f"setsid sh -c 'echo $$ > {escaped}; exec sleep 60' &\nsleep 60\n")
@@ -348,6 +351,8 @@ def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
     wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
     backend = wait_until(lambda: pg_rows(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
                                          f"ringd pid={da.pid}"), timeout=5, message="A's server process")[0]["pid"]
+    postmaster = int((pg_cluster.data / "postmaster.pid").read_text().split()[0])
+    os.kill(postmaster, signal.SIGSTOP)
     os.kill(backend, signal.SIGSTOP)
     stuck = time.monotonic()
     try:
@@ -356,8 +361,12 @@ def test_a_leader_stuck_in_a_database_call_still_kills_its_agent_in_time(hosts):
         wait_until(lambda: proc_state(esc) in (None, "Z"), timeout=TTL, message="its setsid child killed too")
         assert time.monotonic() - stuck < TTL, "the agent outlived the lease"
         assert proc_state(da.pid) not in (None, "T"), "A itself is alive and not frozen"
+        # by the watchdog, while the loop waits on its new connection
+        wait_until(lambda: "while the driver waits on the journal; killed run" in _read(da.err_path), timeout=5,
+                   message="the watchdog's word on the kill")
     finally:
         os.kill(backend, signal.SIGCONT)
+        os.kill(postmaster, signal.SIGCONT)
     wait_until(lambda: (running_row(dsn) or {}).get("agent") == "next", timeout=TTL + 10,
                message="the ring goes on")
     # the killed run is not the agent's failure: interrupted, never `failed (signal 9)`
@@ -567,3 +576,101 @@ def test_an_end_whose_commit_answer_is_lost_is_still_the_drivers_own_and_alerts(
     finally:
         r.cleanup()
         proxy.close()
+
+
+# --- a database call that never answers (the server process serving the driver stopped) ---
+
+def _backend_of(dsn, driver_pid):
+    """The pid of the server process serving ``driver_pid``'s connection (each
+    driver names itself in application_name); waits until there is exactly one."""
+    rows = wait_until(lambda: (lambda r: r if len(r) == 1 else None)(
+        pg_rows(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", f"ringd pid={driver_pid}")),
+        timeout=10, message=f"the one server process of driver {driver_pid}")
+    return rows[0]["pid"]
+
+
+def _beat_age(r):
+    try:
+        return time.time() - os.stat(r.state / "ringd.heartbeat").st_mtime
+    except OSError:
+        return 0.0
+
+
+def _continue(pid):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def _one_pg_ring(tmp_path, dsn, ttl):
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    r.write_config(ring={"journal": dsn, "lease_ttl": ttl, "heartbeat_interval": 0.2,
+                         "run_budget": 120, "stall_threshold": 150})
+    r.roster("long /bin/sleep 100")
+    return r
+
+
+def test_a_stop_while_a_database_call_hangs_ends_the_call_and_the_driver(tmp_path, pg_dsn):
+    """SPEC: the driver acts on SIGTERM within 1 s. Its server process is stopped:
+    the lease renewal in flight never answers. A SIGTERM must end that call at
+    once (not when its bound, a quarter of the long TTL here, runs out) and the
+    driver stops as usual."""
+    ttl = 40.0   # the bound on a call (ttl/4 = 10 s) is far beyond what the test allows
+    r = _one_pg_ring(tmp_path, pg_dsn, ttl)
+    backend = None
+    try:
+        d = r.start_driver()
+        wait_until(lambda: role(r) == "leader" and agent_pid(pg_dsn), timeout=20, message="the driver leads and runs")
+        backend = _backend_of(pg_dsn, d.pid)
+        os.kill(backend, signal.SIGSTOP)
+        # beats are 0.2 s apart: a heartbeat this old means the driver is inside the hung call
+        wait_until(lambda: _beat_age(r) > 1.0, timeout=10, message="the driver stuck in a database call")
+        sent = time.monotonic()
+        d.send_signal(signal.SIGTERM)
+        wait_until(lambda: d.poll() is not None, timeout=5, interval=0.01,
+                   message="the driver's exit on SIGTERM during a hung database call")
+        took = time.monotonic() - sent
+        err = d.communicate()[1].decode()
+        assert d.returncode == 0, (d.returncode, err)
+        assert took < 5 and "Traceback" not in err, err
+        assert "driver stopped" in err, err
+    finally:
+        if backend is not None:
+            _continue(backend)
+        r.cleanup()
+    # the run was closed (interrupted by the driver) on a fresh connection
+    rows = pg_rows(pg_dsn, "SELECT status FROM runs ORDER BY id")
+    assert [x["status"] for x in rows] == ["interrupted"], rows
+
+
+def test_a_database_call_that_never_answers_fails_within_its_bound_and_the_driver_beats_on(tmp_path, pg_dsn):
+    """The server process serving the driver is stopped: without a client-side
+    bound the driver hung in the call (no heartbeat, no lease renewal). The
+    call must fail after a quarter of the TTL; the driver drops that connection,
+    keeps beating and renews (or stands by) on a new one."""
+    r = _one_pg_ring(tmp_path, pg_dsn, TTL)
+    backend = None
+    try:
+        d = r.start_driver()
+        wait_until(lambda: role(r) == "leader" and agent_pid(pg_dsn), timeout=20, message="the driver leads and runs")
+        backend = _backend_of(pg_dsn, d.pid)
+        os.kill(backend, signal.SIGSTOP)
+        stopped = time.time()
+        # a heartbeat written well after the hung call began (and more than its bound), and then fresh ones
+        wait_until(lambda: _beat_age(r) < 0.5 and time.time() - stopped > 2 * TTL, timeout=4 * TTL + 10,
+                   interval=0.05, message="the driver beating again after the hung call")
+        hb = r.heartbeat()
+        assert hb["role"] in ("leader", "standby") and hb["pid"] == d.pid, hb
+        assert d.poll() is None
+        # served by a new server process; the stopped one is no longer the driver's
+        new = pg_rows(pg_dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> %s",
+                      f"ringd pid={d.pid}", backend)
+        assert len(new) == 1, new
+        err = _read(d.err_path)
+        assert "no answer" in err, err
+    finally:
+        if backend is not None:
+            _continue(backend)
+        r.cleanup()
