@@ -26,13 +26,17 @@ MAX_REASON_CHARS = 500
 
 def wake_driver(state_dir: Path) -> Optional[int]:
     """SIGUSR1 to the live driver of ``state_dir``. Returns its pid, or None when no
-    driver runs (the request then waits in the journal for the next one)."""
+    driver runs (the request then waits in the journal for the next one).
+    With the ring owner's privileges (reaper.as_ring_owner): the heartbeat is
+    the ring user's to write, and SIGUSR1 ends a process that does not handle
+    it - root waking another user's ring must signal nothing that user could not."""
     from . import proctree
+    from .reaper import as_ring_owner
     writer = live_writer(read_heartbeat(state_dir))
     if writer is None:
         return None
     pid, start = writer
-    return pid if proctree.signal_process(pid, start, signal.SIGUSR1) else None
+    return pid if as_ring_owner(state_dir, lambda: proctree.signal_process(pid, start, signal.SIGUSR1)) else None
 
 
 def _writer(state_dir: Path, config: Config, create: bool = False) -> Journal:

@@ -52,10 +52,20 @@ def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int
     never one of root's named by a forged row. ``by_driver``: the ring's own
     driver, which runs whatever the ring's files say with its own privileges
     anyway, kills with them (a root driver's orphans are root's)."""
-    owner = None if by_driver else _other_owner(state_dir)
+    if by_driver:
+        return _kill_orphan(state_dir, row)
+    return as_ring_owner(state_dir, lambda: _kill_orphan(state_dir, row))
+
+
+def as_ring_owner(state_dir: Path, fn: Callable[[], int]) -> int:
+    """``fn()`` (a count), with the privileges of the ring's owner when we are
+    root on a ring another user can write (:func:`_other_owner`): the one rule
+    for every signal an operator command sends to a process a ring's files
+    name (the orphan's kill, the driver's SIGUSR1 wake-up)."""
+    owner = _other_owner(state_dir)
     if owner is not None:
-        return proctree.call_as(owner[0], owner[1], lambda: _kill_orphan(state_dir, row))
-    return _kill_orphan(state_dir, row)
+        return proctree.call_as(owner[0], owner[1], fn)
+    return fn()
 
 
 def _other_owner(state_dir: Path) -> Optional[tuple]:

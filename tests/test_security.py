@@ -733,3 +733,45 @@ def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, w
         if target.poll() is None:
             target.kill()
         target.wait(timeout=10)
+
+
+@pytest.mark.parametrize("command", [("pause",), ("resume", "a"), ("next", "a"), ("skip", "a")])
+@pytest.mark.parametrize("whose", ["root", "the ring's user"])
+def test_root_waking_another_users_driver_signals_only_what_that_user_could(ring, command, whose):
+    """Operator commands wake the driver the heartbeat names with SIGUSR1, whose
+    default action ends a process. The ring's user writes that heartbeat (pid,
+    start ticks and boot id are public): root running ``ringd pause`` on the
+    ring SIGUSR1ed a process of root's it named. Woken with the ring user's
+    privileges: root's process lives; the user's own process is still woken."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    from ringd import procid
+    from ringd.heartbeat import write_json_atomic
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0   # a journal and a heartbeat, as the ring makes them
+    drop = [] if whose == "root" else ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
+                                       "--clear-groups"]
+    target = subprocess.Popen([*drop, "sleep", "300"], start_new_session=True)
+    try:
+        ticks = wait_until(lambda: psutil.Process(target.pid).name() == "sleep"
+                           and procid.start_ticks(target.pid), 10, message="the target exec'd sleep")
+        if command[0] == "resume":
+            assert ring.cli("pause", "a").returncode == 0   # something to lift (no driver to wake yet)
+        beat = ring.heartbeat()
+        beat.update(pid=target.pid, pid_start=ticks, stopped=False, at=time.time())
+        write_json_atomic(ring.state / "ringd.heartbeat", beat)
+        for root, dirs, files in os.walk(ring.state):   # the ring is the user's (nobody's)
+            for name in [root, *(os.path.join(root, f) for f in files)]:
+                os.chown(name, NOBODY, NOBODY)
+        r = ring.cli(*command)   # as root
+        assert r.returncode == 0, r.stderr
+        if whose == "root":
+            with pytest.raises(subprocess.TimeoutExpired):   # headroom for a signal sent to land
+                target.wait(timeout=1)
+        else:
+            assert target.wait(timeout=10) == -signal.SIGUSR1, "the ring user's own driver was not woken"
+    finally:
+        if target.poll() is None:
+            target.kill()
+        target.wait(timeout=10)
