@@ -115,16 +115,21 @@ def _check_companions(path: Path) -> None:
     files: a FIFO, a directory or a symbolic link there fails the journal's
     opens and writes as "disk I/O error" or "unable to open database file" -
     an outage's words (exit 69, the driver started again and again) for what
-    no wait mends. Refused, naming the file, and left in place."""
+    no wait mends. Nor a hard link: SQLite run as root opens them by name,
+    chowns them to the journal's owner and writes them, so one linked by the
+    ring's user to a file of root's gave that file away to ``sudo ringd
+    status``. Refused, naming the file, and left in place."""
     for suffix in ("-wal", "-shm"):
         name = f"{path}{suffix}"
         try:
-            mode = os.lstat(name).st_mode
+            st = os.lstat(name)
         except OSError:
             continue
-        if not stat.S_ISREG(mode):
+        mode = st.st_mode
+        if not stat.S_ISREG(mode) or st.st_nlink != 1:
             what = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
-                    else "not a regular file")
+                    else "not a regular file" if not stat.S_ISREG(mode)
+                    else f"a hard link ({st.st_nlink} links)")
             raise JournalError(f"{name}: the journal's {suffix[1:]} file is {what}; it was left in place: "
                                f"move it aside")
 
@@ -141,12 +146,13 @@ def no_schema_yet(path: Path) -> bool:
             return False
         if st.st_size == 0:
             return True
+        _check_companions(path)   # (SQLite opens them too)
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
             return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
         finally:
             con.close()
-    except (OSError, sqlite3.Error):
+    except (OSError, sqlite3.Error, JournalError):
         return False
 
 

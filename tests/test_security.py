@@ -775,3 +775,35 @@ def test_root_waking_another_users_driver_signals_only_what_that_user_could(ring
         if target.poll() is None:
             target.kill()
         target.wait(timeout=10)
+
+
+@pytest.mark.parametrize("command", [("status",), ("pause",)])
+@pytest.mark.parametrize("companion", ["-wal", "-shm"])
+def test_root_opening_another_users_journal_never_takes_a_hard_linked_companion(ring, tmp_path, command,
+                                                                                 companion):
+    """SQLite run by root opens the journal's -wal and -shm by name, chowns them to
+    the journal's owner and writes them. The ring's user can plant there a hard
+    link to a file of root's (where fs.protected_hardlinks allows, or to a file it
+    may write but not own): ``sudo ringd status`` gave that file to the user and
+    overwrote it. A companion with another link is refused, and left in place."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=30) == 0
+    victim = tmp_path / "root-only"
+    victim.write_text("root's secret\n" * 100)
+    os.chmod(victim, 0o600)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ring.journal_path}{suffix}").unlink(missing_ok=True)
+    os.link(victim, f"{ring.journal_path}{companion}")
+    for root, dirs, files in os.walk(ring.state):   # the ring is the user's (nobody's)
+        for name in [root, *(os.path.join(root, f) for f in files)]:
+            if not os.path.samefile(name, victim):
+                os.chown(name, NOBODY, NOBODY)
+    r = ring.cli(*command)   # as root
+    assert "Traceback" not in r.stderr, r.stderr
+    st = os.stat(victim)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), "root's file changed hands"
+    assert victim.read_text() == "root's secret\n" * 100, "root's file was written"
+    assert f"journal.db{companion}" in r.stderr and "link" in r.stderr, r.stderr
