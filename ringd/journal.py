@@ -187,6 +187,18 @@ def _verify(con: sqlite3.Connection, path: Path) -> None:
                            f"move it aside to start a new journal")
 
 
+def _give_to_ring_owner(fd: int, path: Path) -> None:
+    """A journal root made in another user's state dir (``sudo ringd pause`` on
+    a ring that never ran) is that user's: root's, 0600, it locked the ring's
+    own driver out of its journal. (SQLite run as root gives -wal and -shm the
+    journal's owner.)"""
+    if os.geteuid() != 0:
+        return
+    owner = os.stat(path.parent)
+    if owner.st_uid != 0:
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+
+
 WAL_HEADER, WAL_FRAME_HEADER = 32, 24   # bytes (SQLite's WAL file format)
 WAL_SLACK_FRAMES = 16                    # the commit that crosses wal_autocheckpoint, and then some
 
@@ -410,8 +422,11 @@ class Journal:
         else:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                os.fchmod(fd, 0o600)
-                os.close(fd)
+                try:
+                    os.fchmod(fd, 0o600)
+                    _give_to_ring_owner(fd, path)
+                finally:
+                    os.close(fd)   # (before SQLite opens it: no lock of its to drop)
             except OSError as e:
                 raise JournalError(f"{path}: cannot create journal: {e.strerror}", transient=True) from None
         try:

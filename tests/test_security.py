@@ -807,3 +807,24 @@ def test_root_opening_another_users_journal_never_takes_a_hard_linked_companion(
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), "root's file changed hands"
     assert victim.read_text() == "root's secret\n" * 100, "root's file was written"
     assert f"journal.db{companion}" in r.stderr and "link" in r.stderr, r.stderr
+
+
+def test_a_journal_root_makes_in_another_users_ring_is_that_users(ring):
+    """``sudo ringd pause`` on a user's ring that never ran made ``journal.db``
+    root's, 0600: the ring's own driver could not open its journal any more.
+    It is made the state dir owner's (and SQLite, as root, gives its -wal and
+    -shm the journal's owner)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    for root, dirs, files in os.walk(ring.state):   # the ring is the user's (nobody's)
+        for name in [root, *(os.path.join(root, f) for f in files)]:
+            os.chown(name, NOBODY, NOBODY)
+    assert not ring.journal_path.exists()
+    r = ring.cli("pause")   # as root
+    assert r.returncode == 0, r.stderr
+    for name in (ring.journal_path, *(Path(f"{ring.journal_path}{s}") for s in ("-wal", "-shm"))):
+        if name.exists():
+            st = os.stat(name)
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o600), name
