@@ -664,13 +664,6 @@ class Journal:
         return self._read(lambda _tx: {r["agent"]: RunRow.from_mapping(r) for r in self.con.execute(
             "SELECT r.* FROM agents a JOIN runs r ON r.id = a.last_run_id")})
 
-    def status_view(self) -> "tuple[Optional[RunRow], Dict[str, AgentState], Dict[str, RunRow], Optional[str]]":
-        """What ``ringd status`` shows, in one snapshot: (running row, agent states,
-        last finished run per agent, roster error the driver recorded). Cost is
-        independent of the journal's size (primary-key and index lookups only)."""
-        with self.snapshot() as tx:
-            return tx.running_row(), tx.agents(), self.last_runs(), tx.meta("roster_error")
-
     # --- one-shot writes -------------------------------------------------------------
     def start_ids_after(self, run_id: int) -> None:
         """Make the next run id greater than ``run_id`` (SQLite's AUTOINCREMENT

@@ -114,15 +114,6 @@ def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
     return base
 
 
-def open_file(state_dir: Path, parts: Sequence[str], name: str, flags: int) -> int:
-    """Open ``state_dir/parts.../name`` with ``flags`` (plus O_NOFOLLOW, O_CLOEXEC), 0600."""
-    dfd = open_dir(state_dir, parts)
-    try:
-        return open_in(dfd, name, flags)
-    finally:
-        os.close(dfd)
-
-
 LOG_ROTATE_BYTES = 16 * 1024 * 1024   # a daemon's own log is rotated (one old copy) past this size
 
 
