@@ -238,8 +238,7 @@ def _safe_yaml(text: str, path: Path) -> Any:
 
 # --- validation ------------------------------------------------------------
 
-def _number(key: str, value: Any, *, positive: bool = True, allow_zero: bool = False,
-            minimum: float = 0.0) -> float:
+def _number(key: str, value: Any, *, allow_zero: bool = False, minimum: float = 0.0) -> float:
     if isinstance(value, str):
         from .timespan import parse_timespan
         try:

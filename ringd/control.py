@@ -59,7 +59,6 @@ class SkipResult:
     driver_pid: Optional[int] = None   # the driver woken, if any
     final_status: Optional[str] = None  # the run's status once it left 'running' (if waited)
     waited: float = 0.0                # seconds until it did
-    messages: List[str] = field(default_factory=list)
 
 
 def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 5.0,

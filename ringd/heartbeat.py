@@ -268,10 +268,6 @@ class Notifier:
             import sdnotify
             self._n = sdnotify.SystemdNotifier()
 
-    @property
-    def enabled(self) -> bool:
-        return self._n is not None
-
     def notify(self, message: str) -> None:
         if self._n is not None:
             self._n.notify(message)

@@ -36,7 +36,6 @@ from .policy import seen_at
 
 WATCHER_FILE = "ringwatch.json"
 
-HISTORY_KEYS = ("id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason")
 MAX_KNOWN_NAMES_CHARS = 600
 
 
