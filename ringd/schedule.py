@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional
 
 from .heartbeat import epoch
 
@@ -183,14 +183,6 @@ def due(entries: Iterable[Entry], now: float, tz: Optional[tzinfo] = None) -> Li
     """Names of the scheduled agents due at ``now``, in the order given (roster order)."""
     zone = tz if tz is not None else local_zone()
     return [e.name for e in entries if e.next_due(zone) <= now]
-
-
-def first_due(entries: Sequence[Entry], tz: Optional[tzinfo] = None) -> Optional[float]:
-    """The earliest next due time among ``entries`` (None when there are none):
-    how long an otherwise idle ring may sleep."""
-    zone = tz if tz is not None else local_zone()
-    times = [e.next_due(zone) for e in entries]
-    return min(times) if times else None
 
 
 def wall_clock(t: float, tz: Optional[tzinfo] = None) -> datetime:

@@ -10,7 +10,7 @@ import pytest
 
 from ringd.config import ConfigError, parse_config
 
-from ringd.schedule import (Entry, Schedule, ScheduleError, check_cron, due, first_due, local_zone,
+from ringd.schedule import (Entry, Schedule, ScheduleError, check_cron, due, local_zone,
                             next_due, wall_clock)
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -72,12 +72,10 @@ def test_slots_missed_while_down_run_once():
     assert next_due(every, now + 1, since) == now + 601
 
 
-def test_several_due_are_listed_in_roster_order_and_first_due_is_the_earliest():
+def test_several_due_are_listed_in_roster_order():
     entries = [Entry("z", Schedule(every=10), 0.0, 0.0), Entry("a", Schedule(every=5), 0.0, 0.0),
                Entry("m", Schedule(every=100), 0.0, 0.0)]
     assert due(entries, 20.0) == ["z", "a"]
-    assert first_due(entries) == 5.0
-    assert first_due([]) is None
 
 
 @pytest.mark.parametrize("zone,spring,fall", [
