@@ -331,23 +331,6 @@ def run_processes(state_key: str, run_id: int, pgid: Optional[int]) -> List[Tupl
     return out
 
 
-def my_descendants(spare: Iterable[int] = (), exclude: Iterable[int] = ()) -> List[psutil.Process]:
-    """Our live descendants, except the subtrees rooted at ``spare`` and the
-    processes ``exclude`` (not their subtrees)."""
-    excluded = set(exclude)
-    found = [pid for pid, _ in _descendant_ids(set(spare)) if pid not in excluded]
-    if not found:   # (the ordinary end of a run: nothing left behind)
-        return []
-    import psutil
-    out = []
-    for pid in found:
-        try:
-            out.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    return out
-
-
 def _descendant_ids(spare: Set[int]) -> List[Tuple[int, int]]:
     """Our live descendants but the subtrees rooted at ``spare``, as (pid,
     start ticks). On Linux walk /proc/<pid>/task/*/children down from us (a

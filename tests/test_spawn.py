@@ -183,7 +183,7 @@ def test_a_child_of_another_thread_of_ours_is_found_too(tmp_path):
         assert ready.wait(30)
         (child,) = spawned
         assert child.pid in proctree.child_pids()
-        assert child.pid in [p.pid for p in proctree.my_descendants()]
+        assert child.pid in [pid for pid, _ in proctree.run_descendants()]
     finally:
         done.set()
         t.join(30)
