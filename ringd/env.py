@@ -53,12 +53,11 @@ class LogIndex:
 
 
 class RealEnv:
-    def __init__(self, state_dir: Path, logger, notifier: Optional[Notifier] = None,
-                 wakeups: Optional[Wakeups] = None, prove_containment: bool = True):
+    def __init__(self, state_dir: Path, logger, prove_containment: bool = True):
         self.state_dir = state_dir
         self.log = logger
-        self.notifier = notifier or Notifier()
-        self.wakeups = wakeups or Wakeups()
+        self.notifier = Notifier()
+        self.wakeups = Wakeups()
         self.heartbeat = Heartbeat(state_dir, self.notifier)
         self.pid = self.heartbeat.pid
         self.pid_start = self.heartbeat.pid_start
