@@ -76,7 +76,7 @@ def _defaults(mode: str, state: Optional[Path], config: Optional[Path]) -> Tuple
 
 
 def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] = None,
-           config: Optional[Path] = None, user: Optional[str] = None, check_user: bool = True) -> Target:
+           config: Optional[Path] = None, user: Optional[str] = None) -> Target:
     """Validate the choices (one-line OperatorError, exit 2) and render the files."""
     if mode not in MODES:
         raise OperatorError(f"unknown mode {mode!r} (use {', '.join(MODES)})", 2)
@@ -95,7 +95,7 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
             check_path(what, str(p))   # (a component over NAME_MAX, a path over PATH_MAX: systemd refuses the unit)
         except ConfigError as e:
             raise OperatorError(str(e), 2) from None
-    if user is not None and check_user:
+    if user is not None:
         try:
             pwd.getpwnam(user)
         except KeyError:
