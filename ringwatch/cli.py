@@ -19,9 +19,9 @@ import click
 from ringd import __version__, logline
 from ringd.cli import RingGroup
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
+from ringd.errors import EX_CONFIG, EX_INTERRUPTED, RingError
 
 from . import state
-from .state import Refusal
 
 
 # An unexpected error (a bug) exits 1, never 70: 70 says the watcher gave up, and
@@ -66,10 +66,10 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
         config_path = resolve_config_path(config_opt)
         config = load_config(config_path)
     except ConfigError as e:
-        _fail(str(e), 78)
+        _fail(str(e), EX_CONFIG)
     try:
         code = Watcher(state_dir, config_path, config).run()
-    except Refusal as e:
+    except RingError as e:
         _fail(str(e), e.code)
     except OSError as e:
         _fail(f"{getattr(e, 'filename', None) or state_dir}: {e.strerror or e}", EXIT_INTERNAL)
@@ -85,7 +85,7 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     try:
         state_dir = resolve_state_dir(ctx.obj.get("state") if state_opt is None else state_opt)
     except ConfigError as e:
-        _fail(str(e), 78)
+        _fail(str(e), EX_CONFIG)
     if not state_dir.is_dir():
         _fail(f"{state_dir}: no such state directory", 2)
     try:
@@ -100,6 +100,6 @@ def main() -> None:
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted", EX_INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - a one-line error, never a traceback
         _fail(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL)

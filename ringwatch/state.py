@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ringd.errors import ConfigError, exit_for
+from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
 from ringd.safefile import check_state_dir
 
@@ -31,14 +31,6 @@ from .policy import number
 
 STATE_FILE = "ringwatch.json"
 LOCK_FILE = "ringwatch.lock"
-
-
-class Refusal(Exception):
-    """The watcher cannot run: a one-line message and an exit code."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
 
 
 def state_path(state_dir: Path) -> Path:
@@ -53,27 +45,27 @@ def prepare_state_dir(state_dir: Path) -> None:
     except FileExistsError:
         pass   # not a directory: check_state_dir says so, as the driver does
     except OSError as e:
-        raise Refusal(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
+        raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
     try:
         check_state_dir(state_dir)   # the driver's rule, and ringd check's
     except ConfigError as e:
-        raise Refusal(e.message, e.code) from None
+        raise RingError(e.message, e.code) from None
     logs = state_dir / "logs"
     try:
         os.mkdir(logs, 0o700)
     except FileExistsError:
         pass
     except OSError as e:
-        raise Refusal(f"{logs}: cannot create log dir: {e.strerror}", exit_for(e)) from None
+        raise RingError(f"{logs}: cannot create log dir: {e.strerror}", exit_for(e)) from None
     st = os.lstat(logs)
     if stat.S_ISLNK(st.st_mode):
-        raise Refusal(f"{logs}: log dir is a symbolic link; refusing to follow it "
-                      f"(remove it, ringwatch recreates the directory)", 78)
+        raise RingError(f"{logs}: log dir is a symbolic link; refusing to follow it "
+                        f"(remove it, ringwatch recreates the directory)", EX_CONFIG)
     if not stat.S_ISDIR(st.st_mode):
-        raise Refusal(f"{logs}: log dir is not a directory", 78)
+        raise RingError(f"{logs}: log dir is not a directory", EX_CONFIG)
     driver_log = logs / "ringd.log"
     if driver_log.is_symlink():
-        raise Refusal(f"{driver_log}: driver log is a symbolic link; refusing to follow it", 78)
+        raise RingError(f"{driver_log}: driver log is a symbolic link; refusing to follow it", EX_CONFIG)
 
 
 def load(state_dir: Path) -> Dict[str, Any]:
@@ -156,20 +148,20 @@ class WatchLock:
     def acquire(self) -> None:
         from ringd.lock import KernelLock, LockHeld
         if self.path.is_symlink():
-            raise Refusal(f"{self.path}: lock file is a symlink; refusing to follow it", 78)
+            raise RingError(f"{self.path}: lock file is a symlink; refusing to follow it", EX_CONFIG)
         try:
             self._lock = KernelLock(self.path).acquire()
         except LockHeld:
-            raise Refusal(self._holder_message(), 75) from None
+            raise RingError(self._holder_message(), EX_TEMPFAIL) from None
         except OSError as e:
-            raise Refusal(f"{self.path}: cannot lock: {e.strerror}", exit_for(e)) from None
+            raise RingError(f"{self.path}: cannot lock: {e.strerror}", exit_for(e)) from None
         # A lock file deleted under a running watcher leaves its flock on the
         # unlinked inode: we locked a fresh file. The live watcher (pid and start
         # ticks, as ringwatch.json names it) still owns the state dir.
         data = load(self.state_dir)
         if watcher_alive(data) and data.get("pid") != os.getpid():
             self.release()
-            raise Refusal(self._holder_message(), 75)
+            raise RingError(self._holder_message(), EX_TEMPFAIL)
 
     def verify(self) -> str:
         """``ringd.lock.KernelLock.verify``: is our lock still on the file at our

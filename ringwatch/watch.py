@@ -28,6 +28,7 @@ from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
 from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
+from ringd.errors import RingError
 from ringd.heartbeat import Notifier, iso, live_writer, read_heartbeat, whose
 from ringd.procid import this_boot
 from ringd.procid import same_process, start_ticks
@@ -35,7 +36,6 @@ from ringd.wakeup import Wakeups
 
 from . import driverproc, policy, state
 from .driverproc import DriverProc
-from .state import Refusal
 
 
 STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
@@ -102,7 +102,7 @@ class Watcher:
     def _refuse_if_given_up(self) -> None:
         data = state.load(self.state_dir)
         if data.get("gave_up"):
-            raise Refusal(
+            raise RingError(
                 f"gave up at {data.get('gave_up_at') or 'an earlier run'} "
                 f"({data.get('gave_up_reason') or 'start limit hit'}); not starting the driver. "
                 f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
