@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
-from .errors import ConfigError, excerpt
+from .errors import EX_TEMPFAIL, ConfigError, excerpt
 from .lease import BEATS_PER_TTL
 from .roster import NAME_RE
 from .safefile import check_path, lenient_modes, read_checked_file  # noqa: F401 - lenient_modes: the CLI's
@@ -45,7 +45,7 @@ class RingSettings:
     stall_threshold: float = 4200
     heartbeat_interval: float = 10
     lap_pause: float = 0
-    tempfail_exit_code: int = 75
+    tempfail_exit_code: int = EX_TEMPFAIL   # an agent's "not now": sysexits' 75
     backoff_initial: float = 60
     backoff_max: float = 3600
     keep_logs: int = 50

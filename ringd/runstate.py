@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple, Union
 
+from .errors import EX_TEMPFAIL
 from .policy import classify
 
 SIGKILL = 9   # signal.SIGKILL on every platform ring runs on; the machine imports no OS module
@@ -121,7 +122,7 @@ class RunState:
     stall_at: float
     beat_at: float
     beat_every: float
-    tempfail_exit_code: int = 75
+    tempfail_exit_code: int = EX_TEMPFAIL
     watchdog: Optional[float] = None    # s between WATCHDOG=1 the agent promised (None: off)
     watchdog_at: Optional[float] = None
     ending: Optional[str] = None        # None | "stall" | "watchdog" | "skip" | "stop" (classify's ended_by)
@@ -135,7 +136,7 @@ class RunState:
 
 
 def start(now: float, *, budget: float, stall: float, beat_at: float, beat_every: float,
-          tempfail_exit_code: int = 75, watchdog: Optional[float] = None) -> RunState:
+          tempfail_exit_code: int = EX_TEMPFAIL, watchdog: Optional[float] = None) -> RunState:
     return RunState(budget=budget, stall=stall, term_at=now + budget, stall_at=now + stall,
                     beat_at=beat_at, beat_every=beat_every, tempfail_exit_code=tempfail_exit_code,
                     watchdog=watchdog, watchdog_at=now + watchdog if watchdog else None)
