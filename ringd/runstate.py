@@ -27,7 +27,6 @@ SIGKILL = 9   # signal.SIGKILL on every platform ring runs on; the machine impor
 SKIP_GRACE = 0.5   # s between SIGTERM and SIGKILL when an operator skips (ring moves on within 1 s)
 STOP_GRACE = 3.0   # s between SIGTERM and SIGKILL when the driver itself stops
 WATCHDOG_GRACE = 0.5  # s between SIGTERM and SIGKILL when the agent's watchdog starved
-PHASE_CHARS = 200
 # s after the tree kill: a leader not dead by then is not dying (uninterruptible
 # sleep: a hung mount, a frozen cgroup v1): the run is closed without its exit and
 # the ring moves on - a wedged agent costs one slot, never the whole ring
@@ -69,7 +68,7 @@ class Trigger:
 
 @dataclass(frozen=True)
 class Phase:
-    """The agent said STATUS=text."""
+    """The agent said STATUS=text (one line, cut to its length by notify.clean_phase)."""
     text: str
 
 
@@ -198,8 +197,7 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
                           WATCHDOG_GRACE, now)
         return s, [Log(f"{s.reason}; ending it like a stall")] + acts
     if isinstance(ev, Phase):
-        text = ev.text[:PHASE_CHARS]
-        return replace(s, phase=text), [SetPhase(text)]
+        return replace(s, phase=ev.text), [SetPhase(ev.text)]
     # Tick
     acts: List[Action] = []
     if now >= s.beat_at:
