@@ -163,6 +163,14 @@ def journal_boot(state_dir: Path) -> Optional[str]:
     return boot
 
 
+def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:
+    """Is the process this state dir's journal recorded as (pid, start ticks) - a
+    ``running`` row's driver or agent - alive? (procid: boot-relative, so a step
+    of the wall clock changes nothing; :func:`journal_boot`: nor a reboot; no
+    psutil import, which would cost a status call ~10 ms.)"""
+    return procid.same_process(pid, ticks, journal_boot(state_dir))
+
+
 def whose(state_dir: Path) -> Dict[str, Any]:
     """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`), and
     to this boot (:func:`live_writer`)."""

@@ -19,8 +19,7 @@ from typing import Callable, List, Optional
 from . import cgroup, proctree
 from .config import Config
 from .notify import read_notes
-from .heartbeat import journal_boot
-from .procid import same_process
+from .heartbeat import recorded_alive
 from .journal import Journal, RunRow, journal_path
 from .transitions import Closed, close_row
 
@@ -29,7 +28,7 @@ def driver_alive(row: RunRow, state_dir: Path, me: Optional[tuple] = None) -> bo
     """Is the driver that wrote ``row`` alive (and not ``me``, (pid, start))?"""
     if me is not None and (row.driver_pid, row.driver_start) == me:
         return False
-    return same_process(row.driver_pid, row.driver_start, journal_boot(state_dir))
+    return recorded_alive(row.driver_pid, row.driver_start, state_dir)
 
 
 def orphan_cause(row: RunRow, me: Optional[tuple] = None) -> str:
@@ -87,7 +86,7 @@ def _other_owner(state_dir: Path) -> Optional[tuple]:
 
 def _kill_orphan(state_dir: Path, row: RunRow) -> int:
     # (pids of an earlier boot name nobody now; its run cgroups are gone with it)
-    if bool(row.pid) and same_process(row.pid, row.pid_start, journal_boot(state_dir)):
+    if bool(row.pid) and recorded_alive(row.pid, row.pid_start, state_dir):
         # The group now, while its leader (just identified) holds the group id,
         # and never again: the leader is no child of ours, whoever reaps it
         # frees the id for any new session. One killpg is enough: a fork racing

@@ -19,7 +19,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import procid
 from .config import Config, ConfigError, RingSettings, excerpt
 from .errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
 from .errors import STATUS_OK as EXIT_HEALTHY
@@ -27,7 +26,7 @@ from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import epoch as _epoch
-from .heartbeat import (heartbeat_age, heartbeat_health, iso, journal_boot, live_writer, read_heartbeat, read_own,
+from .heartbeat import (heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own, recorded_alive,
                         watcher_alive)
 from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
@@ -73,20 +72,13 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
         raise
 
 
-def driver_of_row_alive(row: RunRow, state_dir: Path) -> bool:
-    """Is the driver that wrote ``row`` alive? (procid: boot-relative, so a step
-    of the wall clock changes nothing; heartbeat.journal_boot: nor a reboot; no
-    psutil import, which would cost a status call ~10 ms.)"""
-    return procid.same_process(row.driver_pid, row.driver_start, journal_boot(state_dir))
-
-
 def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
     """Reap before you count: if a ``running`` row's driver is gone, close it (a
     writer is opened only then). Returns (ids reaped, warning or None)."""
     if config.ring.journal:
         return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
     row = reader.running_row()
-    if row is None or driver_of_row_alive(row, state_dir):
+    if row is None or recorded_alive(row.driver_pid, row.driver_start, state_dir):
         return [], None
     try:
         from .reaper import reap
