@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import procid, safefile
 
 HEARTBEAT_FILE = "ringd.heartbeat"
+WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringwatch.state), read by status and metrics
 
 
 def iso(ts: Optional[float]) -> Optional[str]:

@@ -120,8 +120,8 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
         elif st.backoff_until is not None and st.backoff_until > now:
             s.deferred.append(name)
     if state_dir is not None:
-        from .heartbeat import read_own
-        w = read_own(state_dir / "ringwatch.json", state_dir)   # (never another ring's copy)
+        from .heartbeat import WATCHER_FILE, read_own
+        w = read_own(state_dir / WATCHER_FILE, state_dir)   # (never another ring's copy)
         if w is not None:
             restarts = w.get("restarts")
             s.watcher_restarts = len(restarts) if isinstance(restarts, list) else 0

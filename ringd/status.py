@@ -26,14 +26,12 @@ from .errors import STATUS_STOPPED as EXIT_STOPPED
 from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import epoch as _epoch
-from .heartbeat import (heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own, recorded_alive,
-                        watcher_alive)
+from .heartbeat import (WATCHER_FILE, heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own,
+                        recorded_alive, watcher_alive)
 from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
 from .policy import seen_at
-
-WATCHER_FILE = "ringwatch.json"
 
 MAX_KNOWN_NAMES_CHARS = 600
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
-from ringd.heartbeat import iso, parse_iso, read_own, watcher_alive, write_json_atomic
+from ringd.heartbeat import WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
 from ringd.safefile import check_state_dir
 
 from .policy import number
 
-STATE_FILE = "ringwatch.json"
+STATE_FILE = WATCHER_FILE
 LOCK_FILE = "ringwatch.lock"
 
 
