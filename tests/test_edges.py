@@ -238,9 +238,15 @@ def test_a_run_log_that_is_not_a_file_is_refused_by_logs_never_waited_on(ring, p
     log.unlink()
     os.mkfifo(log, 0o600) if plant == "fifo" else log.mkdir()
     what = "not a regular file" if plant == "fifo" else "a directory"
-    for args in (("a",), ("a", "--lines", "3"), ("a", "--run", str(ring.runs()[0]["id"]), "-f"), ("a", "-f")):
+    # (`logs a -f` names it once and follows a's later runs: tests/test_follow.py)
+    for args in (("a",), ("a", "--lines", "3"), ("a", "--run", str(ring.runs()[0]["id"]), "-f")):
         code, err = run(ring_cmd("logs", *ring.common(), *args), ring.env, timeout=20)
         assert code == 1 and f"{log}: log is {what}" in one_line(err), (args, code, err)
+    follower = ring.start(ring_cmd("logs", *ring.common(), "a", "-f"))
+    wait_until(lambda: f"{log}: log is {what}" in follower.err_path.read_text(), timeout=20,
+               message="the follower named the log")
+    assert follower.poll() is None, "one bad log ended the follow"
+    assert follower.err_path.read_text().count(str(log)) == 1
     assert stat.S_ISFIFO(os.lstat(log).st_mode) if plant == "fifo" else log.is_dir(), "left in place"
 
 
