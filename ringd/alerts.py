@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from .events import FAILURES
+
 ALERT_TIMEOUT = 30.0
 ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
 # Alert commands running at once. A whole ring failing while the command hangs
@@ -47,12 +49,6 @@ def admit(bucket: "tuple[float, Optional[float]]", now: float, rate: float = ALE
         return (tokens - 1.0, now), True
     return (tokens, now), False
 
-# Event kinds.
-QUARANTINED = "quarantined"
-FAILURES = "failures"
-WATCHER_GAVE_UP = "watcher-gave-up"
-DRIVER_REPLACED = "driver-replaced"
-RUN_REAPED = "run-reaped"
 # The one kind a failing ring raises at every run. The others come once per
 # agent (a quarantine), per driver or per run reaped: never dropped for the rate.
 RATE_LIMITED = frozenset({FAILURES})

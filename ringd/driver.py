@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Set
 
-from . import alerts, cgroup, metrics, proctree, safefile, schedule, transitions
+from . import alerts, cgroup, events, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
@@ -355,7 +355,7 @@ class Driver:
              line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
 
     def on_reaped(self, row, closed: transitions.Closed) -> None:
-        self.alert(alerts.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running "
+        self.alert(events.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running "
                                                  f"({orphan_cause(row, (self.env.pid, self.env.pid_start))}); "
                                                  f"closed as interrupted", run_id=row.id)
         self.alert_closed(closed)

@@ -246,8 +246,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
 
 # --- alerts -----------------------------------------------------------------------
 
-QUARANTINED = "quarantined"
-FAILURES_IN_A_ROW = "failures"
+from .events import FAILURES as FAILURES_IN_A_ROW, QUARANTINED  # noqa: E402
 
 
 def alerts_after(agent: str, status: str, source: str, settled: Settled,

@@ -98,9 +98,9 @@ def _alert_reaped(state_dir: Path, config: Config, row: RunRow, closed) -> None:
     """The alerts the driver would raise had it reaped this run itself."""
     if not config.alerts.command:
         return
-    from . import alerts
+    from . import alerts, events
     from .reaper import orphan_cause
-    alerts.fire(config.alerts.command, alerts.RUN_REAPED, row.agent,
+    alerts.fire(config.alerts.command, events.RUN_REAPED, row.agent,
                 f"run {row.id} of {row.agent} was left running ({orphan_cause(row)}); "
                 f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
                 timeout=config.alerts.timeout, reaped_by_caller=False)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Set
 
-from ringd import alerts, logline, proctree
+from ringd import alerts, events, logline, proctree
 from ringd.config import Config, ConfigError, load_config
 from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
@@ -262,7 +262,7 @@ class Watcher:
                 self._stop(old, "survived restart command")
         else:
             self._start_driver(n)
-        self.on_event(alerts.DRIVER_REPLACED, f"{verdict.reason}; {n}")
+        self.on_event(events.DRIVER_REPLACED, f"{verdict.reason}; {n}")
         return None
 
     def on_event(self, kind: str, detail: str) -> None:
@@ -359,7 +359,7 @@ class Watcher:
         self._save(gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason, stopped=True)
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
-        self.on_event(alerts.WATCHER_GAVE_UP, reason)
+        self.on_event(events.WATCHER_GAVE_UP, reason)
         return EXIT_GAVE_UP
 
     def _shutdown(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from ringd import alerts
+from ringd import alerts, events
 
 
 def test_admit_is_a_token_bucket():
@@ -32,7 +32,7 @@ def test_an_alert_storm_starts_a_bounded_number_of_alert_commands(tmp_path, monk
     pids = []
     try:
         for i in range(200):
-            pid = alerts.fire(["/bin/true"], alerts.FAILURES, f"a{i}", "failed", state, log=said.append,
+            pid = alerts.fire(["/bin/true"], events.FAILURES, f"a{i}", "failed", state, log=said.append,
                               reaped_by_caller=True)
             if pid is not None:
                 pids.append(pid)
@@ -56,9 +56,9 @@ def test_the_rate_limit_drops_only_the_alert_a_failing_ring_raises_at_every_run(
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     said = []
-    assert alerts.fire(["/bin/true"], alerts.FAILURES, "a", "failed", state, log=said.append,
+    assert alerts.fire(["/bin/true"], events.FAILURES, "a", "failed", state, log=said.append,
                        reaped_by_caller=True) is None
-    for kind in (alerts.QUARANTINED, alerts.WATCHER_GAVE_UP, alerts.RUN_REAPED):
+    for kind in (events.QUARANTINED, events.WATCHER_GAVE_UP, events.RUN_REAPED):
         pid = alerts.fire(["/bin/true"], kind, "a", "x", state, log=said.append, reaped_by_caller=True)
         assert pid is not None, (kind, said)
         os.waitpid(pid, 0)

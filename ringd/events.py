@@ -1,0 +1,9 @@
+"""The kinds of event ring raises an alert on (``alerts.command``; SPEC "Alerts"):
+one name each, for the pure rules that decide them (``policy.alerts_after``) and
+the code that sends them (``alerts``), which a helper process imports alone."""
+
+QUARANTINED = "quarantined"
+FAILURES = "failures"
+WATCHER_GAVE_UP = "watcher-gave-up"
+DRIVER_REPLACED = "driver-replaced"
+RUN_REAPED = "run-reaped"
