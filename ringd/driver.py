@@ -31,7 +31,7 @@ from .lock import LOCK_FILE, KernelLock, LockHeld
 from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
                      spin_after_run, spin_at_lap_end, wait_timeout)
 from .reaper import orphan_cause, reap
-from .roster import RosterSource, next_index
+from .roster import RosterSource, next_index, wraps
 
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
@@ -140,7 +140,7 @@ class Driver:
         # the ring's position
         self.lap = 1
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
-        self.prev_index: Optional[int] = None
+        self.prev_index: Optional[int] = None   # None: no turn yet (since start-up or a takeover)
         self.spin = Spin()
         self.pending: Optional[Pending] = None   # the last run's end, not yet committed
         # run id -> (agent, position) of starts whose turn failed to commit: with
@@ -543,10 +543,9 @@ class Driver:
                                                 requested=tx.take_next(controls),
                                                 scheduled=self.schedules(tx, now),
                                                 ran_scheduled=frozenset(self.ran_scheduled)))
-                    wraps = (plan.index is not None and not plan.forced and not plan.scheduled
-                             and self.prev_index is not None
-                             and plan.index <= self.prev_index)
-                    if wraps and not self.at_lap_start:
+                    new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
+                               and self.prev_index is not None and wraps(view.names, *self.cursor, plan.index))
+                    if new_lap and not self.at_lap_start:
                         plan = None   # a new lap: count it (and pause) before anything starts
                     elif plan.again:
                         pass          # a new round of scheduled runs: slow down first if need be

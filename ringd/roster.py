@@ -235,6 +235,18 @@ def next_index(names: Sequence[str], last_name: Optional[str], last_position: Op
     return 0
 
 
+def wraps(names: Sequence[str], last_name: Optional[str], last_position: Optional[int], index: int) -> bool:
+    """Does the turn of ``index`` begin a new lap, the last turn having been
+    ``last_name``'s at ``last_position``? Yes when it is not after the last
+    agent in the roster as it is now - judged by :func:`next_index`'s rule, so
+    agents removed or added ahead of it meanwhile never make a lap of their own
+    (its old position says nothing of the roster read since)."""
+    if last_name is not None and last_name in names:
+        return index <= list(names).index(last_name)
+    # gone: the agent that moved up into its position follows it
+    return last_position is None or not 0 <= last_position < len(names) or index < last_position
+
+
 # A file's time stamps are the clock's at the change, to a granularity (a coarse
 # kernel tick on ext4 before Linux 6.13; 2 s on FAT): a file read within this
 # long of its last change may be changed again with the very same stamps.

@@ -521,3 +521,29 @@ def test_a_ring_of_scheduled_agents_whose_every_run_fails_at_once_does_not_spin(
     env.send(10.0, signal.SIGTERM)
     assert d.run() == 0
     assert len(rows(j)) >= 45
+
+
+@pytest.mark.parametrize("removed", [["a"], ["a", "b"]])
+def test_removing_agents_before_the_running_one_counts_no_lap(tmp_path, removed):
+    """Agents ahead of the running one removed mid-lap: the ring goes on after it
+    (its next agent now sits at or before the old position) - the same lap, not
+    a new one (a lap counted, and ``lap_pause`` waited, for nothing)."""
+    d, env, j = make(tmp_path, "abcd", default=Behaviour(runs_for=1.0))
+    def edit():
+        (tmp_path / "ring.txt").write_text("".join(f"{n} /bin/{n}\n" for n in "abcd" if n not in removed))
+    env.at(2.5, edit)                # c is running
+    env.send(4.5, signal.SIGTERM)    # d ran (3-4); the next lap began with the first agent left
+    d.run()
+    assert [r.agent for r in rows(j)] == ["a", "b", "c", "d", "abcd".replace("".join(removed), "")[0]]
+    assert d.lap == 2 and j.meta("lap") == "2"
+
+
+def test_an_agent_put_where_the_running_one_was_runs_in_the_same_lap(tmp_path):
+    """The running agent renamed (or removed): the ring goes on from the position
+    it held, in the same lap."""
+    d, env, j = make(tmp_path, "abc", default=Behaviour(runs_for=1.0))
+    env.at(1.5, lambda: (tmp_path / "ring.txt").write_text("a /bin/a\nb2 /bin/b2\nc /bin/c\n"))
+    env.send(3.5, signal.SIGTERM)
+    d.run()
+    assert [r.agent for r in rows(j)] == ["a", "b", "b2", "c"]
+    assert d.lap == 1

@@ -282,3 +282,13 @@ def test_check_and_the_driver_read_every_generated_roster_alike(tmp_path):
         assert ([(a.name, a.argv) for a in src.agents], src.error) == (checked, check_error), repr(blob[:200])
         if check_error:
             assert str(p) in check_error and "\n" not in check_error and len(check_error) < 400, check_error
+
+
+def test_wraps_judges_the_lap_by_the_roster_as_it_is_now():
+    from ringd.roster import wraps
+    names = ["b", "c", "d"]                      # a removed from a b c d
+    assert not wraps(names, "c", 2, 2)           # d follows c: same lap (c's old position said 2)
+    assert wraps(names, "c", 2, 0) and wraps(names, "c", 2, 1)
+    assert wraps(names, "d", 3, 0)               # after the last agent: a new lap
+    assert not wraps(names, "x", 1, 1)           # x (gone) held 1: c, now there, follows it
+    assert wraps(names, "x", 1, 0) and wraps(names, "x", 3, 0)   # past the end: the lap is over
