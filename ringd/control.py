@@ -121,6 +121,12 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
                 time.sleep(0.01)
     finally:
         writer.close()
+    if result.final_status not in (None, "skipped"):
+        # A run ended by the skip is `skipped` whatever else happens (runstate);
+        # another ending is the run's own, seen by the driver before the request
+        # landed (it commits an end with the next start): nothing was skipped.
+        raise OperatorError(f"run {result.run_id} had already ended (as {result.final_status}); "
+                            f"nothing was skipped", 1)
     return result
 
 

@@ -246,3 +246,30 @@ def test_status_shows_a_quarantine_lifted_by_a_roster_edit_at_once(ring):
     doc = status(ring)
     assert doc["agents"][0]["quarantined_until"] is None
     assert doc["next"]["agent"] == "w"
+
+
+def test_skip_of_a_run_that_ended_by_itself_meanwhile_exits_1(tmp_path, monkeypatch):
+    """``ringd skip`` lands as the run ends on its own: the driver had seen the
+    exit but not yet committed it (it commits with the next start), so the row
+    still said ``running`` when the request was written. The run then closes
+    ``ok``, not ``skipped``: it had already ended - exit 1 (SPEC), never
+    0 with 'ended as ok; the ring moves on'."""
+    import pytest
+    from ringd import control
+    from ringd.config import Config
+    from ringd.journal import Journal
+    from ringd.status import OperatorError
+    j = Journal.open(tmp_path)
+    with j.transaction() as tx:
+        rid = tx.start_run("a", 0, now=time.time(), run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)
+
+    def driver_commits_its_end(state_dir):
+        with j.transaction() as tx:
+            tx.close_run(rid, "ok", source="driver", now=time.time(), exit_code=0)
+        return 4242
+    monkeypatch.setattr(control, "reap_if_orphaned", lambda *a: ([], None))
+    monkeypatch.setattr(control, "wake_driver", driver_commits_its_end)
+    with pytest.raises(OperatorError) as e:
+        control.skip(tmp_path, Config(), None, wait=2.0)
+    assert e.value.code == 1 and f"run {rid} had already ended" in str(e.value) and "ok" in str(e.value)
+    j.close()
