@@ -126,6 +126,7 @@ class Driver:
         self.config = config
         self.roster = roster
         self.journal = journal
+        journal.wait_busy_unless(self.stop_pending)
         self.lock = lock
         self.once = once
         self.agent_umask = agent_umask
@@ -183,6 +184,11 @@ class Driver:
             self.stop_requested = True
             self.log("stop requested: finishing up")
         return req
+
+    def stop_pending(self) -> bool:
+        """Told to stop, or a stop signal not yet heard: the journal gives up
+        waiting for another process's write lock (Journal.wait_busy_unless)."""
+        return self.stop_requested or self.env.stop_pending()
 
     def hear(self) -> Requests:
         """Signals that arrived since the last wait (between runs: no sleeping)."""
@@ -432,6 +438,7 @@ class Driver:
         # Should the new one not open (a full disk), the next turn tries again.
         self.journal.close()
         new = Journal.open(self.state_dir, verify=True)
+        new.wait_busy_unless(self.stop_pending)
         try:
             new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
             # Reaped as at start-up: a backup restored there holds the run going when it

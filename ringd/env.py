@@ -107,6 +107,12 @@ class RealEnv:
         """Signals that arrived since the last wait, without sleeping."""
         return self.wakeups.drain()
 
+    def stop_pending(self) -> bool:
+        """Has SIGTERM or SIGINT arrived since the last wait? (Looked at, left for the next wait to hear.)"""
+        sigs = self.wakeups.drain()
+        self.wakeups.put_back(sigs)
+        return bool(sigs & {signal.SIGTERM, signal.SIGINT})
+
     # --- the agent ---------------------------------------------------------------------
     def make_cgroup(self, run_id: int) -> Optional[cgroup.RunCgroup]:
         """The run's cgroup, made before its spawn (None: the subreaper rule alone

@@ -20,7 +20,7 @@ import stat
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import safefile
 from .records import TERMINAL, AgentState, Controls, RunRow
@@ -33,6 +33,7 @@ PAUSE_KEY = "paused"       # meta: "paused" pauses the ring, "paused:NAME" one a
 NEXT_KEY = "next"          # meta: the agent an operator asked to take the next turn
 EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well under SQLite's variable limit)
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
+BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
 
 class JournalError(Exception):
     """The journal cannot do what was asked. Message is one line.
@@ -387,6 +388,32 @@ class Journal:
         self.path = path
         self._identity: Optional[Tuple[int, int]] = None   # (device, inode) of the file opened
         self._wal_files: Dict[str, Tuple[int, int]] = {}    # its -wal and -shm: path -> (device, inode)
+        self._busy_timeout = 10.0
+        self._give_up: Optional[Callable[[], bool]] = None
+
+    def wait_busy_unless(self, give_up: Callable[[], bool]) -> None:
+        """Wait for a write lock another process holds (an operator command, a
+        ``sqlite3`` shell's ``BEGIN EXCLUSIVE``) in steps of BUSY_STEP, up to the
+        busy timeout, and stop waiting (busy: transient) once ``give_up()`` says
+        so - the driver, told to stop: SQLite's own wait is deaf to signals, and
+        SIGTERM must be acted on within 1 s (SPEC)."""
+        self._give_up = give_up
+        self.con.execute(f"PRAGMA busy_timeout = {int(BUSY_STEP * 1000)}")
+
+    def _begin(self) -> None:
+        if self._give_up is None:
+            self.con.execute("BEGIN IMMEDIATE")
+            return
+        end = None   # (read only once the lock was found busy: an ordinary hop pays nothing)
+        while True:
+            try:
+                self.con.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                now = time.monotonic()
+                end = now + self._busy_timeout - BUSY_STEP if end is None else end
+                if _busy(self.path, e) is None or now >= end or self._give_up():
+                    raise
 
     def moved(self) -> bool:
         """Was the journal file removed or replaced since it was opened (``rm
@@ -437,6 +464,7 @@ class Journal:
             con.execute("PRAGMA synchronous=FULL")
             con.execute("PRAGMA foreign_keys=ON")
             j = cls(con, path)
+            j._busy_timeout = busy_timeout
             with suppress(OSError):   # (see moved)
                 st = os.stat(path, follow_symlinks=False)
                 j._identity = (st.st_dev, st.st_ino)
@@ -564,7 +592,7 @@ class Journal:
     def write(self) -> Iterator[sqlite3.Connection]:
         """The backend's write transaction (BEGIN IMMEDIATE takes SQLite's write lock
         up front, so a busy database waits here instead of failing half-way)."""
-        self.con.execute("BEGIN IMMEDIATE")
+        self._begin()
         try:
             yield self.con
         except BaseException:

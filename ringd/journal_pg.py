@@ -273,6 +273,9 @@ class PgJournal(Journal):
         self.fence: Optional[Fence] = None
         self.recording = True   # False: a driver that is not (or no longer) the leader
 
+    def wait_busy_unless(self, give_up) -> None:
+        """(Every call is bounded already, and a stop signal ends one in flight: pgcall's tap.)"""
+
     def stop_recording(self) -> None:
         """Refuse every write from now on, before even asking the server, until
         this connection takes the lease again."""

@@ -94,6 +94,9 @@ class FakeEnv:
     def signals(self):
         return self._due_signals()
 
+    def stop_pending(self):
+        return any(t <= self.t and s in (signal.SIGTERM, signal.SIGINT) for t, s in self.pending)
+
     # agents
     def spawn(self, argv, *, cwd, env, stdout_fd, umask, pid_var=None, run_cgroup=None):
         name = env["RING_AGENT"]

@@ -547,3 +547,46 @@ def test_an_agent_put_where_the_running_one_was_runs_in_the_same_lap(tmp_path):
     d.run()
     assert [r.agent for r in rows(j)] == ["a", "b", "b2", "c"]
     assert d.lap == 1
+
+
+class SigtermDuringBusyWait(FakeEnv):
+    """SIGTERM arrives while the driver waits for a write lock another process
+    holds: the first time the journal's wait asks whether to go on waiting."""
+    sent = False
+
+    def stop_pending(self):
+        if not self.sent:
+            self.sent = True
+            self.send(self.t, signal.SIGTERM)
+        return super().stop_pending()
+
+
+@pytest.mark.parametrize("during", ["turn", "run"])
+def test_sigterm_is_acted_on_while_another_writer_holds_the_journal(tmp_path, during):
+    """Another writer (a ``sqlite3`` shell's BEGIN EXCLUSIVE) holds the journal's
+    write lock: SQLite's busy wait is deaf to signals, and the driver heard a
+    SIGTERM only once it timed out - some 30 s later between runs (the turn,
+    the retry's flush, the flush once it heard it), 10 s after one during a run
+    (the last end's flush). SPEC: acted on within 1 s. The row stays running
+    for the next driver's reaper."""
+    import sqlite3
+    import time
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=1.0))
+    if during == "turn":
+        env = d.env = SigtermDuringBusyWait(default=Behaviour(runs_for=1.0))
+        d.log = env.log
+    else:
+        env.send(0.7, signal.SIGTERM)
+    env.send(3.0, signal.SIGTERM)   # (a bound: a driver deaf while it waits hears this one at last)
+    j._busy_timeout = 2.0
+    holder = sqlite3.connect(str(j.path), isolation_level=None)
+    env.at(0.5, lambda: holder.execute("BEGIN EXCLUSIVE"))
+    try:
+        t0 = time.monotonic()
+        assert d.run() == 0
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [r.status for r in rows(j)] == ["running"]
+    assert any("could not be recorded" in m for _, m in env.logs)
