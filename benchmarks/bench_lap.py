@@ -565,11 +565,18 @@ def main() -> int:
         if not args.skip_idle:
             print(f"\nIdle: one agent running `sleep 3600`, driver sampled for {args.idle_seconds:g}s")
             idle = bench_idle(root, args.idle_seconds, env)
-            print(f"  CPU (psutil user+system)  {idle['cpu_s'] * 1000:7.1f} ms over {idle['window']:.1f}s"
-                  f" = {idle['cpu_pct']:.4f} %   goal < {IDLE_CPU_GOAL:g} %  {verdict(idle['cpu_pct'] < IDLE_CPU_GOAL)}")
+            # Judged on schedstat (ns) where there is one: psutil counts whole clock
+            # ticks (10 ms), 0.033 % of a 30 s window each - too coarse for a
+            # 0.05 % goal (one tick more or less decides it).
             if idle["sched_pct"] is not None:
-                print(f"  CPU (schedstat, ns)                = {idle['sched_pct']:.4f} %   "
-                      f"(cross-check; psutil resolution is one clock tick, 10 ms)")
+                print(f"  CPU (schedstat, ns)                = {idle['sched_pct']:.4f} %   goal < {IDLE_CPU_GOAL:g} %  "
+                      f"{verdict(idle['sched_pct'] < IDLE_CPU_GOAL)}")
+                print(f"  CPU (psutil user+system)  {idle['cpu_s'] * 1000:7.1f} ms over {idle['window']:.1f}s"
+                      f" = {idle['cpu_pct']:.4f} %   (cross-check; psutil resolution is one clock tick, 10 ms)")
+            else:
+                print(f"  CPU (psutil user+system)  {idle['cpu_s'] * 1000:7.1f} ms over {idle['window']:.1f}s"
+                      f" = {idle['cpu_pct']:.4f} %   goal < {IDLE_CPU_GOAL:g} %  "
+                      f"{verdict(idle['cpu_pct'] < IDLE_CPU_GOAL)}")
             split = (f"  (anon {idle['rss_split'][0]:.1f} + file-backed {idle['rss_split'][1]:.1f} MB)"
                      if idle["rss_split"] else "")
             print(f"  RSS (max over window)     {idle['rss_mb']:7.1f} MB             goal < {IDLE_RSS_GOAL:g} MB  "
