@@ -389,21 +389,7 @@ def test_the_reaper_never_kills_a_new_session_that_got_a_dead_leaders_pid_as_its
     run is no child of the reaper's: reaped at once elsewhere, its pid may be
     the next new session's group id. Forced here in a private pid namespace
     (ns_last_pid): the stranger lives, the leader does not."""
-    import json
-    import shutil
-    from conftest import REPO
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare for a private pid namespace")
-    script = tmp_path / "recycle.py"
-    script.write_text(_RECYCLE)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    # the namespace's pid 1 takes every process in it along when it ends (or unshare dies: --kill-child)
-    r = subprocess.run(["unshare", "-fp", "--mount-proc", "--kill-child", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=60)
-    if r.returncode != 0 and "unshare" in r.stderr:
-        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[:200]}")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = _in_a_private_pid_namespace(tmp_path / "recycle.py", _RECYCLE)
     assert out["stranger"] == out["leader"], f"the pid was not recycled: {out}"
     assert out["alive"], "the reaper killed a new session that merely reused the dead leader's group id"
 
@@ -618,19 +604,25 @@ def test_a_pid_recycled_between_the_walk_and_the_kill_is_never_hit(tmp_path):
     process that died and was reaped by its parent after the walk listed it
     left its pid to a stranger (here a helper's child), which was killed.
     Forced in a private pid namespace (ns_last_pid)."""
+    out = _in_a_private_pid_namespace(tmp_path / "recycle_walk.py", _RECYCLE_IN_WALK)
+    assert out["stranger"] == out["grandchild"], f"the pid was not recycled: {out}"
+    assert out["alive"], "the tree kill hit a stranger that got a listed run process's pid"
+
+
+def _in_a_private_pid_namespace(script, text: str) -> dict:
+    """Run the Python ``text`` as ``script`` as pid 1 of a private pid namespace
+    (so it can force a pid's reuse with ns_last_pid); its JSON output."""
     import json
     import shutil
     from conftest import REPO
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare for a private pid namespace")
-    script = tmp_path / "recycle_walk.py"
-    script.write_text(_RECYCLE_IN_WALK)
+    script.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the namespace's pid 1 takes every process in it along when it ends (or unshare dies: --kill-child)
     r = subprocess.run(["unshare", "-fp", "--mount-proc", "--kill-child", sys.executable, str(script)],
                        env=env, capture_output=True, text=True, timeout=60)
     if r.returncode != 0 and "unshare" in r.stderr:
         pytest.skip(f"no private pid namespace here: {r.stderr.strip()[:200]}")
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["stranger"] == out["grandchild"], f"the pid was not recycled: {out}"
-    assert out["alive"], "the tree kill hit a stranger that got a listed run process's pid"
+    return json.loads(r.stdout)
