@@ -157,11 +157,11 @@ def journal_boot(state_dir: Path) -> Optional[str]:
     boot's: another live process holds the driver's lock, so the driver that
     wrote any ``running`` row is of this boot, heartbeat or not (one that could
     not write its heartbeat yet must not have its run taken for an earlier boot's)."""
-    from .lock import LOCK_FILE, holder_pid
     boot = (read_heartbeat(state_dir) or {}).get("boot_id")
-    if not isinstance(boot, str) or holder_pid(Path(state_dir) / LOCK_FILE) not in (None, os.getpid()):
-        return None
-    return boot
+    if not isinstance(boot, str) or procid.this_boot(boot):
+        return None   # (so /proc/locks is read only after a reboot)
+    from .lock import LOCK_FILE, holder_pid
+    return None if holder_pid(Path(state_dir) / LOCK_FILE) not in (None, os.getpid()) else boot
 
 
 def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:

@@ -162,22 +162,9 @@ def follow_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO,
         reader.close()
 
 
-def tail_bytes(data: bytes, lines: int) -> bytes:
-    """The last ``lines`` lines of ``data`` (a last line without newline counts)."""
-    if lines <= 0:
-        return b""
-    end = len(data) - 1 if data.endswith(b"\n") else len(data)
-    cut = end
-    for _ in range(lines):
-        cut = data.rfind(b"\n", 0, cut)
-        if cut < 0:
-            return data
-    return data[cut + 1:]
-
-
 def tail_offset(fd: int, lines: int, chunk: int = CHUNK) -> int:
     """Where the last ``lines`` lines of the regular file at ``fd`` start (its
-    size for 0 lines): ``data[tail_offset(fd, n):] == tail_bytes(data, n)``.
+    size for 0 lines; a last line without newline counts).
     Read backwards from the end a block at a time, so the last lines of a 10 GB
     log cost what they hold, not the whole log in memory (``--lines`` read all
     of it, and ``-f --lines`` did so by repeated concatenation: a 300 MB log
