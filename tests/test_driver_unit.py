@@ -584,7 +584,7 @@ def test_sigterm_is_acted_on_while_another_writer_holds_the_journal(tmp_path, du
     try:
         t0 = time.monotonic()
         assert d.run() == 0
-        assert time.monotonic() - t0 < 1.5
+        assert time.monotonic() - t0 < 4.0   # (headroom for a busy box; deaf, it took 10 s and more)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
