@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from .errors import EX_ALERT_CANNOT_START, EX_ALERT_TIMED_OUT
 from .events import FAILURES
 
 ALERT_TIMEOUT = 30.0
@@ -153,7 +154,7 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
                                  start_new_session=True)
     except OSError as e:
         print(f"{stamp} alert {event}: cannot start {argv[0]!r}: {e.strerror}", flush=True)
-        return 127
+        return EX_ALERT_CANNOT_START
     finally:
         os.close(out_w)
     os.set_blocking(out_r, False)
@@ -217,10 +218,10 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
     if killed and code is not None:
         print(f"{stamp} alert {event}: {argv[0]!r} exited {code}; what it left running was killed "
               f"after {timeout:g}s", flush=True)
-        return 124
+        return EX_ALERT_TIMED_OUT
     if killed:
         print(f"{stamp} alert {event}: {argv[0]!r} killed after {timeout:g}s", flush=True)
-        return 124
+        return EX_ALERT_TIMED_OUT
     if code:
         print(f"{stamp} alert {event}: {argv[0]!r} exited {code}", flush=True)
     return code or 0

@@ -27,7 +27,7 @@ from . import __version__
 from .config import ConfigError, lenient_modes, load_config, resolve_config_path, resolve_state_dir
 from .errors import EX_CONFIG as EXIT_CONFIG
 from .errors import EX_INTERRUPTED as EXIT_INTERRUPTED
-from .errors import EX_IOERR, STATUS_UNKNOWN
+from .errors import EX_BAD_USAGE, EX_FAILURE, EX_IOERR, STATUS_UNKNOWN
 from .errors import RingError
 
 
@@ -139,11 +139,11 @@ class RingGroup(click.Group):
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             _drop_output()
-            sys.exit(1)
+            sys.exit(EX_FAILURE)
         except OSError as e:
             if e.errno == errno.EPIPE:
                 _drop_output()
-                sys.exit(1)
+                sys.exit(EX_FAILURE)
             raise
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -236,7 +236,7 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR):
         except RingError as e:
             raise fail(e.message, e.code)
         except JournalError as e:
-            raise fail(str(e), 1)
+            raise fail(str(e), EX_FAILURE)
         except KeyboardInterrupt:
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
@@ -244,15 +244,15 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR):
         except OSError as e:
             if isinstance(e, PermissionError):
                 raise fail(f"{e.filename or 'state'}: permission denied "
-                           f"(operator commands run as the ring's user)", 1)
+                           f"(operator commands run as the ring's user)", EX_FAILURE)
             if e.filename is None:
-                raise fail(f"{e.strerror or e}", 1)
-            raise fail(f"{e.filename}: {e.strerror or e}", 1)
+                raise fail(f"{e.strerror or e}", EX_FAILURE)
+            raise fail(f"{e.filename}: {e.strerror or e}", EX_FAILURE)
         except Exception as e:  # noqa: BLE001 - the operator gets one line, not a traceback
             if os.environ.get("RINGD_DEBUG"):
                 raise
             raise fail(f"internal error: {type(e).__name__}: {one_line(e, 200)} "
-                       f"(set RINGD_DEBUG=1 for a traceback)", 1)
+                       f"(set RINGD_DEBUG=1 for a traceback)", EX_FAILURE)
     return wrapper
 
 
@@ -351,7 +351,7 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
                f"with {len(agents)} agent(s): {', '.join(a.name for a in agents)}"
                + (f"; {len(warned)} warning(s)" if warned else ""))
     if strict and warned:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(EX_FAILURE)
 
 
 # --- operator commands -------------------------------------------------------------
@@ -380,7 +380,7 @@ def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: b
             return
         doc, warnings = gather()
     except OperatorError as e:
-        raise fail(e.message, e.code if e.code != 1 else EXIT_UNKNOWN)
+        raise fail(e.message, e.code if e.code != EX_FAILURE else EXIT_UNKNOWN)
     _warn(warnings)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -477,7 +477,7 @@ def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_
     Exit 2 for an unknown agent or run."""
     from .logs import find_run, follow as follow_runs, follow_log, show_log, show_tail
     if name is None and (run_id is not None or not follow):
-        raise fail("give an agent NAME, or -f to follow the whole ring (see 'ringd logs --help')", 2)
+        raise fail("give an agent NAME, or -f to follow the whole ring (see 'ringd logs --help')", EX_BAD_USAGE)
     config = load_config(config_path)
     out = sys.stdout.buffer
     try:
@@ -590,11 +590,11 @@ def notify(text: Optional[str], ping: bool) -> None:
     phase = " ".join(text.splitlines())[:PHASE_CHARS] if text is not None else None
     lines = ([f"STATUS={phase}"] if phase is not None else []) + (["WATCHDOG=1"] if ping else [])
     if not lines:
-        raise fail("nothing to send: give --status TEXT and/or --ping", 2)
+        raise fail("nothing to send: give --status TEXT and/or --ping", EX_BAD_USAGE)
     try:
         send("\n".join(lines))
     except NotifyError as e:
-        raise fail(str(e), 1)
+        raise fail(str(e), EX_FAILURE)
 
 
 # --- setting up ------------------------------------------------------------------------
@@ -701,4 +701,4 @@ def service_install(mode: str, user: Optional[str], state: Optional[str], config
     click.echo(f"running: {command}")
     rc = run_enable(r.enable)
     if rc:
-        raise fail(f"'{command}' failed (exit {rc})", 1)
+        raise fail(f"'{command}' failed (exit {rc})", EX_FAILURE)

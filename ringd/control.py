@@ -15,6 +15,7 @@ from typing import Callable, List, Optional
 
 from . import transitions
 from .config import Config
+from .errors import EX_FAILURE
 from .heartbeat import live_writer, read_heartbeat
 from .notify import read_notes, without_controls
 from .journal import Journal, JournalError, RunRow, journal_path
@@ -82,7 +83,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         if name is None:
             if running is None:
                 raise OperatorError("nothing is running; name an agent to skip its next turn "
-                                    "(ringd skip NAME)", 1)
+                                    "(ringd skip NAME)", EX_FAILURE)
             name = running.agent
         else:
             known = known_names(config, state_dir, reader)
@@ -100,7 +101,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         try:
             req = transitions.request_skip(writer, None if by_run else name, seen_run, time.time())
         except transitions.RunEnded as e:
-            raise OperatorError(str(e), 1) from None
+            raise OperatorError(str(e), EX_FAILURE) from None
         except JournalError as e:
             raise OperatorError(str(e)) from None
         current = req.run_id is not None
@@ -126,7 +127,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         # another ending is the run's own, seen by the driver before the request
         # landed (it commits an end with the next start): nothing was skipped.
         raise OperatorError(f"run {result.run_id} had already ended (as {result.final_status}); "
-                            f"nothing was skipped", 1)
+                            f"nothing was skipped", EX_FAILURE)
     return result
 
 
@@ -149,14 +150,14 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
     Nothing running (or not the run named by ``run_id``) -> OperatorError(1)."""
     require_state_dir(state_dir)
     if not config.ring.journal and not journal_path(state_dir).exists():
-        raise OperatorError("nothing is running (no journal yet)", 1)
+        raise OperatorError("nothing is running (no journal yet)", EX_FAILURE)
     writer = _writer(state_dir, config)
     try:
         row = writer.running_row()
         if row is None:
-            raise OperatorError("nothing is running", 1)
+            raise OperatorError("nothing is running", EX_FAILURE)
         if run_id is not None and row.id != run_id:
-            raise OperatorError(f"run {run_id} is not running (the running run is {row.id} of {row.agent})", 1)
+            raise OperatorError(f"run {run_id} is not running (the running run is {row.id} of {row.agent})", EX_FAILURE)
         text = "forced by operator"
         if reason:
             clean = " ".join(without_controls(reason).split())
@@ -173,7 +174,7 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
                                  status=after.status if after else "interrupted")
         if closed is None:
             raise OperatorError(f"run {row.id} of {row.agent} finished meanwhile as {result.status}; "
-                                f"nothing was forced", 1)
+                                f"nothing was forced", EX_FAILURE)
         from .reaper import driver_alive, kill_orphan
         # A many-host ring's run may be on another box: its pids mean nothing
         # here. Kill only when its driver is a live process of this box.

@@ -19,6 +19,19 @@ EX_TEMPFAIL = os.EX_TEMPFAIL    # 75: another daemon holds the lock
 EX_CONFIG = os.EX_CONFIG        # 78: configuration (or unusable journal): do not restart blindly
 EX_INTERRUPTED = 128 + 2        # 130: a foreground command was interrupted (SIGINT)
 
+# The SPEC's own small codes for the operator commands (and ringwatch's)
+EX_FAILURE = 1                  # the command failed: nothing running, the run it saw had already ended,
+                                # nothing to force-fail, no runs yet, init/service would overwrite,
+                                # check --strict warned, NOTIFY_SOCKET unset; also an internal error
+EX_BAD_USAGE = 2                # an unknown agent, run or mode, or a bad or missing argument (the SPEC's
+                                # "2 unknown"; click exits 2 for its own usage errors as well)
+
+# The alert supervisor's own codes (``python -m ringd.alerts``), timeout(1)'s:
+# the driver forks it and forgets, so nothing reads them - they are for a human
+# running the helper by hand, who knows them from timeout(1) and the shell.
+EX_ALERT_TIMED_OUT = 124        # the command was killed at its timeout (timeout(1)'s 124)
+EX_ALERT_CANNOT_START = 127     # the command could not be started (the shell's "command not found")
+
 # LSB init-script status codes (``ringd status``)
 STATUS_OK = 0
 STATUS_DEAD = 1                 # dead or stale
@@ -41,7 +54,7 @@ def exit_for(e: OSError) -> int:
 class RingError(Exception):
     """A one-line message for the operator and the process exit code that goes with it."""
 
-    def __init__(self, message: str, code: int = 1):
+    def __init__(self, message: str, code: int = EX_FAILURE):
         super().__init__(message)
         self.message = message
         self.code = code

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import ConfigError
+from .errors import EX_FAILURE, ConfigError
 from .safefile import check_state_dir
 from .status import OperatorError
 
@@ -92,16 +92,16 @@ def init(directory: Path) -> Layout:
     existing = [p for p in (layout.config_path, layout.roster_path) if p.exists() or p.is_symlink()]
     if existing:
         raise OperatorError(f"{', '.join(map(str, existing))} already exist{'s' if len(existing) == 1 else ''}; "
-                            f"ringd init never overwrites", 1)
+                            f"ringd init never overwrites", EX_FAILURE)
     # Before anything is made: a STATE ringd run would refuse (a file; a folder
     # others may write) or a config folder that is a file failed half way, or
     # laid out a ring that does not start.
     try:
         check_state_dir(layout.state_dir)
     except ConfigError as e:
-        raise OperatorError(f"{e}; ringd init lays out nothing", 1) from None
+        raise OperatorError(f"{e}; ringd init lays out nothing", EX_FAILURE) from None
     folder = layout.config_path.parent
     if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
         raise OperatorError(f"{folder}: not a directory (ringd init writes {layout.config_path.name} in it); "
-                            f"ringd init lays out nothing", 1)
+                            f"ringd init lays out nothing", EX_FAILURE)
     return create_missing(layout)

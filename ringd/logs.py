@@ -19,6 +19,7 @@ from typing import BinaryIO, Callable, Dict, List, Optional
 
 from . import safefile
 from .config import Config
+from .errors import EX_BAD_USAGE, EX_FAILURE
 from .journal import Journal, JournalError, RunRow, journal_path
 from .status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
 
@@ -42,7 +43,7 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
             known = known_names(config, state_dir)
             if agent not in known:
                 raise unknown_agent(agent, known)
-            raise OperatorError(f"{agent} has no runs yet", 1)
+            raise OperatorError(f"{agent} has no runs yet", EX_FAILURE)
         try:
             known = known_names(config, state_dir, reader, include_journal=True)
             if agent not in known:
@@ -51,11 +52,11 @@ def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int])
             if run_id is None:
                 row = reader.last_run_of(agent)
                 if row is None:
-                    raise OperatorError(f"{agent} has no runs yet", 1)
+                    raise OperatorError(f"{agent} has no runs yet", EX_FAILURE)
             else:
                 row = reader.run(run_id)
                 if row is None or row.agent != agent:
-                    raise OperatorError(f"no run {run_id} of {agent} (see ringd history {agent})", 2)
+                    raise OperatorError(f"no run {run_id} of {agent} (see ringd history {agent})", EX_BAD_USAGE)
             return row
         finally:
             reader.close()
@@ -110,7 +111,7 @@ def _no_log(row: RunRow, config: Config) -> OperatorError:
         why = "it is starting"
     else:
         why = f"it was pruned (keep_logs: {config.ring.keep_logs}) or never written"
-    return OperatorError(f"run {row.id} of {row.agent} ({row.status}) has no log: {why}", 1)
+    return OperatorError(f"run {row.id} of {row.agent} ({row.status}) has no log: {why}", EX_FAILURE)
 
 
 def show_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from . import earlysig, procid
+from .errors import EX_FAILURE
 
 _PROC_CHILDREN = os.path.exists("/proc/self/task")   # Linux's /proc/<pid>/task/<tid>/children
 
@@ -508,7 +509,7 @@ def call_as(uid: int, gid: int, fn: Callable[[], int]) -> int:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:   # the child: never returns into the caller's code
-        code = 1
+        code = EX_FAILURE
         try:
             os.close(r)
             os.setgroups([])

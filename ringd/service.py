@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .config import Config
-from .errors import ConfigError, excerpt
+from .errors import EX_BAD_USAGE, EX_FAILURE, ConfigError, excerpt
 from .safefile import check_path, create_new
 from .status import OperatorError
 
@@ -79,7 +79,7 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
            config: Optional[Path] = None, user: Optional[str] = None) -> Target:
     """Validate the choices (one-line OperatorError, exit 2) and render the files."""
     if mode not in MODES:
-        raise OperatorError(f"unknown mode {mode!r} (use {', '.join(MODES)})", 2)
+        raise OperatorError(f"unknown mode {mode!r} (use {', '.join(MODES)})", EX_BAD_USAGE)
     state_dir, config_path = _defaults(mode, state, config)
     bin_what = "--bin-dir" if bin_dir is not None else "this installation's bin dir (give --bin-dir)"
     bin_dir = bin_dir or installation_bin_dir()
@@ -87,23 +87,23 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     # variable) or a UTF-8 plist, the programs' too: the same rule for each.
     for what, p in (("--state", state_dir), ("--config", config_path), (bin_what, bin_dir)):
         if not p.is_absolute():
-            raise OperatorError(f"{what} {p}: a service needs an absolute path", 2)
+            raise OperatorError(f"{what} {p}: a service needs an absolute path", EX_BAD_USAGE)
         if not str(p).isprintable() or any(c.isspace() or c in "\"'\\%$;" for c in str(p)):
             raise OperatorError(f"{what} {excerpt(str(p), 200)}: use a path of printable UTF-8 without spaces, "
-                                f"quotes, '%', '$' or ';'", 2)
+                                f"quotes, '%', '$' or ';'", EX_BAD_USAGE)
         try:
             check_path(what, str(p))   # (a component over NAME_MAX, a path over PATH_MAX: systemd refuses the unit)
         except ConfigError as e:
-            raise OperatorError(str(e), 2) from None
+            raise OperatorError(str(e), EX_BAD_USAGE) from None
     if user is not None:
         try:
             pwd.getpwnam(user)
         except KeyError:
             raise OperatorError(f"--user {user}: no such user on this box (create it first, or leave "
-                                f"--user out for a systemd dynamic user)", 2) from None
+                                f"--user out for a systemd dynamic user)", EX_BAD_USAGE) from None
     if mode != "launchd" and user is None and not _under_var_lib(state_dir):
         raise OperatorError(f"--state {state_dir}: a dynamic user can only own a state dir under /var/lib; "
-                            f"give --user NAME for a state dir elsewhere", 2)
+                            f"give --user NAME for a state dir elsewhere", EX_BAD_USAGE)
     t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
                config_path=config_path, user=user)
     t.files = render(t)
@@ -309,7 +309,7 @@ def render_systemd(t: Target, c: Config) -> Dict[str, str]:
 def render_launchd(t: Target, c: Config) -> Dict[str, str]:
     log = t.state_dir / "ringwatch.log"
     if "--" in f"{t.state_dir}{t.config_path}":
-        raise OperatorError("a launchd property list cannot name a path containing '--'", 2)
+        raise OperatorError("a launchd property list cannot name a path containing '--'", EX_BAD_USAGE)
     plist = {
         "Label": LABEL,
         "ProgramArguments": [str(t.bin_dir / "ringwatch"), "--state", str(t.state_dir),
@@ -409,7 +409,7 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
                 clashes.append(dest)
     if clashes:
         raise OperatorError(f"{', '.join(map(str, clashes))} already exist{'s' if len(clashes) == 1 else ''} "
-                            f"with other content; ringd service install never overwrites (move it aside)", 1)
+                            f"with other content; ringd service install never overwrites (move it aside)", EX_FAILURE)
     owner = pwd.getpwnam(t.user).pw_uid if t.user and os.geteuid() == 0 else None
     restart = RESTART_COMMAND if t.mode == "systemd" else None
     layout = Layout(state_dir=_under(root, t.state_dir), config_path=_under(root, t.config_path),
@@ -443,7 +443,7 @@ def run_enable(steps: List[List[str]]) -> int:
         try:
             rc = subprocess.run(step, check=False).returncode
         except OSError as e:
-            raise OperatorError(f"{step[0]}: cannot run: {e.strerror}", 1) from None
+            raise OperatorError(f"{step[0]}: cannot run: {e.strerror}", EX_FAILURE) from None
         if rc != 0:
             return rc
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import Config, ConfigError, RingSettings, excerpt
+from .errors import EX_BAD_USAGE, EX_FAILURE
 from .errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
 from .errors import STATUS_OK as EXIT_HEALTHY
 from .errors import STATUS_STOPPED as EXIT_STOPPED
@@ -38,7 +39,7 @@ MAX_KNOWN_NAMES_CHARS = 600
 
 # --- opening things without creating them -----------------------------------
 
-def require_state_dir(state_dir: Path, code: int = 1) -> None:
+def require_state_dir(state_dir: Path, code: int = EX_FAILURE) -> None:
     """The state dir must exist already: reading commands never create it."""
     try:
         st = os.stat(state_dir)
@@ -157,7 +158,7 @@ def unknown_agent(name: str, known: Sequence[str]) -> OperatorError:
         shown += 1
     if shown < len(known):
         listed += f", ... ({len(known) - shown} more)"
-    return OperatorError(f"unknown agent {excerpt(name)}; known agents: {listed or '(none)'}", 2)
+    return OperatorError(f"unknown agent {excerpt(name)}; known agents: {listed or '(none)'}", EX_BAD_USAGE)
 
 
 # --- status -------------------------------------------------------------------

@@ -19,7 +19,7 @@ import click
 from ringd import __version__, logline
 from ringd.cli import RingGroup
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-from ringd.errors import EX_CONFIG, EX_INTERRUPTED, RingError
+from ringd.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, RingError
 
 from . import state
 
@@ -27,7 +27,7 @@ from . import state
 # An unexpected error (a bug) exits 1, never 70: 70 says the watcher gave up, and
 # the shipped units tell systemd never to restart that (RestartPreventExitStatus=70
 # 78), so a bug stopped the ring for good instead of costing one restart.
-EXIT_INTERNAL = 1
+EXIT_INTERNAL = EX_FAILURE
 
 
 def _fail(message: str, code: int) -> None:
@@ -87,11 +87,11 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     except ConfigError as e:
         _fail(str(e), EX_CONFIG)
     if not state_dir.is_dir():
-        _fail(f"{state_dir}: no such state directory", 2)
+        _fail(f"{state_dir}: no such state directory", EX_BAD_USAGE)
     try:
         click.echo(state.reset(state_dir))
     except OSError as e:
-        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}", 1)
+        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}", EX_FAILURE)
 
 
 def main() -> None:
