@@ -45,6 +45,36 @@ class RunCgroup:
 
     def __init__(self, path: "Path | str"):
         self.dir = os.fspath(path)   # a str: the hop's path operations are f-strings, not pathlib
+        # cgroup.procs, cgroup.events and cpu.stat, when opened ahead (open_ahead)
+        self._procs: Optional[int] = None
+        self._events: Optional[int] = None
+        self._stat: Optional[int] = None
+
+    def open_ahead(self) -> None:
+        """Open the three files a run's start and end touch (``cgroup.procs``
+        to step in, ``cgroup.events`` and ``cpu.stat`` at its end) now: while
+        another agent runs, not between two runs. Best effort: a file not
+        opened here is opened when it is used, as before. Closed by
+        :meth:`remove` (or :meth:`close_files`)."""
+        if self._stat is not None:
+            return
+        try:
+            self._procs = os.open(f"{self.dir}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+            self._events = os.open(f"{self.dir}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+            self._stat = os.open(f"{self.dir}/cpu.stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.close_files()
+
+    def close_files(self) -> None:
+        for fd in (self._procs, self._events, self._stat):
+            if fd is not None:
+                os.close(fd)
+        self._procs = self._events = self._stat = None
+
+    def _read(self, fd: Optional[int], name: str) -> bytes:
+        """A cgroup file read whole: through its descriptor opened ahead (a
+        cgroupfs file read from offset 0 is generated afresh), else by path."""
+        return os.pread(fd, 65536, 0) if fd is not None else read_small(f"{self.dir}/{name}")
 
     @property
     def path(self) -> Path:
@@ -52,7 +82,14 @@ class RunCgroup:
 
     def join(self) -> None:
         """Move the calling process into this cgroup."""
-        _write_pid0(f"{self.dir}/cgroup.procs")
+        fd, self._procs = self._procs, None   # (of no use once we are in)
+        if fd is None:
+            _write_pid0(f"{self.dir}/cgroup.procs")
+            return
+        try:
+            os.write(fd, b"0")   # "0": the writer itself
+        finally:
+            os.close(fd)
 
     def pids(self) -> List[int]:
         """Every process in the cgroup's subtree: an agent running as root can
@@ -79,7 +116,7 @@ class RunCgroup:
 
     def populated(self) -> bool:
         try:
-            for line in read_small(f"{self.dir}/cgroup.events").splitlines():
+            for line in self._read(self._events, "cgroup.events").splitlines():
                 if line.startswith(b"populated "):
                     return line.split()[1] != b"0"
         except OSError:
@@ -147,7 +184,7 @@ class RunCgroup:
     def cpu_seconds(self) -> Optional[float]:
         """CPU time (user + system) of everything that ran in the cgroup."""
         try:
-            for line in read_small(f"{self.dir}/cpu.stat").splitlines():
+            for line in self._read(self._stat, "cpu.stat").splitlines():
                 if line.startswith(b"usage_usec "):
                     return int(line.split()[1]) / 1e6
         except (OSError, ValueError):
@@ -157,6 +194,7 @@ class RunCgroup:
     def remove(self, timeout: float = KILL_WAIT) -> bool:
         """rmdir the cgroup and any sub-cgroups (it must be empty; retried while
         the kernel releases the last exited task). True if it is gone."""
+        self.close_files()
         deadline = time.monotonic() + timeout
         while True:
             gone = _rmdir(self.dir)

@@ -68,6 +68,12 @@ class RealEnv:
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
+        # The likely next run's cgroup, made (and its files opened) at a wait
+        # while this run's agent runs, so the next hop does not: the next run's
+        # id is this one's + 1 unless a turn is skipped, or another driver of a
+        # many-host ring took ids, in between. One a run does not take is removed.
+        self._ahead: Optional[Tuple[int, cgroup.RunCgroup]] = None
+        self._ahead_id: Optional[int] = None   # the run id to make one for, at the next wait
         self._stuck: Dict[int, int] = {}   # pid -> start ticks: processes that outlived SIGKILL (kill_tree, reap)
         # SPEC "Process containment": a cgroup per run where we can make one
         # (proven once: here, or by the driver just before its first run), else
@@ -101,6 +107,8 @@ class RealEnv:
         Returns (signals, ready descriptors)."""
         if self._spent_cgroups:
             self._remove_spent_cgroups()
+        if self._ahead_id is not None:
+            self._make_cgroup_ahead()
         return self.wakeups.wait(timeout, [*fds, *self._watched])   # (which clamps the timeout)
 
     def signals(self) -> Set[int]:
@@ -115,9 +123,25 @@ class RealEnv:
 
     # --- the agent ---------------------------------------------------------------------
     def make_cgroup(self, run_id: int) -> Optional[cgroup.RunCgroup]:
-        """The run's cgroup, made before its spawn (None: the subreaper rule alone
-        contains the run)."""
-        return self.containment.create(run_id)
+        """The run's cgroup, made before its spawn, or ahead of it (None: the
+        subreaper rule alone contains the run)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == run_id and self.containment.parent is not None:
+            cg: Optional[cgroup.RunCgroup] = ahead[1]
+        else:
+            if ahead is not None:
+                self._spent_cgroups.append(ahead[1])   # empty: removed at the next wait
+            cg = self.containment.create(run_id)
+        if cg is not None:
+            self._ahead_id = run_id + 1
+        return cg
+
+    def _make_cgroup_ahead(self) -> None:
+        run_id, self._ahead_id = self._ahead_id, None
+        cg = self.containment.create(run_id)
+        if cg is not None:
+            cg.open_ahead()
+            self._ahead = (run_id, cg)
 
     def remove_cgroup(self, cg: Optional[cgroup.RunCgroup]) -> None:
         """A cgroup made for a run that never started."""
@@ -145,6 +169,7 @@ class RealEnv:
                 self.remove_cgroup(run_cgroup)
             raise
         if run_cgroup is not None and cg is None:
+            run_cgroup.close_files()   # never removed: it holds us
             self.log(f"containment: subreaper rule only from now on ({self.containment.stranded})")
         return Child(pid=started.pid, pidfd=started.pidfd, cgroup=cg)   # start ticks: read when needed
 
@@ -348,6 +373,9 @@ class RealEnv:
         self._spent_cgroups = [cg for cg in self._spent_cgroups if not cg.remove(timeout)][-SPENT_KEPT:]
 
     def close(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._spent_cgroups.append(ahead[1])
         self._remove_spent_cgroups(patient=True)
         self.containment.close()
         self.wakeups.close()

@@ -546,6 +546,91 @@ def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
         env.close()
 
 
+def _run_cgroup_env(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = RealEnv(state, lambda m: None)
+    if env.make_cgroup(7) is None:
+        env.close()
+        pytest.skip(f"no run cgroups here ({env.containment.reason})")
+    return env
+
+
+def _run_to_its_end(env, cg, script: str = "exit 0"):
+    child = env.spawn(["/bin/sh", "-c", script], cwd="/", env={"PATH": os.environ["PATH"]},
+                      stdout_fd=2, umask=0o077, run_cgroup=cg)
+    env.wait(0)   # the hop's first wait, while its agent runs
+    assert proctree.wait_exit(child.pidfd, 20)
+    env.reap(child)
+    return child
+
+
+def test_the_next_runs_cgroup_is_made_while_this_runs_agent_runs_and_the_next_run_takes_it(tmp_path):
+    """The mkdir (and the opens of the files a run's start and end touch) of the
+    likely next run's cgroup (this run's id + 1) happen at a wait, while an agent
+    runs, not between two runs; the next run takes that very directory."""
+    env = _run_cgroup_env(tmp_path)
+    try:
+        cg7 = env.containment.create(7)   # (made above: the same directory)
+        _run_to_its_end(env, cg7)
+        ahead = f"{env.containment.parent}/{env.containment.prefix}-run-8"
+        assert os.path.isdir(ahead), "made at the wait while run 7's agent ran"
+        ino = os.stat(ahead).st_ino
+        cg8 = env.make_cgroup(8)
+        assert cg8 is not None and cg8.dir == ahead and os.stat(ahead).st_ino == ino, "taken, not made again"
+        out = tmp_path / "cg.txt"
+        child = _run_to_its_end(env, cg8, f"cat /proc/self/cgroup > {out}")
+        assert any(line.endswith("-run-8") for line in out.read_text().splitlines() if line.startswith("0::"))
+        assert child.cpu_seconds is not None   # read through cpu.stat opened ahead
+        env.wait(0)
+        assert not os.path.exists(ahead), "removed once its run ended"
+        assert os.path.isdir(f"{env.containment.parent}/{env.containment.prefix}-run-9")
+    finally:
+        env.close()
+    assert not list(env.containment.parent.glob(f"{env.containment.prefix}-run-*")), \
+        "the driver's close removes the one made ahead"
+
+
+def test_a_cgroup_made_ahead_for_an_id_no_run_takes_is_removed(tmp_path):
+    """A turn skipped in between (a ``skipped`` row takes an id) or another
+    driver's run: the next run's id is not the one guessed. Its cgroup is made
+    then, and the one made ahead is removed at the next wait."""
+    env = _run_cgroup_env(tmp_path)
+    try:
+        _run_to_its_end(env, env.containment.create(7))
+        guessed = f"{env.containment.parent}/{env.containment.prefix}-run-8"
+        assert os.path.isdir(guessed)
+        cg = env.make_cgroup(10)
+        assert cg is not None and cg.dir.endswith("-run-10") and os.path.isdir(cg.dir)
+        env.wait(0)
+        assert not os.path.exists(guessed)
+        env.remove_cgroup(cg)
+    finally:
+        env.close()
+    assert not list(env.containment.parent.glob(f"{env.containment.prefix}-run-*"))
+
+
+def test_cgroup_files_opened_ahead_read_afresh_at_each_read(containment, tmp_path):
+    """``cgroup.events`` and ``cpu.stat`` read through descriptors opened before the
+    run started say what is true now, not what was true when they were opened."""
+    cg = containment.create(43)
+    cg.open_ahead()
+    assert not cg.populated()
+    child = _spawn_in(containment, cg, f"""
+        {sys.executable} -c "import time; t = time.process_time(); any(iter(lambda: time.process_time() - t > 0.2, True))"
+        exec sleep 300""", tmp_path)
+    try:
+        wait_until(lambda: (cg.cpu_seconds() or 0) >= 0.2, 20, message="cpu.stat read afresh")
+        assert cg.populated()
+    finally:
+        cg.kill(reap=lambda: proctree.reap_zombie_children())
+        _collect(child)
+        child.close()
+    assert not cg.populated(), "cgroup.events read afresh"
+    cg.remove()
+    assert not cg.path.exists()
+
+
 # --- a pid recycled between the walk that lists it and the kill ---------------------------
 
 _RECYCLE_IN_WALK = r'''
