@@ -358,6 +358,10 @@ if os.fork() == 0:   # the run's old parent: reaps the leader the moment it dies
     os.close(r)
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
     leader = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    # Start ticks count 10 ms: a stranger started in the leader's own tick would be
+    # the leader by every identity there is (pid and start time), as no real pid
+    # can be, reused within 10 ms of its first use. It was, once in a loaded run.
+    time.sleep(0.05)
     os.write(w, b"%d\n" % leader.pid)
     leader.wait()
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:   # the next pid is the leader's
