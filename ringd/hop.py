@@ -30,6 +30,7 @@ from .roster import Agent, resolve_cwd, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
 
 PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
+PID_RECORD_RETRY = 1.0   # s; a pid record the journal could not take now is tried again this much later
 
 
 class Host(Protocol):
@@ -95,6 +96,7 @@ class Hop:
         # done once this agent is started, while it execs on another core
         self.after_start: Optional[Callable[[], None]] = None
         self._hook_error: Optional[Exception] = None
+        self._pid_deferred = False   # its pid could not be recorded yet (said once)
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -295,8 +297,7 @@ class Hop:
                     else:
                         self._do(a, child)
             if close is None and record_at is not None and now >= record_at:
-                record_at = None
-                self._record_pid(child)
+                record_at = self._record_pid(child, now)
             if close is None:
                 self._publish_notes(now)
         env.reap(child)
@@ -336,15 +337,30 @@ class Hop:
             self.say(f"cannot read operator requests ({e}); the run goes on")
             return False
 
-    def _record_pid(self, child) -> None:
+    def _record_pid(self, child, now: float) -> Optional[float]:
+        """Record the agent's pid on its row, for status and a later reaper.
+        Never waits out the journal's write lock: another process (an operator's
+        command, a ``sqlite3`` shell, the agent itself) may hold it for seconds,
+        and the agent's budget and stall threshold come first. A write that
+        cannot be made now is tried again PID_RECORD_RETRY later: returns when
+        (None: done, or never)."""
         self.pid_start = self.env.start_time(child)
         try:
-            with self.host.journal.transaction() as tx:
+            with self.host.journal.transaction(patient=False) as tx:
                 tx.set_process(self.run_id, child.pid, self.pid_start, self.log_path)
         except JournalError as e:
             # the row exists (written before the start); only its pid is missing:
             # supervise the agent anyway, never leave it running unwatched
-            self.say(f"cannot record its pid: {e}")
+            if not e.transient:
+                self.say(f"cannot record its pid: {e}")
+                return None
+            if not self._pid_deferred:
+                self.say(f"cannot record its pid yet ({e}); trying again every {PID_RECORD_RETRY:g}s")
+                self._pid_deferred = True
+            return now + PID_RECORD_RETRY
+        if self._pid_deferred:
+            self.say("pid recorded")
+        return None
 
     # --- closing -------------------------------------------------------------------------
     def _close_error(self, reason: str) -> "Pending":

@@ -35,6 +35,10 @@ EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well und
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
 
+
+def _at_once() -> bool:
+    return True
+
 class JournalError(Exception):
     """The journal cannot do what was asked. Message is one line.
 
@@ -400,8 +404,9 @@ class Journal:
         self._give_up = give_up
         self.con.execute(f"PRAGMA busy_timeout = {int(BUSY_STEP * 1000)}")
 
-    def _begin(self) -> None:
-        if self._give_up is None:
+    def _begin(self, patient: bool = True) -> None:
+        give_up = self._give_up if patient or self._give_up is None else _at_once
+        if give_up is None:
             self.con.execute("BEGIN IMMEDIATE")
             return
         end = None   # (read only once the lock was found busy: an ordinary hop pays nothing)
@@ -412,7 +417,7 @@ class Journal:
             except sqlite3.OperationalError as e:
                 now = time.monotonic()
                 end = now + self._busy_timeout - BUSY_STEP if end is None else end
-                if _busy(self.path, e) is None or now >= end or self._give_up():
+                if _busy(self.path, e) is None or now >= end or give_up():
                     raise
 
     def moved(self) -> bool:
@@ -589,10 +594,12 @@ class Journal:
 
     # --- transactions ------------------------------------------------------------
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, patient: bool = True) -> Iterator[sqlite3.Connection]:
         """The backend's write transaction (BEGIN IMMEDIATE takes SQLite's write lock
-        up front, so a busy database waits here instead of failing half-way)."""
-        self._begin()
+        up front, so a busy database waits here instead of failing half-way).
+        ``patient=False``: on a connection that waits in steps
+        (:meth:`wait_busy_unless`), wait one step at most."""
+        self._begin(patient)
         try:
             yield self.con
         except BaseException:
@@ -611,11 +618,13 @@ class Journal:
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[Tx]:
+    def transaction(self, patient: bool = True) -> Iterator[Tx]:
         """One write transaction; everything inside commits together or not at all.
-        Any failure of the database surfaces as :class:`JournalError`."""
+        Any failure of the database surfaces as :class:`JournalError`.
+        ``patient=False``: a write lock another process holds fails it (busy:
+        transient) after BUSY_STEP, for a write the caller tries again later."""
         try:
-            with self.write() as con:
+            with self.write(patient) as con:
                 tx = Tx(con)
                 yield tx
                 tx.flush_events()

@@ -344,8 +344,9 @@ class PgJournal(Journal):
             self.con.execute("COMMIT")
 
     @contextmanager
-    def write(self) -> Iterator[_Con]:
-        """One write transaction; a leader's is fenced by its lease."""
+    def write(self, patient: bool = True) -> Iterator[_Con]:
+        """One write transaction; a leader's is fenced by its lease. (``patient``:
+        every call is bounded already, by pgcall.)"""
         if not self.recording:
             raise Fenced("not the leader: not recording")
         with self._transaction() as con:

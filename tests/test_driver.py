@@ -8,6 +8,7 @@ import stat
 import time
 
 import psutil
+import pytest
 
 from conftest import processes_of, wait_until
 
@@ -364,3 +365,58 @@ def test_speaks_sd_notify_and_keeps_it_from_agents(ring, tmp_path):
         assert drv.wait(timeout=15) == 0
     finally:
         sock.close()
+
+
+def test_a_write_lock_held_by_another_process_never_holds_up_the_agents_budget(ring):
+    """0.1 s into a run the driver records its agent's pid on the row, in a write
+    transaction. While another process held the journal's write lock (an
+    operator's ``sqlite3`` shell, or the agent itself), that write waited for
+    the lock up to the busy timeout, 10 s, and the budget's SIGTERM waited with
+    it. Now the pid is tried again a second later, and the SIGTERM comes on time."""
+    termed = ring.base / "termed"
+    ring.agent("a", f"""
+        trap 'date +%s.%N > {termed}.$RING_RUN_ID; exit 0' TERM
+        sleep 30 & wait
+        """)
+    ring.write_config(ring={"run_budget": 1, "stall_threshold": 6})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: [r for r in ring.runs() if r["status"] == "running"], 20, message="the first run")
+    holder = sqlite3.connect(str(ring.journal_path), isolation_level=None, timeout=0)
+    reader = sqlite3.connect(f"file:{ring.journal_path}?mode=ro", uri=True, timeout=5)
+    seen = 0   # the first run may be older than 0.1 s already: the loop takes the next
+    try:
+        for _attempt in range(4):   # the lock must be ours before the run is 0.1 s old
+            def started():
+                rows = reader.execute("SELECT id, started_at FROM runs WHERE status = 'running' AND id > ?",
+                                      (seen,)).fetchall()
+                return rows[0] if rows else None
+            run_id, started_at = wait_until(started, 20, interval=0.001, message="a run started")
+            wait_until(lambda: _try_lock(holder), 5, interval=0.001, message="the journal's write lock")
+            if time.time() - started_at < 0.08:
+                break
+            holder.execute("ROLLBACK")   # too late for this run's pid record: the next run
+            seen = run_id
+        else:
+            pytest.skip("could not take the journal's write lock within 0.08 s of a run's start")
+        termed = termed.with_name(f"termed.{run_id}")
+        wait_until(termed.exists, 15, message="the budget's SIGTERM")
+        term_after = float(termed.read_text()) - started_at
+    finally:
+        holder.close()   # (rolls back: the run's end can be recorded)
+        reader.close()
+    assert 0.9 < term_after < 3.5, f"SIGTERM {term_after:.2f}s into a run with a 1 s budget"
+    wait_until(lambda: [r for r in ring.runs() if r["id"] == run_id and r["status"] == "timeout"], 20,
+               message="the run closed as timeout")
+    drv.send_signal(signal.SIGTERM)
+    code, err = finish(drv, timeout=30)
+    assert code == 0, err
+    assert f"run {run_id}: a cannot record its pid yet" in err and "trying again every 1s" in err, err
+
+
+def _try_lock(con) -> bool:
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        return True
+    except sqlite3.OperationalError:
+        return False

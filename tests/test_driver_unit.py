@@ -135,10 +135,10 @@ class BrokenJournal:
     def __getattr__(self, name):
         return getattr(self._j, name)
 
-    def transaction(self):
+    def transaction(self, patient=True):
         if self.armed:
             raise JournalError("journal.db: database disk image is malformed", transient=False)
-        return self._j.transaction()
+        return self._j.transaction(patient)
 
 
 def test_an_unusable_journal_mid_run_stops_the_agent_first_then_exits_78(tmp_path):
@@ -149,6 +149,42 @@ def test_an_unusable_journal_mid_run_stops_the_agent_first_then_exits_78(tmp_pat
     (child,) = env.children
     assert child.exit_at == pytest.approx(5.0) and env.t >= 5.0   # it ran to its end, supervised
     assert any("journal unusable" in m for _, m in env.logs)
+
+
+class LockedForPidRecords:
+    """Another process holds the journal's write lock until ``until``: a write
+    that must not wait for it (``patient=False``) fails busy meanwhile."""
+
+    def __init__(self, journal, env, until):
+        self._j, self._env, self.until, self.impatient = journal, env, until, []
+
+    def __getattr__(self, name):
+        return getattr(self._j, name)
+
+    def transaction(self, patient=True):
+        if not patient:
+            self.impatient.append(self._env.t)
+            if self._env.t < self.until:
+                raise JournalError("journal.db: journal is busy: another process holds its write lock",
+                                   transient=True)
+        return self._j.transaction(patient)
+
+
+def test_a_pid_record_the_journal_cannot_take_now_is_tried_again_later_never_waited_for(tmp_path):
+    """The agent's pid is written 0.1 s into its run without waiting for the
+    journal's write lock (the budget comes first: see test_driver.py), and tried
+    again each second until it is written, while the run goes on; said once."""
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=3.5), once=True)
+    d.journal = locked = LockedForPidRecords(j, env, until=2.5)
+    on_row = []
+    env.at(3.3, lambda: on_row.append(Journal.open(tmp_path).running_row()))
+    d.run()
+    assert locked.impatient == pytest.approx([0.1, 1.1, 2.1, 3.1])
+    (row,) = on_row
+    assert row.pid == env.children[0].pid, "recorded while the run went on"
+    said = [m for _, m in env.logs if "pid" in m]
+    assert len([m for m in said if "cannot record its pid yet" in m]) == 1 and any("pid recorded" in m for m in said)
+    assert [r.status for r in rows(j)] == ["ok"]
 
 
 class ScriptedLock:
@@ -184,9 +220,9 @@ class CountingJournal:
     def __getattr__(self, name):
         return getattr(self._j, name)
 
-    def transaction(self):
+    def transaction(self, patient=True):
         self.commits += 1
-        return self._j.transaction()
+        return self._j.transaction(patient)
 
 
 def test_an_ordinary_hop_is_one_commit_and_a_run_ends_on_disk_before_the_next_starts(tmp_path):
@@ -247,7 +283,7 @@ def test_a_runs_files_are_made_only_once_its_row_is_committed(tmp_path):
             return getattr(self._j, name)
 
         @contextmanager
-        def transaction(self):
+        def transaction(self, patient=True):
             self.calls += 1
             # the parked notify socket (notify-idle.sock) is the driver's, not a run's
             seen.append(sorted(p.name for p in tmp_path.rglob("*")
