@@ -482,15 +482,9 @@ class Journal:
             raise _unusable(path, e) from None
         # 0600 (SPEC), also a journal.db that was there before ring wrote it (an empty
         # one made 0644 kept its mode once filled; SQLite gives -wal and -shm the
-        # journal's mode). By path: a descriptor of the journal opened and closed
-        # here would drop every SQLite lock of this process on it (POSIX locks).
+        # journal's mode).
         for name in (str(path), f"{path}-wal", f"{path}-shm"):
-            try:
-                st = os.stat(name, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != 0o600:
-                    os.chmod(name, 0o600)
-            except OSError:
-                pass
+            safefile.chmod_regular(name, 0o600)
         return j
 
     def preallocate_wal(self) -> None:

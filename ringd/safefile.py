@@ -64,6 +64,30 @@ def open_regular(path, flags: int = os.O_RDONLY, *, dir_fd: Optional[int] = None
     return fd
 
 
+def chmod_regular(path, mode: int) -> bool:
+    """chmod ``path`` to ``mode`` if it is a regular file; a symlink (or anything
+    else) put there is left alone, and so is its target, even one swapped in
+    while we look (chmod by path would follow it: run as root on a user's
+    ring, a link to a file of root's). The file is reached through an
+    ``O_PATH`` descriptor, which is never opened for reading or writing: closing
+    a real one would drop every POSIX lock this process holds on the file
+    (SQLite's, on its journal). True if the mode was changed."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) == mode:
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", mode)   # (fchmod refuses an O_PATH descriptor)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def create_new(path, mode: int) -> int:
     """Create ``path`` as a new file for writing (a temp file that is then renamed
     or linked into place): O_EXCL, so nothing already there is ever opened

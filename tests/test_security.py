@@ -828,3 +828,80 @@ def test_a_journal_root_makes_in_another_users_ring_is_that_users(ring):
         if name.exists():
             st = os.stat(name)
             assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o600), name
+
+
+# --- the journal's mode made 0600, never through a link swapped in meanwhile ---------------
+
+def _journal_with_a_public_wal(tmp_path):
+    """A journal whose -wal is 0644 (SQLite gives it the journal's mode), kept in
+    existence by an open connection."""
+    from ringd.journal import Journal, journal_path
+    path = journal_path(tmp_path)
+    path.touch()
+    os.chmod(path, 0o644)
+    j = Journal.open(tmp_path)
+    with j.transaction() as tx:
+        tx.set_meta("x", "1")
+    wal = Path(f"{path}-wal")
+    os.chmod(wal, 0o644)
+    return j, wal
+
+
+def test_the_journals_files_made_private_never_follow_a_link_swapped_in_after_the_check(tmp_path, monkeypatch):
+    """Journal.open makes journal.db, -wal and -shm 0600. It checked each was a
+    regular file, then chmod'ed it by path, which follows a symlink: one swapped
+    in between the two (the ring's user racing ``sudo ringd pause``) turned
+    whatever file of root's it named 0600. Forced here: the swap happens right
+    before the chmod."""
+    from ringd.journal import Journal
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o644)
+    first, wal = _journal_with_a_public_wal(tmp_path)
+    real_chmod = os.chmod
+
+    def swap_then_chmod(path, *a, **kw):   # the swap lands after every check, just before the chmod
+        if not stat.S_ISLNK(os.lstat(wal).st_mode):
+            os.rename(wal, f"{wal}.moved")
+            os.symlink(victim, wal)
+        return real_chmod(path, *a, **kw)
+    monkeypatch.setattr(os, "chmod", swap_then_chmod)
+    try:
+        Journal.open(tmp_path).close()
+    finally:
+        monkeypatch.undo()
+        first.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644, "chmod went through the link"
+
+
+def test_chmod_regular_changes_the_file_it_looked_at_never_a_link_swapped_in(tmp_path, monkeypatch):
+    """safefile.chmod_regular holds the file it checks (an O_PATH descriptor):
+    a link swapped in at its path after the open is never followed; a link or
+    a FIFO there from the start is left alone, without blocking."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o644)
+    target = tmp_path / "target"
+    target.write_text("ours\n")
+    os.chmod(target, 0o644)
+    real_fstat = os.fstat
+
+    def fstat_then_swap(fd):
+        st = real_fstat(fd)
+        if not target.is_symlink():
+            os.rename(target, tmp_path / "moved")
+            os.symlink(victim, target)
+        return st
+    monkeypatch.setattr(safefile.os, "fstat", fstat_then_swap)
+    try:
+        assert safefile.chmod_regular(target, 0o600)
+    finally:
+        monkeypatch.undo()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "moved").stat().st_mode) == 0o600, "the file it looked at"
+    link = tmp_path / "link"
+    os.symlink(victim, link)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o644)
+    assert not safefile.chmod_regular(link, 0o600) and not safefile.chmod_regular(fifo, 0o600)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and stat.S_IMODE(fifo.stat(follow_symlinks=False).st_mode) == 0o644
