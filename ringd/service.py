@@ -18,6 +18,7 @@ file that differs.
 """
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import pwd
@@ -136,7 +137,13 @@ def _identity(t: Target) -> List[str]:
                 "# units with the same User= share it. For a real account: ringd service",
                 "# install --user NAME.",
                 "DynamicUser=yes", f"User={DYNAMIC_USER}"]
-    return [f"User={t.user}"]
+    return [f"User={_unit_value(t.user)}"]
+
+
+def _unit_value(text: str) -> str:
+    """``text`` as a unit file setting reads it: '%' starts a specifier (a
+    user 'a%b' ran as 'a' + the boot id), so it is doubled."""
+    return text.replace("%", "%%")
 
 
 def _state_lines(t: Target) -> List[str]:
@@ -296,7 +303,7 @@ def render_systemd(t: Target, c: Config) -> Dict[str, str]:
         "polkit.addRule(function(action, subject) {",
         '    if (action.id == "org.freedesktop.systemd1.manage-units" &&',
         '        action.lookup("unit") == "ringd.service" &&',
-        f'        subject.user == "{who}" &&',
+        f'        subject.user == {json.dumps(who)} &&',   # a JS string ('DOM\\joe', winbind's names)
         '        (action.lookup("verb") == "restart" || action.lookup("verb") == "start")) {',
         "        return polkit.Result.YES;",
         "    }",

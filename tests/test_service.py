@@ -7,6 +7,7 @@ own binaries.
 """
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import pwd
@@ -193,6 +194,29 @@ def test_paths_a_unit_or_plist_cannot_carry_are_refused_the_programs_too(tmp_pat
             lines = res.stderr.splitlines()
             assert res.returncode == 2 and res.stdout == "", (mode, option, value, res.returncode, res.stdout[:300])
             assert len(lines) == 1 and option in lines[0] and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("name", ["a%b", "DOM\\joe", 'x"y'])
+def test_a_user_name_systemd_or_polkit_would_read_otherwise_is_escaped(tmp_path, name):
+    """--user is an account that exists (winbind names them 'DOM\\joe'), rendered
+    raw: ``User=a%b`` ran the ring as 'a' + the boot id (%b is a specifier), and
+    the polkit rule compared ``subject.user == "DOM\\joe"`` - JavaScript reads
+    'DOMjoe', so the watcher could never restart ringd ('x"y' was a syntax error)."""
+    from ringd.service import Target, render
+    t = Target(mode="systemd", bin_dir=stub_bin(tmp_path), state_dir=Path("/srv/ring"),
+               config_path=Path("/etc/ring/ring.yaml"), user=name)
+    files = render(t)
+    for unit in ("ringd.service", "ringwatch-systemd.service"):
+        value = re.search(r"^User=(.*)$", files[unit], re.M).group(1)
+        assert re.fullmatch(r"(?:[^%]|%%)*", value) and value.replace("%%", "%") == name, value
+    literal = re.search(r"subject\.user == (.*) &&$", files[POLKIT_RULE], re.M).group(1)
+    assert json.loads(literal) == name, literal   # a JSON string is a JavaScript string
+    if HAVE_ANALYZE:   # systemd names the user it will run as
+        (tmp_path / "ringd.service").write_text(files["ringd.service"])
+        res = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "ringd.service")],
+                             capture_output=True, text=True, timeout=60)
+        said = re.findall(r"Accepting user/group name '(.*)'", res.stderr)
+        assert said in ([], [name]), res.stderr
 
 
 # --- init ------------------------------------------------------------------------------------
