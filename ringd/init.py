@@ -20,6 +20,7 @@ from .status import OperatorError
 STATE_MODE = 0o700
 CONFIG_MODE = 0o644      # readable (no secrets in it), never writable by others
 ROSTER_MODE = 0o600
+FOLDER_MODE = 0o755      # a folder made on the way (/etc/ring): the service's user must get through
 
 
 def default_config_text(restart_command: Optional[List[str]] = None) -> str:
@@ -48,10 +49,28 @@ class Layout:
     kept: List[Path] = field(default_factory=list)
 
 
+def make_folders(path: Path) -> None:
+    """Create ``path`` and its missing parents, each FOLDER_MODE whatever the
+    umask: made with root's umask 027 or 077 (sudo keeps the caller's), a new
+    /etc/ring was 0750 root and the service's own user could not read its
+    config, nor reach a state dir under a new /srv/ring. Folders that exist are
+    left as they are."""
+    missing = []
+    while not (path.exists() or path.is_symlink()):
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, FOLDER_MODE)
+        except FileExistsError:
+            continue   # made meanwhile by someone else: theirs
+        os.chmod(folder, FOLDER_MODE)
+
+
 def _write_new(path: Path, text: str, mode: int) -> None:
     """Create ``path`` with ``mode`` whatever the umask; never replace a file
     (O_EXCL: a file that appeared meanwhile is kept, not clobbered)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
@@ -66,7 +85,8 @@ def create_missing(layout: Layout) -> Layout:
     if layout.state_dir.exists():
         layout.kept.append(layout.state_dir)
     else:
-        layout.state_dir.mkdir(parents=True, mode=STATE_MODE)
+        make_folders(layout.state_dir.parent)
+        layout.state_dir.mkdir(mode=STATE_MODE)
         os.chmod(layout.state_dir, STATE_MODE)
         layout.created.append(layout.state_dir)
     for path, text, mode in ((layout.config_path, layout.config_text, CONFIG_MODE),

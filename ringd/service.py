@@ -403,7 +403,7 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
     """Write the files (0644) under ``root``; create the state dir, config and
     roster when missing. A file that exists with other content is never
     overwritten: OperatorError(1) naming it, and nothing is written."""
-    from .init import Layout, create_missing, default_config_text
+    from .init import Layout, create_missing, default_config_text, make_folders
     result = Installed()
     plan = {name: _under(root, dest) for name, dest in destinations(t).items()}
     clashes = []
@@ -430,7 +430,7 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
     for name, dest in plan.items():
         if dest in result.unchanged:
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(dest.parent)   # /etc/polkit-1/rules.d, ~/Library/LaunchAgents: readable by their daemon
         tmp = dest.with_name(f".{dest.name}.tmp")
         fd = create_new(tmp, 0o644)
         try:

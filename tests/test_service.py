@@ -219,6 +219,36 @@ def test_a_user_name_systemd_or_polkit_would_read_otherwise_is_escaped(tmp_path,
         assert said in ([], [name]), res.stderr
 
 
+@pytest.mark.parametrize("umask", [0o027, 0o077])
+def test_folders_install_makes_on_the_way_are_readable_whatever_the_umask(tmp_path, umask):
+    """Folders install made on the way took root's umask (027 on a hardened box,
+    sudo keeps it): a new /etc/ring was 0750 root, so the service's own user
+    could not read its config (ringd exits 78 at every start), nor reach a state
+    dir under a new /srv/ring; a new /etc/polkit-1/rules.d hid the rule from
+    polkitd. Each folder made is 0755; the state dir stays 0700."""
+    root = tmp_path / "root"
+    root.mkdir()
+    me = pwd.getpwuid(os.getuid()).pw_name
+    res = subprocess.run(ring_cmd("service", "install", "--mode", "systemd", "--user", me, "--root", str(root),
+                                  "--bin-dir", str(stub_bin(tmp_path)), "--state", "/srv/ring/state",
+                                  "--config", "/srv/ring/conf/ring.yaml"),
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         preexec_fn=lambda: os.umask(umask))
+    assert res.returncode == 0, res.stderr
+    made = [p for p in root.rglob("*") if p.is_dir()]
+    assert root / "srv/ring/conf" in made and root / "etc/polkit-1/rules.d" in made
+    for folder in made:
+        want = 0o700 if folder == root / "srv/ring/state" else 0o755
+        assert stat.S_IMODE(folder.stat().st_mode) == want, (folder, oct(folder.stat().st_mode))
+    assert stat.S_IMODE((root / "srv/ring/conf/ring.yaml").stat().st_mode) == 0o644
+
+    ring = tmp_path / "ring"
+    done = subprocess.run(ring_cmd("init", str(ring)), capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), preexec_fn=lambda: os.umask(umask))
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE((ring / "config").stat().st_mode) == 0o755   # beside its 0644 ring.yaml
+
+
 # --- init ------------------------------------------------------------------------------------
 
 def test_init_lays_out_a_ring_that_runs_and_never_overwrites(tmp_path):
