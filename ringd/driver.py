@@ -24,7 +24,7 @@ from . import alerts, cgroup, events, metrics, proctree, safefile, schedule, tra
 from .config import Config, ConfigError, load_config
 from .env import RealEnv, stderr_logger
 from .errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
-from .heartbeat import live_writer, read_heartbeat
+from .heartbeat import live_writer, read_heartbeat, watchdog_interval
 from .hop import Hop, HopResult, Pending
 from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import LOCK_FILE, KernelLock, LockHeld
@@ -78,6 +78,17 @@ def for_leadership(config: Config) -> Config:
         return config
     from .lease import beat_every
     every = beat_every(config.ring.lease_ttl, config.ring.heartbeat_interval)
+    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
+
+
+def for_watchdog(config: Config) -> Config:
+    """Under systemd's watchdog (ringd.service, WatchdogSec=) the driver beats,
+    and so sends WATCHDOG=1, at least every half WatchdogSec, whatever
+    ``heartbeat_interval`` says: one of 60 s or more under the shipped
+    WatchdogSec=60 had systemd abort and restart a healthy driver every minute."""
+    every = watchdog_interval()
+    if every is None or every >= config.ring.heartbeat_interval:
+        return config
     return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
 
 
@@ -284,7 +295,7 @@ class Driver:
         self.reload_requested = False
         if force and self.config_path is not None:
             try:
-                self.config = for_leadership(self.keep_journal(load_config(self.config_path)))
+                self.config = for_watchdog(for_leadership(self.keep_journal(load_config(self.config_path))))
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
                 self.log(f"config error, keeping the running config: {e}")
@@ -820,7 +831,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
     driver = None
     try:
-        driver = Driver(env, state_dir, config_path, config, roster, journal, lock=lock, once=once,
+        driver = Driver(env, state_dir, config_path, for_watchdog(config), roster, journal, lock=lock, once=once,
                         agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
         if leader is None:
             # Holding the lock proves every earlier driver of this state dir dead,

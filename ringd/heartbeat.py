@@ -268,6 +268,18 @@ class Heartbeat:
             self.notifier.notify("WATCHDOG=1")
 
 
+def watchdog_interval() -> Optional[float]:
+    """Half of systemd's WatchdogSec when it watches *this* process, else None."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    owner = os.environ.get("WATCHDOG_PID")
+    if not usec or (owner and owner != str(os.getpid())):
+        return None
+    try:
+        return max(0.05, int(usec) / 2e6)
+    except ValueError:
+        return None
+
+
 class Notifier:
     """sd_notify when NOTIFY_SOCKET is set; silent otherwise."""
 

@@ -264,7 +264,7 @@ def render_systemd(t: Target, c: Config) -> Dict[str, str]:
                f"ExecStart={t.bin_dir / 'ringd'} run {_where(t)}",
                "ExecReload=/bin/kill -HUP $MAINPID",
                "# The driver sends WATCHDOG=1 with each heartbeat (ring.heartbeat_interval,",
-               "# default 10 s): keep this at three heartbeats or more.",
+               "# default 10 s), and beats at least every half of this, whatever that says.",
                "WatchdogSec=60", "Restart=always", f"RestartSec={_num(c.watch.restart_sec)}",
                "# 78: configuration error (bad config or roster) - restarting cannot help.",
                "RestartPreventExitStatus=78", "TimeoutStartSec=60",

@@ -29,7 +29,7 @@ from ringd.errors import EX_OK as EXIT_OK
 from ringd.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
 from ringd.errors import RingError
-from ringd.heartbeat import Notifier, iso, live_writer, read_heartbeat, whose
+from ringd.heartbeat import Notifier, iso, live_writer, read_heartbeat, watchdog_interval, whose
 from ringd.procid import this_boot
 from ringd.procid import same_process, start_ticks
 from ringd.wakeup import Wakeups
@@ -68,7 +68,7 @@ class Watcher:
         self.stop_signal: Optional[int] = None
         self.last_poll = 0.0
         self.last_status = ""
-        self.watchdog_every = _watchdog_interval()
+        self.watchdog_every = watchdog_interval()
         self.next_ping = 0.0
         self.lock: Optional[state.WatchLock] = None
         self.lock_lost = False
@@ -507,16 +507,4 @@ def _pidfd(pid: int) -> Optional[int]:
     try:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
-        return None
-
-
-def _watchdog_interval() -> Optional[float]:
-    """Half of systemd's WatchdogSec when it watches *this* process, else None."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    owner = os.environ.get("WATCHDOG_PID")
-    if not usec or (owner and owner != str(os.getpid())):
-        return None
-    try:
-        return max(0.05, int(usec) / 2e6)
-    except ValueError:
         return None

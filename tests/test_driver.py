@@ -367,6 +367,44 @@ def test_speaks_sd_notify_and_keeps_it_from_agents(ring, tmp_path):
         sock.close()
 
 
+def test_pings_systemds_watchdog_within_watchdogsec_whatever_heartbeat_interval(ring, tmp_path):
+    """The driver sent WATCHDOG=1 only with its heartbeat: a heartbeat_interval
+    longer than half of ringd.service's WatchdogSec (60 s or more under the
+    shipped 60) had systemd abort and restart a healthy driver, agent and all,
+    every minute. It now beats at least every half WatchdogSec under systemd,
+    after a reload too."""
+    import socket
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.2)
+    try:
+        ring.write_config(ring={"heartbeat_interval": 5}, watch={"stale_after": 20})
+        ring.agent("a", "sleep 30")
+        ring.roster(f"a {ring.agents_dir}/a.sh")
+        drv = ring.start_driver(env=dict(ring.env, NOTIFY_SOCKET=path, WATCHDOG_USEC="1000000"))
+        pings: list = []
+
+        def pinged(n):
+            def more():
+                try:
+                    if "WATCHDOG=1" in sock.recv(4096).decode():
+                        pings.append(time.monotonic())
+                except socket.timeout:
+                    pass
+                return len(pings) >= n
+            return more
+        wait_until(pinged(4), timeout=15, message="WATCHDOG=1 within WatchdogSec (1 s)")
+        drv.send_signal(signal.SIGHUP)   # the reloaded config keeps the watchdog's pace
+        wait_until(pinged(10), timeout=15, message="WATCHDOG=1 within WatchdogSec after a reload")
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        assert max(gaps) < 1.0, gaps
+        drv.send_signal(signal.SIGTERM)
+        assert drv.wait(timeout=15) == 0
+    finally:
+        sock.close()
+
+
 def test_a_write_lock_held_by_another_process_never_holds_up_the_agents_budget(ring):
     """0.1 s into a run the driver records its agent's pid on the row, in a write
     transaction. While another process held the journal's write lock (an
