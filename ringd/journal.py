@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import safefile
-from .records import TERMINAL, AgentState, Controls, RunRow
+from .records import TERMINAL, AgentState, Controls, RunRow, count, text
 from .schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
@@ -686,7 +686,7 @@ class Journal:
         def q(_tx: Tx) -> Dict[str, Dict[str, int]]:
             out: Dict[str, Dict[str, int]] = {}
             for r in self.con.execute("SELECT agent, status, n FROM run_counts"):
-                out.setdefault(r["agent"], {})[r["status"]] = r["n"]
+                out.setdefault(text(r["agent"]), {})[text(r["status"])] = count(r["n"])
             return out
         return self._read(q)
 

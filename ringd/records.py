@@ -1,11 +1,21 @@
 """The ring's records as plain typed values, shared by every journal backend
 and its readers: run statuses and event sources, a run row, an agent's state.
 No I/O here.
+
+A row is read as input, not trusted: any process of the ring's user can write
+the journal, and SQLite keeps whatever type it is given (a duration 'abc', an
+end time of 1e300, a blob for a reason pass every CHECK). ``from_mapping``
+gives each field its type or None (:func:`_int`, :func:`_number`, :func:`text`,
+times by :func:`ringd.heartbeat.epoch`), so no reader - the driver, ``status``,
+``history``, the metrics - meets a value it cannot compute with or show.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from .heartbeat import epoch
 
 TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
 STATUSES = ("running",) + TERMINAL
@@ -37,7 +47,7 @@ class RunRow:
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":
         keys = set(row.keys())
-        return cls(**{n: row[n] for n in _RUN_FIELDS if n in keys})
+        return cls(**{n: _RUN_TYPES[n](row[n]) for n in _RUN_FIELDS if n in keys})
 
 
 @dataclass(frozen=True)
@@ -65,11 +75,7 @@ class AgentState:
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "AgentState":
         keys = set(row.keys())
-        data = {n: row[n] for n in _AGENT_FIELDS if n in keys}
-        for counter in ("runs", "consecutive_failures", "consecutive_deferrals", "bad_streak"):
-            data[counter] = int(data.get(counter) or 0)
-        data["skip_requested"] = bool(data.get("skip_requested"))
-        return cls(**data)
+        return cls(**{n: _AGENT_TYPES[n](row[n]) for n in _AGENT_FIELDS if n in keys})
 
     def decided(self) -> "dict[str, Any]":
         return {k: getattr(self, k) for k in self.DECIDED}
@@ -83,8 +89,61 @@ class AgentState:
         return replace(self, **changes)
 
 
+def _int(value: Any) -> Optional[int]:
+    """An integer column's value, or None (text, a blob, a fraction, inf)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
+def count(value: Any) -> int:
+    """A counter: a non-negative integer, else 0."""
+    n = _int(value)
+    return n if n is not None and n >= 0 else 0
+
+
+def _number(value: Any) -> Optional[float]:
+    """A finite number (a duration, start ticks), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _duration(value: Any) -> Optional[float]:
+    """Seconds: a finite number that is not negative, or None."""
+    value = _number(value)
+    return value if value is not None and value >= 0 else None
+
+
+def text(value: Any) -> Optional[str]:
+    """Text: a blob as the UTF-8 it spells (a stray byte is U+FFFD), a number as written."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
 _RUN_FIELDS = tuple(f.name for f in fields(RunRow))
 _AGENT_FIELDS = tuple(f.name for f in fields(AgentState))
+_RUN_TYPES: Dict[str, Callable[[Any], Any]] = {
+    "id": _int, "agent": text, "position": _int, "status": text, "started_at": epoch, "ended_at": epoch,
+    "duration": _duration, "exit_code": _int, "signal": _int, "reason": text, "pid": _int,
+    "pid_start": _number, "run_budget": _duration, "stall_threshold": _duration, "log_path": text,
+    "driver_pid": _int, "driver_start": _number, "phase": text, "cpu_seconds": _duration,
+}
+_AGENT_TYPES: Dict[str, Callable[[Any], Any]] = {
+    "name": text, "runs": count, "last_run_id": _int, "consecutive_failures": count,
+    "consecutive_deferrals": count, "bad_streak": count, "backoff_until": epoch, "skip_requested": bool,
+    "quarantined_until": epoch, "quarantine_line": text,
+}
+assert set(_RUN_TYPES) == set(_RUN_FIELDS) and set(_AGENT_TYPES) == set(_AGENT_FIELDS)
 
 
 @dataclass(frozen=True)

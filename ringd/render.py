@@ -255,7 +255,7 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             segs.append((f"  phase: {c['phase']}", "bold"))
         if c.get("agent_beat_age") is not None:
             segs.append((f"  (last ping {fmt_duration(c['agent_beat_age'])} ago)", "dim"))
-        if c.get("run_budget"):
+        if c.get("run_budget") and c.get("elapsed") is not None:
             over = c["elapsed"] > c["run_budget"]
             segs.append(("\n" + budget_bar(c["elapsed"], c["run_budget"], plain=plain), "red" if over else "cyan"))
             left = "over budget" if over else f"{fmt_duration(c['run_budget'] - c['elapsed'])} left"

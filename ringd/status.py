@@ -238,18 +238,19 @@ def build_status(*, state_dir: Path, config: Config, now: float,
 
     current = None
     if running is not None:
-        elapsed = max(0.0, now - running.started_at)
+        # (a start no clock can show, written by hand, is None: elapsed unknown)
+        elapsed = max(0.0, now - running.started_at) if running.started_at is not None else None
         budget = running.run_budget
         current = {
             "agent": running.agent, "run_id": running.id, "pid": running.pid,
-            "elapsed": round(elapsed, 3), "run_budget": budget,
+            "elapsed": _round(elapsed), "run_budget": budget,
             "stall_threshold": running.stall_threshold,
             "phase": (notes or {}).get("phase"),
             "agent_beat_age": _round(max(0.0, now - beat_at)) if (beat_at := (notes or {}).get("agent_beat_at"))
             is not None else None,
             # additions
             "started_at": iso(running.started_at),
-            "budget_left": round(max(0.0, budget - elapsed), 3) if budget is not None else None,
+            "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
         }
 
     if roster is not None:
@@ -505,7 +506,7 @@ def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: O
                                   args).fetchall()
         for r in rows:
             row = RunRow.from_mapping(r)
-            if row.started_at < cutoff:
+            if row.started_at is not None and row.started_at < cutoff:
                 return out
             out.append(row)
             if limit is not None and len(out) >= limit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -665,3 +666,36 @@ def test_status_watch_on_a_terminal_that_hangs_up_ends(ring):
     finally:
         os.close(master)                     # the terminal goes away
     wait_until(lambda: p.poll() is not None, timeout=10, message="watch ended once its terminal went away")
+
+
+# Values SQLite keeps in a typed column whatever the type (every CHECK passes):
+# any process of the ring's user can write them into the journal.
+HOSTILE_JOURNAL = {
+    "time no clock shows": "UPDATE runs SET ended_at = 1e300 WHERE id = 2; UPDATE runs SET started_at = -1e300 WHERE id = 1",
+    "text for numbers": "UPDATE runs SET duration = 'abc', exit_code = 'x', ended_at = 'y', cpu_seconds = 'z' WHERE id = 2",
+    "blobs": "UPDATE runs SET agent = X'ff41', reason = X'ff', phase = X'fe', signal = X'01', duration = X'00' WHERE id = 2",
+    "infinity": "UPDATE runs SET duration = 1e999, cpu_seconds = 1e999 WHERE id = 2",
+    "agent state": "UPDATE agents SET backoff_until = 'soon', quarantined_until = X'00', consecutive_failures = 'many', "
+                   "runs = 1e999 WHERE name = 'b'; UPDATE run_counts SET n = 'lots' WHERE agent = 'a'",
+}
+
+
+@pytest.mark.parametrize("sql", list(HOSTILE_JOURNAL.values()), ids=list(HOSTILE_JOURNAL))
+def test_any_value_in_the_journal_is_read_as_input_never_an_internal_error(ring, sql):
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/a.sh")
+    assert ring.cli("run", "--once").returncode == 0
+    con = sqlite3.connect(ring.journal_path)
+    con.executescript(sql)
+    con.close()
+    for args, code in ((("status",), 3), (("status", "--json"), 3), (("history",), 0), (("history", "--json"), 0)):
+        res = ring.cli(*args)
+        assert res.returncode == code and "error" not in res.stderr, (args, res.stderr)
+        if "--json" in args:
+            json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    # the driver reads the same rows: it turns on, and writes metrics a collector takes
+    res = ring.cli("run", "--once")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    for line in (ring.state / "metrics.prom").read_text().splitlines():
+        if not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
