@@ -91,7 +91,11 @@ class ArgText(click.ParamType):
 
 
 def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
-    text = " ".join(str(message).split())
+    """One line of at most ``limit`` characters, its control characters spaces:
+    an error may quote what the journal holds (the agents it knows), and an
+    escape sequence there must not reach the operator's terminal."""
+    from .notify import without_controls
+    text = " ".join(without_controls(str(message)).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

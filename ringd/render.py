@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from .heartbeat import parse_iso
+from .notify import without_controls
 
 Seg = Tuple[str, str]          # (text, rich style; "" for none)
 Line = List[Seg]
@@ -96,6 +97,16 @@ def exit_text(code: Any, sig: Any) -> str:
     return "-" if code is None else str(code)
 
 
+def shown(text: str) -> str:
+    """Text from the journal or a state file (an agent's name, a reason, a phase,
+    a roster error) as a terminal may show it: its control characters are
+    spaces (:func:`ringd.notify.without_controls`), so no escape sequence, carriage
+    return or newline written there can move the operator's cursor, retitle the
+    terminal or forge a line of the table. Rich drops some (BEL, CR) but passes
+    ESC; plain output (``NO_COLOR``, a pipe into ``less -R``) passed them all."""
+    return without_controls(text)
+
+
 # --- layout ----------------------------------------------------------------------------
 
 UNLIMITED = 1 << 30
@@ -133,8 +144,10 @@ def cut(text: str, width: int, plain: bool) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Seg]], *, right: Sequence[bool],
           max_widths: Sequence[Optional[int]], width: int, plain: bool) -> List[Line]:
-    """Fixed-width columns; the last column takes what is left of ``width``."""
+    """Fixed-width columns; the last column takes what is left of ``width``.
+    A cell's control characters are spaces (:func:`shown`)."""
     n = len(headers)
+    rows = [[(shown(text), style) for text, style in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, (text, _) in enumerate(row):
@@ -167,30 +180,31 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Seg]], *, right: Seque
 
 
 def labelled(label: str, segs: Sequence[Seg], width: int) -> List[Line]:
-    """``label   text...`` wrapped under itself to ``width`` (styles kept per piece)."""
+    """``label   text...`` wrapped under itself to ``width`` (styles kept per piece).
+    A segment that starts with a newline starts a line; any other control
+    character is a space (:func:`shown`)."""
     lines: List[Line] = []
     cur: Line = [(label.ljust(LABEL_WIDTH), "bold")]
     room = width - LABEL_WIDTH
     used = 0
     for text, style in segs:
-        parts = text.split("\n")
-        for k, part in enumerate(parts):
-            if k:
-                lines.append(cur)
-                cur, used = [(" " * LABEL_WIDTH, "")], 0
-            while used + len(part) > room and room - used > 0:
-                # break at a space if one is near, else hard
-                take = room - used
-                space = part.rfind(" ", 0, take + 1)
-                if space > take // 2:
-                    take = space
-                cur.append((part[:take], style))
-                lines.append(cur)
-                cur, used = [(" " * LABEL_WIDTH, "")], 0
-                part = part[take:].lstrip(" ")
-            if part:
-                cur.append((part, style))
-                used += len(part)
+        if text.startswith("\n"):
+            lines.append(cur)
+            cur, used = [(" " * LABEL_WIDTH, "")], 0
+        part = shown(text.removeprefix("\n"))
+        while used + len(part) > room and room - used > 0:
+            # break at a space if one is near, else hard
+            take = room - used
+            space = part.rfind(" ", 0, take + 1)
+            if space > take // 2:
+                take = space
+            cur.append((part[:take], style))
+            lines.append(cur)
+            cur, used = [(" " * LABEL_WIDTH, "")], 0
+            part = part[take:].lstrip(" ")
+        if part:
+            cur.append((part, style))
+            used += len(part)
     lines.append(cur)
     return lines
 

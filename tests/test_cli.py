@@ -699,3 +699,25 @@ def test_any_value_in_the_journal_is_read_as_input_never_an_internal_error(ring,
     for line in (ring.state / "metrics.prom").read_text().splitlines():
         if not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])
+
+
+def test_an_escape_sequence_in_the_journal_never_reaches_the_operators_terminal(ring):
+    """Names, reasons and phases the journal holds are shown with their control
+    characters as spaces: in history's table (plain, as under NO_COLOR on a
+    terminal) and in an error line that lists the agents the journal knows."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/a.sh")
+    assert ring.cli("run", "--once").returncode == 0
+    evil = "'e' || char(27) || ']0;pwned' || char(7) || char(27) || '[1A' || char(13) || char(10) || '  9  forged'"
+    con = sqlite3.connect(ring.journal_path)
+    con.executescript(f"UPDATE runs SET agent = {evil}, reason = {evil}, phase = {evil} WHERE id = 2;"
+                      f"UPDATE agents SET name = {evil} WHERE name = 'b'")
+    con.close()
+    hist, unknown = ring.cli("history"), ring.cli("history", "zzz")
+    assert hist.returncode == 0 and unknown.returncode == 2 and "pwned" in hist.stdout + unknown.stderr
+    for text in (hist.stdout, unknown.stderr):
+        assert not any(c in text for c in "\x1b\x07\r"), text
+    assert not any(line.lstrip().startswith("9  forged") for line in hist.stdout.splitlines()), hist.stdout
+    ring.roster("-bad x")   # a roster that does not parse: status lists the agents the journal knows
+    res = ring.cli("status")
+    assert res.returncode == 3 and "pwned" in res.stdout and "\x1b" not in res.stdout, res.stdout

@@ -83,3 +83,28 @@ def test_an_orphans_cause_names_a_dead_driver_or_this_one_still_running():
     assert orphan_cause(row) == "driver (pid 42) died while it ran"
     assert orphan_cause(row, me=(42, 999)) == "driver (pid 42) died while it ran"   # same pid, another process
     assert orphan_cause(row, me=(42, 1000)).startswith("its driver (pid 42, still running) no longer runs it")
+
+
+ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[1A\r\n  9  forged  ok\u202e"
+
+
+def test_text_from_the_journal_never_carries_a_control_character_to_the_terminal():
+    """An agent's name, reason and phase as the journal holds them (any process of
+    the ring's user can write it), a heartbeat's pid, a roster error: shown with
+    their control characters as spaces, in plain output and rich's alike."""
+    from ringd.render import history_lines, status_lines
+    run = RunRow(id=9, agent="b" + ESC, position=1, status="running", started_at=NOW - 1, ended_at=None,
+                 duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
+                 run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)
+    d = doc(heartbeat=hb(1, pid="7" + ESC), driver_alive=False, running=run, roster=None,
+            roster_error="ring.txt:3: bad" + ESC, agent_rows={"z" + ESC: {"last_position": 0, "runs": 1}},
+            notes={"phase": "p" + ESC})
+    runs = [{"id": 9, "agent": "b" + ESC, "status": "ok", "started_at": None, "duration": 1.0, "exit_code": 0,
+             "signal": None, "reason": "r" + ESC, "phase": "p" + ESC}]
+    for lines in (status_lines(d, now=NOW, plain=True), status_lines(d, now=NOW, plain=False, width=200),
+                  history_lines(runs), history_lines(runs, plain=False, width=60)):
+        shown = "\n".join("".join(t for t, _ in line) for line in lines)
+        assert not any(c in shown for c in "\x1b\x07\r\u202e"), shown
+        assert "forged" not in "".join(line[0][0] for line in lines if line)   # no line of its own
+    texts = ["".join(t for t, _ in line) for line in status_lines(d, now=NOW, width=200)]
+    assert any(t.startswith(" " * 9 + "[") and "%" in t for t in texts), texts   # the budget bar keeps its own line
