@@ -675,6 +675,7 @@ HOSTILE_JOURNAL = {
     "text for numbers": "UPDATE runs SET duration = 'abc', exit_code = 'x', ended_at = 'y', cpu_seconds = 'z' WHERE id = 2",
     "blobs": "UPDATE runs SET agent = X'ff41', reason = X'ff', phase = X'fe', signal = X'01', duration = X'00' WHERE id = 2",
     "infinity": "UPDATE runs SET duration = 1e999, cpu_seconds = 1e999 WHERE id = 2",
+    "text not utf-8": "UPDATE runs SET reason = CAST(X'ff41' AS TEXT), phase = CAST(X'c3' AS TEXT) WHERE id = 2",
     "agent state": "UPDATE agents SET backoff_until = 'soon', quarantined_until = X'00', consecutive_failures = 'many', "
                    "runs = 1e999 WHERE name = 'b'; UPDATE run_counts SET n = 'lots' WHERE agent = 'a'",
 }
