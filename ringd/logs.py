@@ -242,6 +242,13 @@ def visible(line: bytes) -> bytes:
     return _CONTROLS.sub(_caret, line) if _CONTROLS.search(line) else line
 
 
+def prefix_of(row: RunRow) -> bytes:
+    """``NAME[RUN_ID] `` of the whole-ring view, shown as :func:`visible` shows a
+    line: the name is the journal's, which any process of the ring's user can
+    write (an escape sequence or carriage return there moved the cursor too)."""
+    return visible(f"{row.agent}[{row.id}] ".encode("utf-8", "replace"))
+
+
 class _Tracked:
     """One run being followed: its log's descriptor and a partial last line."""
 
@@ -369,7 +376,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                 if row is not None:
                     first = RunRow.from_mapping(row)
                     seen = first.id
-                    t = _Tracked(first, f"{first.agent}[{first.id}] ".encode() if prefixed else b"", warn)
+                    t = _Tracked(first, prefix_of(first) if prefixed else b"", warn)
                     t.pump(state_dir, out, skip_to_lines=lines)
                     if first.status == "running":
                         tracked[first.id] = t
@@ -379,7 +386,7 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
                                         [seen, *args]).fetchall():
                 row = RunRow.from_mapping(r)
                 seen = row.id
-                tracked[row.id] = _Tracked(row, f"{row.agent}[{row.id}] ".encode() if prefixed else b"", warn)
+                tracked[row.id] = _Tracked(row, prefix_of(row) if prefixed else b"", warn)
             for run_id in sorted(tracked):
                 t = tracked[run_id]
                 t.pump(state_dir, out)

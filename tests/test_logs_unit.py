@@ -168,3 +168,8 @@ def test_a_log_an_agent_made_unreadable_is_named_once_and_following_goes_on(tmp_
     t.pump(tmp_path, out)
     t.finish(tmp_path, out)
     assert out.getvalue() == b"" and len(said) == 1 and "refusing" in said[0], said
+
+
+def test_the_whole_ring_views_prefix_shows_a_journal_names_control_characters():
+    assert logs.prefix_of(run_row(5, "a")) == b"a[5] "
+    assert logs.prefix_of(run_row(6, "b\x1b[2K\ra")) == b"b^[[2K^Ma[6] "
