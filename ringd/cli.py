@@ -212,14 +212,16 @@ def reading(fn):
     return wrapper
 
 
-def operator_command(fn=None, *, output_error: int = EX_IOERR):
+def operator_command(fn=None, *, output_error: int = EX_IOERR, failure: int = EX_FAILURE):
     """Turn every expected failure of an operator command into one line + exit code.
     Its output is flushed here, not at the interpreter's exit: standard output
     that cannot be written (a file on a full disk) is an error of its own,
     ``output_error`` (74; for ``status`` 4, "unknown"), never the exit code of
-    a state it could not report."""
+    a state it could not report. ``failure``: the code of a failure that has
+    none of its own - a journal or file error, an internal error, an error
+    raised with the general 1 (for ``status`` 4, "unknown": its 1 says "dead")."""
     if fn is None:
-        return functools.partial(operator_command, output_error=output_error)
+        return functools.partial(operator_command, output_error=output_error, failure=failure)
 
     @functools.wraps(fn)
     def wrapper(**kw):
@@ -238,9 +240,9 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR):
         except ConfigError as e:
             raise fail(f"configuration error: {e}", e.code)
         except RingError as e:
-            raise fail(e.message, e.code)
+            raise fail(e.message, failure if e.code == EX_FAILURE else e.code)
         except JournalError as e:
-            raise fail(str(e), EX_FAILURE)
+            raise fail(str(e), failure)
         except KeyboardInterrupt:
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
@@ -248,15 +250,15 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR):
         except OSError as e:
             if isinstance(e, PermissionError):
                 raise fail(f"{e.filename or 'state'}: permission denied "
-                           f"(operator commands run as the ring's user)", EX_FAILURE)
+                           f"(operator commands run as the ring's user)", failure)
             if e.filename is None:
-                raise fail(f"{e.strerror or e}", EX_FAILURE)
-            raise fail(f"{e.filename}: {e.strerror or e}", EX_FAILURE)
+                raise fail(f"{e.strerror or e}", failure)
+            raise fail(f"{e.filename}: {e.strerror or e}", failure)
         except Exception as e:  # noqa: BLE001 - the operator gets one line, not a traceback
             if os.environ.get("RINGD_DEBUG"):
                 raise
             raise fail(f"internal error: {type(e).__name__}: {one_line(e, 200)} "
-                       f"(set RINGD_DEBUG=1 for a traceback)", EX_FAILURE)
+                       f"(set RINGD_DEBUG=1 for a traceback)", failure)
     return wrapper
 
 
@@ -365,26 +367,23 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
 @reading
-@operator_command(output_error=STATUS_UNKNOWN)
+@operator_command(output_error=STATUS_UNKNOWN, failure=STATUS_UNKNOWN)
 def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool) -> None:
     """Driver health, watcher, current run, roster and one row per agent.
 
     Exit 0 driver healthy, 1 dead or stale, 3 stopped or never ran, 4 status
     unknown (no such state dir, unreadable journal), 78 bad config."""
-    from .status import EXIT_UNKNOWN, OperatorError, gather_status, status_exit_code
+    from .status import gather_status, status_exit_code
     config = load_config(config_path)
 
     def gather():
         warnings: List[str] = []
         return gather_status(state_dir, config, warnings=warnings), warnings
 
-    try:
-        if watch:
-            _watch(gather, as_json)
-            return
-        doc, warnings = gather()
-    except OperatorError as e:
-        raise fail(e.message, e.code if e.code != EX_FAILURE else EXIT_UNKNOWN)
+    if watch:
+        _watch(gather, as_json)
+        return
+    doc, warnings = gather()
     _warn(warnings)
     if as_json:
         click.echo(json.dumps(doc, indent=2))

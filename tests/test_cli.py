@@ -722,3 +722,28 @@ def test_an_escape_sequence_in_the_journal_never_reaches_the_operators_terminal(
     ring.roster("-bad x")   # a roster that does not parse: status lists the agents the journal knows
     res = ring.cli("status")
     assert res.returncode == 3 and "pwned" in res.stdout and "\x1b" not in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("error", ["internal", "journal", "file", "general"])
+def test_status_that_fails_says_unknown_never_dead(ring, monkeypatch, error):
+    """``ringd status`` exits 1 only for a dead or stale driver (LSB). A failure
+    with no code of its own - an internal error, a journal or file error, an
+    error raised with the general 1 - exited 1 too, saying "dead" of a ring it
+    could not read; it is 4, "unknown". Other commands keep their 1."""
+    from click.testing import CliRunner
+    from ringd import status as status_module
+    from ringd.cli import main
+    from ringd.journal import JournalError
+    from ringd.status import OperatorError
+
+    raised = {"internal": RuntimeError("a bug"), "journal": JournalError("journal.db: disk I/O error"),
+              "file": OSError(5, "Input/output error", "journal.db"), "general": OperatorError("cannot")}[error]
+
+    def broken(*_a, **_kw):
+        raise raised
+    ring.roster("a /bin/true")
+    monkeypatch.setattr(status_module, "gather_status", broken)
+    monkeypatch.setenv("RINGD_DEBUG", "")
+    result = CliRunner().invoke(main, ["status", *ring.common()])
+    assert result.exit_code == 4, (result.exit_code, result.output)
+    assert "Traceback" not in result.output
