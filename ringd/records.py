@@ -5,7 +5,7 @@ No I/O here.
 A row is read as input, not trusted: any process of the ring's user can write
 the journal, and SQLite keeps whatever type it is given (a duration 'abc', an
 end time of 1e300, a blob for a reason pass every CHECK). ``from_mapping``
-gives each field its type or None (:func:`_int`, :func:`_number`, :func:`text`,
+gives each field its type or None (:func:`_int`, :func:`number`, :func:`text`,
 times by :func:`ringd.heartbeat.epoch`), so no reader - the driver, ``status``,
 ``history``, the metrics - meets a value it cannot compute with or show.
 """
@@ -104,8 +104,10 @@ def count(value: Any) -> int:
     return n if n is not None and n >= 0 else 0
 
 
-def _number(value: Any) -> Optional[float]:
-    """A finite number (a duration, start ticks), or None."""
+def number(value: Any) -> Optional[float]:
+    """A number read from a row or a state file as a finite float (a duration,
+    start ticks); None for anything else. JSON reads a 400-digit number as an
+    int that float() cannot take (OverflowError), 1e999 as inf and NaN as nan."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -117,7 +119,7 @@ def _number(value: Any) -> Optional[float]:
 
 def _duration(value: Any) -> Optional[float]:
     """Seconds: a finite number that is not negative, or None."""
-    value = _number(value)
+    value = number(value)
     return value if value is not None and value >= 0 else None
 
 
@@ -135,8 +137,8 @@ _AGENT_FIELDS = tuple(f.name for f in fields(AgentState))
 _RUN_TYPES: Dict[str, Callable[[Any], Any]] = {
     "id": _int, "agent": text, "position": _int, "status": text, "started_at": epoch, "ended_at": epoch,
     "duration": _duration, "exit_code": _int, "signal": _int, "reason": text, "pid": _int,
-    "pid_start": _number, "run_budget": _duration, "stall_threshold": _duration, "log_path": text,
-    "driver_pid": _int, "driver_start": _number, "phase": text, "cpu_seconds": _duration,
+    "pid_start": number, "run_budget": _duration, "stall_threshold": _duration, "log_path": text,
+    "driver_pid": _int, "driver_start": number, "phase": text, "cpu_seconds": _duration,
 }
 _AGENT_TYPES: Dict[str, Callable[[Any], Any]] = {
     "name": text, "runs": count, "last_run_id": _int, "consecutive_failures": count,

@@ -19,9 +19,10 @@ placed by their wall time and pruned robustly against clock jumps.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+from ringd.records import number  # (one rule for a number read from a file)
 
 OK = "ok"              # beating, process alive
 STARTING = "starting"  # no beat from this driver yet, still within its grace period
@@ -43,19 +44,6 @@ def beat_key(hb: Any) -> Optional[BeatKey]:
         return None
     return (pid, number(hb.get("pid_start")), hb.get("seq"), hb.get("at_epoch"), hb.get("at"),
             bool(hb.get("stopped")))
-
-
-def number(value: Any) -> Optional[float]:
-    """A number read from a state file as a finite float; None for anything else.
-    JSON reads a 400-digit number as an int that float() cannot take
-    (OverflowError), 1e999 as inf and NaN as nan: none of them is a time."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 def same_start(a: Optional[float], b: Optional[float]) -> bool:
