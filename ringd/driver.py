@@ -152,6 +152,7 @@ class Driver:
         # the ring's position
         self.lap = 1
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
+        self.cursor_roster: Optional[list] = None   # the roster's names at the last turn (None: not known)
         self.prev_index: Optional[int] = None   # None: no turn yet (since start-up or a takeover)
         self.spin = Spin()
         self.pending: Optional[Pending] = None   # the last run's end, not yet committed
@@ -472,6 +473,7 @@ class Driver:
         run is not one: schedule.last_turn), at start-up and after a takeover."""
         last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
         self.cursor = (last.agent, last.position) if last else (None, None)
+        self.cursor_roster = None   # (the journal keeps no roster: its position rule)
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
@@ -537,7 +539,7 @@ class Driver:
         env = self.env
         view = self.view()
         agents, roster = view.agents, view.roster
-        start = next_index(view.names, *self.cursor)
+        start = next_index(view.names, *self.cursor, self.cursor_roster)
         now = env.wall()
         started, plan, hop = None, None, None
         pending, closed = self.pending, None
@@ -562,7 +564,8 @@ class Driver:
                                                 scheduled=self.schedules(tx, now),
                                                 ran_scheduled=frozenset(self.ran_scheduled)))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
-                               and self.prev_index is not None and wraps(view.names, *self.cursor, plan.index))
+                               and self.prev_index is not None
+                               and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
                     if new_lap and not self.at_lap_start:
                         plan = None   # a new lap: count it (and pause) before anything starts
                     elif plan.again:
@@ -627,7 +630,7 @@ class Driver:
             if not self.once:   # ``--once``: one lap, each scheduled agent once in it at most
                 self.ran_scheduled.clear()
             self.at_lap_start = False
-            self.cursor = (agent.name, plan.index)
+            self.cursor, self.cursor_roster = (agent.name, plan.index), view.names
             self.prev_index = plan.index
         if d.action is Action.RUN and d.reason:   # line changed, probation
             self.log(f"{agent.name}: {d.reason}")

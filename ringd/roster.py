@@ -220,31 +220,49 @@ def _exec_header(prog: str) -> Optional[bytes]:
         os.close(fd)
 
 
-def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int]) -> int:
+def _resume_at(names: Sequence[str], last_name: Optional[str], last_position: Optional[int],
+               last_roster: Optional[Sequence[str]]) -> int:
+    """Where the ring goes on, unwrapped: ``len(names)`` when the lap is over."""
+    if last_name is not None and last_name in names:
+        return list(names).index(last_name) + 1
+    if (last_roster is not None and last_position is not None and 0 <= last_position < len(last_roster)
+            and last_roster[last_position] == last_name):
+        # gone, and the roster of its turn is known: after the last of the agents that
+        # preceded it there, as the roster is now; at the start if none of them is left
+        # (agents before it removed with it: its old position says nothing any more)
+        now = {name: i for i, name in enumerate(names)}
+        kept = [now[name] for name in last_roster[:last_position] if name in now]
+        return max(kept) + 1 if kept else 0
+    if last_position is not None and 0 <= last_position < len(names):
+        return last_position
+    return len(names)
+
+
+def next_index(names: Sequence[str], last_name: Optional[str], last_position: Optional[int],
+               last_roster: Optional[Sequence[str]] = None) -> int:
     """Where the ring resumes: after ``last_name`` if it is still on the roster,
     else at the position it held (the agent that followed it moved up into it).
+    ``last_roster``: the roster's names at its turn (the driver knows them; a
+    restart does not): the position it held is then the place after the last
+    of the agents that preceded it, as the roster is now - agents removed before
+    it with it, or moved, never pass over the agent that followed it.
     A position past the end of the roster means the agents after it were removed
     too: the lap is over and the ring goes on at its first agent (never modulo
     the new length, which would pass over agents whose turn it is)."""
     if not names:
         raise ValueError("empty roster")
-    if last_name is not None and last_name in names:
-        return (list(names).index(last_name) + 1) % len(names)
-    if last_position is not None and 0 <= last_position < len(names):
-        return last_position
-    return 0
+    at = _resume_at(names, last_name, last_position, last_roster)
+    return at if at < len(names) else 0
 
 
-def wraps(names: Sequence[str], last_name: Optional[str], last_position: Optional[int], index: int) -> bool:
+def wraps(names: Sequence[str], last_name: Optional[str], last_position: Optional[int], index: int,
+          last_roster: Optional[Sequence[str]] = None) -> bool:
     """Does the turn of ``index`` begin a new lap, the last turn having been
     ``last_name``'s at ``last_position``? Yes when it is not after the last
     agent in the roster as it is now - judged by :func:`next_index`'s rule, so
     agents removed or added ahead of it meanwhile never make a lap of their own
     (its old position says nothing of the roster read since)."""
-    if last_name is not None and last_name in names:
-        return index <= list(names).index(last_name)
-    # gone: the agent that moved up into its position follows it
-    return last_position is None or not 0 <= last_position < len(names) or index < last_position
+    return index < _resume_at(names, last_name, last_position, last_roster)
 
 
 # A file's time stamps are the clock's at the change, to a granularity (a coarse

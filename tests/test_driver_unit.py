@@ -585,6 +585,22 @@ def test_an_agent_put_where_the_running_one_was_runs_in_the_same_lap(tmp_path):
     assert d.lap == 1
 
 
+@pytest.mark.parametrize("running, left, follower", [("c", "bd", "d"), ("b", "cd", "c")])
+def test_the_running_agent_removed_with_one_before_it_is_followed_by_its_follower(tmp_path, running, left,
+                                                                                  follower):
+    """``a b c d``: the running agent and ``a`` before it removed. The ring goes
+    on with the agent that followed it, in the same lap - never at the old index
+    (past the end of ``b d``: a lap counted and b run again, d passed over; in
+    ``c d`` d, c passed over)."""
+    d, env, j = make(tmp_path, "abcd", default=Behaviour(runs_for=1.0))
+    at = "abcd".index(running) + 0.5
+    env.at(at, lambda: (tmp_path / "ring.txt").write_text("".join(f"{n} /bin/{n}\n" for n in left)))
+    env.send(at + 1.0, signal.SIGTERM)   # the follower is running
+    d.run()
+    assert [r.agent for r in rows(j)] == list("abcd"[:"abcd".index(running) + 1]) + [follower]
+    assert d.lap == 1
+
+
 class SigtermDuringBusyWait(FakeEnv):
     """SIGTERM arrives while the driver waits for a write lock another process
     holds: the first time the journal's wait asks whether to go on waiting."""

@@ -292,3 +292,20 @@ def test_wraps_judges_the_lap_by_the_roster_as_it_is_now():
     assert wraps(names, "d", 3, 0)               # after the last agent: a new lap
     assert not wraps(names, "x", 1, 1)           # x (gone) held 1: c, now there, follows it
     assert wraps(names, "x", 1, 0) and wraps(names, "x", 3, 0)   # past the end: the lap is over
+
+
+def test_an_agent_gone_with_agents_before_it_is_followed_by_its_follower():
+    """The running agent removed together with agents before it: the position it
+    held, in the roster of its turn, is the place after its last surviving
+    predecessor. By its old index alone ``a b c d`` (c running) edited to
+    ``b d`` went on at b (index 2 is past the end: a new lap), passing over d;
+    ``c d`` (b running) at d, passing over c."""
+    from ringd.roster import wraps
+    old = ["a", "b", "c", "d"]
+    assert next_index(["b", "d"], "c", 2, old) == 1 and not wraps(["b", "d"], "c", 2, 1, old)
+    assert wraps(["b", "d"], "c", 2, 0, old)
+    assert next_index(["c", "d"], "b", 1, old) == 0 and not wraps(["c", "d"], "b", 1, 0, old)
+    assert next_index(["z", "a", "b", "d"], "c", 2, old) == 3          # one added before it too
+    assert next_index(["a", "b", "x", "d"], "c", 2, old) == 2          # renamed: x takes its place
+    assert next_index(["a", "b", "c"], "d", 3, old) == 0 and wraps(["a", "b", "c"], "d", 3, 0, old)
+    assert next_index(["b", "d"], "c", 2) == 0                         # (the roster unknown: its old position)
