@@ -153,7 +153,6 @@ class Driver:
         self.lap = 1
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
         self.cursor_roster: Optional[list] = None   # the roster's names at the last turn (None: not known)
-        self.prev_index: Optional[int] = None   # None: no turn yet (since start-up or a takeover)
         self.spin = Spin()
         self.pending: Optional[Pending] = None   # the last run's end, not yet committed
         # run id -> (agent, position) of starts whose turn failed to commit: with
@@ -435,7 +434,6 @@ class Driver:
         if not self.stand_by():
             return False
         self.resume_from_journal()
-        self.prev_index = None
         return True
 
     def reopen_journal(self) -> None:
@@ -564,7 +562,7 @@ class Driver:
                                                 scheduled=self.schedules(tx, now),
                                                 ran_scheduled=frozenset(self.ran_scheduled)))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
-                               and self.prev_index is not None
+                               and self.cursor[0] is not None   # (a first turn ever begins lap 1)
                                and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
                     if new_lap and not self.at_lap_start:
                         plan = None   # a new lap: count it (and pause) before anything starts
@@ -631,7 +629,6 @@ class Driver:
                 self.ran_scheduled.clear()
             self.at_lap_start = False
             self.cursor, self.cursor_roster = (agent.name, plan.index), view.names
-            self.prev_index = plan.index
         if d.action is Action.RUN and d.reason:   # line changed, probation
             self.log(f"{agent.name}: {d.reason}")
         if started is None:

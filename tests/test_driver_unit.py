@@ -601,6 +601,31 @@ def test_the_running_agent_removed_with_one_before_it_is_followed_by_its_followe
     assert d.lap == 1
 
 
+def test_a_lap_that_ends_at_a_restart_is_counted_once(tmp_path):
+    """``ringd run --once`` from cron (or any driver restarted after the last
+    agent of a lap): the next lap begins with the new driver's first turn. It
+    counted no lap - only a turn of its own driver did - so a cron ring of
+    ``--once`` runs stayed at lap 1 forever (heartbeat, status, metrics), and a
+    restart at the end of a lap skipped ``lap_pause``."""
+    d, env, j = make(tmp_path, "abc", once=True)
+    assert d.run() == 0
+    laps = [d.lap]
+    for _ in range(2):
+        again = Driver(env, tmp_path, None, d.config, d.roster, j, once=True)
+        assert again.run() == 0
+        laps.append(again.lap)
+    assert laps == [1, 2, 3] and j.meta("lap") == "3"
+    assert [r.agent for r in rows(j)] == list("abc" * 3)
+    tail = Driver(env, tmp_path, None, d.config, d.roster, j)   # mid-lap: no lap of its own
+    with j.transaction() as tx:
+        run_id = tx.start_run("a", 0, now=env.wall(), run_budget=10.0, stall_threshold=15.0,
+                              driver_pid=1, driver_start=1.0)
+        tx.close_run(run_id, "ok", source="driver", now=env.wall(), exit_code=0)
+    env.after_run.append((len(env.children) + 1, signal.SIGTERM))
+    assert tail.run() == 0
+    assert tail.lap == 3 and rows(j)[-1].agent == "b"
+
+
 class SigtermDuringBusyWait(FakeEnv):
     """SIGTERM arrives while the driver waits for a write lock another process
     holds: the first time the journal's wait asks whether to go on waiting."""
