@@ -80,14 +80,22 @@ class KernelLock:
 
 
 def holder_pid(path: Path) -> Optional[int]:
-    """The pid holding a flock on ``path`` per /proc/locks (Linux), else None."""
+    """The pid holding a flock on ``path`` per /proc/locks (Linux), else None.
+    A lock is named there by device and inode ("MAJOR:MINOR:INODE", the device
+    in hex): both must match - inode numbers repeat across file systems (every
+    tmpfs counts from 1), and a flock on another one's file of the same number
+    named its holder as the driver (``ringd status``: "stale", never "stopped")."""
     try:
-        ino = os.stat(path).st_ino
+        st = os.stat(path)
+        want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
         with open("/proc/locks") as f:
             for line in f:
                 # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
                 parts = line.split()
-                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(ino):
+                if len(parts) < 6 or parts[1] != "FLOCK":
+                    continue
+                dev = parts[5].split(":")
+                if len(dev) == 3 and (int(dev[0], 16), int(dev[1], 16), int(dev[2])) == want:
                     return int(parts[4])
     except (OSError, ValueError):
         pass

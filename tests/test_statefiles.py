@@ -1,8 +1,14 @@
 """The files a driver rewrites at every beat (ringd.heartbeat, ringd.metrics):
 whole for every reader, and no fsync but the last beat's."""
+import contextlib
+import fcntl
 import os
+import shutil
+import subprocess
 
-from ringd import heartbeat, metrics
+import pytest
+
+from ringd import heartbeat, lock, metrics
 
 
 def test_beats_are_atomic_without_fsync_and_the_last_beat_is_durable(tmp_path, monkeypatch):
@@ -49,3 +55,44 @@ def test_read_heartbeat_refuses_another_state_dirs_beat(tmp_path):
     (ours / heartbeat.HEARTBEAT_FILE).unlink()
     (ours / heartbeat.HEARTBEAT_FILE).symlink_to(theirs / heartbeat.HEARTBEAT_FILE)
     assert heartbeat.read_heartbeat(ours) is None
+
+
+@contextlib.contextmanager
+def _tmpfs(where):
+    """A small tmpfs at ``where`` (root only), unmounted afterwards (lazily if busy)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    where.mkdir(mode=0o700, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_flock_on_another_file_systems_file_of_the_same_inode_is_not_the_drivers(ring, tmp_path):
+    """/proc/locks names a lock by device and inode; inode numbers repeat across
+    file systems (each tmpfs counts from 1). A flock another process holds on
+    another file system's file whose inode is ringd.lock's was taken for the
+    driver's: ringd status, with no heartbeat, said a driver held the lock
+    ("stale", exit 1) where none runs ("stopped", exit 3)."""
+    with _tmpfs(ring.state), _tmpfs(tmp_path / "other") as other:
+        ours = ring.state / lock.LOCK_FILE
+        ours.touch(mode=0o600)
+        theirs = other / "x"
+        theirs.touch()
+        if os.stat(theirs).st_ino != os.stat(ours).st_ino:
+            pytest.skip("this kernel's tmpfs does not number inodes per file system")
+        fd = os.open(theirs, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            assert lock.holder_pid(theirs) == os.getpid()
+            assert lock.holder_pid(ours) is None
+            r = ring.cli("status")
+            assert r.returncode == 3, r.stdout + r.stderr
+        finally:
+            os.close(fd)
