@@ -32,10 +32,14 @@ class Wakeups:
         self._poll.register(self._r, select.POLLIN)
         self._old_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
         self._old = {}
+        # The pipe wakes the wait; the signals are also kept here by the Python-level
+        # handler: the C handler's write of a signal's number to a full pipe (64 KiB:
+        # a burst of SIGUSR1s or SIGCHLDs while the process is busy) is dropped, and
+        # a SIGTERM behind such a burst was never heard. A full pipe still wakes the
+        # wait, and drain() hands out both.
+        self._heard: Set[int] = set()
         for sig in signals:
-            # The Python-level handler only exists so the C handler writes the
-            # signal number to the pipe; the number itself is what we read.
-            self._old[sig] = signal.signal(sig, lambda *_: None)
+            self._old[sig] = signal.signal(sig, self._hear)
         self.signals = tuple(signals)
         earlysig.release()  # handlers exist: signals held since start-up are delivered now
 
@@ -47,6 +51,8 @@ class Wakeups:
             self._poll.register(fd, select.POLLIN)
         try:
             ms = None if timeout is None else math.ceil(min(max(0.0, timeout), MAX_WAIT) * 1000)
+            if self._heard:
+                ms = 0   # heard already (put back, or a full pipe's)
             events = self._poll.poll(ms)
         finally:
             for fd in extra:
@@ -62,6 +68,9 @@ class Wakeups:
                 ready.add(fd)
         return got, ready
 
+    def _hear(self, sig: int, _frame: object) -> None:
+        self._heard.add(sig)
+
     def drain(self) -> Set[int]:
         got: Set[int] = set()
         while True:
@@ -72,7 +81,8 @@ class Wakeups:
             if not data:
                 break
             got.update(data)
-        return got
+        heard, self._heard = self._heard, set()   # (a handler run meanwhile adds to one of them)
+        return got | heard   # (a signal heard twice is one request: callers take a set)
 
     def fileno(self) -> int:
         """The pipe's read end (a PostgreSQL call polls it too: ``ringd.pgcall``)."""
@@ -80,9 +90,10 @@ class Wakeups:
 
     def put_back(self, sigs: Set[int]) -> None:
         """Signals read from the pipe by someone else, for the next wait or drain."""
+        self._heard |= sigs
         try:
-            os.write(self._w, bytes(sorted(sigs)))
-        except BlockingIOError:   # a full pipe: it wakes the next wait anyway
+            os.write(self._w, bytes(sorted(sigs)))   # wakes the next wait
+        except BlockingIOError:   # a full pipe wakes it anyway
             pass
 
     def close(self) -> None:

@@ -702,6 +702,45 @@ def test_fifos_at_the_temp_names_of_atomic_writes_never_hang_the_daemons(ring):
     assert not any(p.name.endswith(".tmp") for p in ring.state.iterdir())
 
 
+_BURST = r"""
+import fcntl, os, signal, termios
+from ringd.wakeup import Wakeups
+w = Wakeups()
+size = fcntl.fcntl(w.fileno(), 1031, 4096)    # F_SETPIPE_SZ: a page, filled sooner
+queued = lambda: int.from_bytes(fcntl.ioctl(w.fileno(), termios.FIONREAD, b"\0" * 4), "little")
+
+def burst():   # SIGUSR1s the process is too busy to drain, until the pipe is full
+    sent = 0
+    while queued() < size and sent < 10 * size:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        sent += 1
+    print("full" if queued() >= size else "not full", flush=True)
+
+burst()
+os.kill(os.getpid(), signal.SIGTERM)
+print(sorted(map(int, w.wait(0)[0])), flush=True)
+burst()
+w.put_back({signal.SIGTERM})   # heard by another reader (ringd.pgcall), put back onto a full pipe
+print(sorted(map(int, w.wait(0)[0])), flush=True)
+"""
+
+
+def test_a_signal_behind_a_burst_that_fills_the_wakeup_pipe_is_heard():
+    """Signals reach a daemon's wait through a non-blocking self-pipe, one byte
+    each. A burst (SIGUSR1s, SIGCHLDs) that fills the pipe while the daemon is
+    busy must never block the handler nor lose what comes after it: the C
+    handler's byte for a SIGTERM that found the pipe full was dropped, and the
+    SIGTERM was never heard."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    r = subprocess.run([sys.executable, "-c", _BURST], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    full, heard, full_again, put_back = r.stdout.splitlines()
+    assert full == full_again == "full"
+    both = str(sorted({int(signal.SIGUSR1), int(signal.SIGTERM)}))
+    assert heard == both, r.stdout          # the SIGTERM sent onto the full pipe
+    assert put_back == both, r.stdout       # the SIGTERM put back onto it
+
+
 def test_a_wait_on_a_closed_descriptor_raises_never_spins():
     """poll(2) reports a closed descriptor at once, at every wait (POLLNVAL): taken
     as ready, a loop waiting on it would spin. (epoll refused it at registration.)"""
