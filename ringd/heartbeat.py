@@ -24,7 +24,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import procid, safefile
 
@@ -72,6 +72,8 @@ def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) ->
 
 def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Temp file (created afresh, 0600), fsync (``durable``), rename over ``path``."""
+    if str(path) not in _swept:
+        _sweep_temps(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     blob = text.encode()
     fd = safefile.create_new(tmp, 0o600)
@@ -97,6 +99,39 @@ def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
         except OSError:
             pass
         raise
+
+
+_swept: Set[str] = set()   # the files whose dead writers' temp files this process has removed
+
+
+def _sweep_temps(path: Path) -> None:
+    """Remove the temp files of ``path`` that writers killed mid-write (SIGKILL
+    in a stalled fsync, the OOM killer, a power cut) left: ``.NAME.<pid>.tmp``
+    of a pid no process has now. Each such death left one for good, none ever
+    renamed nor removed. Once per file per process (its first write); a live
+    writer's (another process, whatever its user) is left alone."""
+    _swept.add(str(path))
+    prefix = f".{path.name}."
+    try:
+        with os.scandir(path.parent) as entries:
+            names = [e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")]
+        if not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 1 << 31) or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue   # alive (or another user's: PermissionError)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            os.unlink(path.with_name(name))
+        except OSError:
+            pass
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:

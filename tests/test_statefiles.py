@@ -4,11 +4,15 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
+import sys
 
 import pytest
 
 from ringd import heartbeat, lock, metrics
+
+from conftest import wait_until
 
 
 def test_beats_are_atomic_without_fsync_and_the_last_beat_is_durable(tmp_path, monkeypatch):
@@ -96,3 +100,36 @@ def test_a_flock_on_another_file_systems_file_of_the_same_inode_is_not_the_drive
             assert r.returncode == 3, r.stdout + r.stderr
         finally:
             os.close(fd)
+
+
+_KILLED_MID_WRITE = r"""
+import os, signal, sys
+from pathlib import Path
+from ringd import heartbeat
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)   # a stalled disk's fsync, then a SIGKILL
+heartbeat.Heartbeat(Path(sys.argv[1]), heartbeat.Notifier()).beat(lap=1, agent=None, run_id=None, stopped=True)
+"""
+
+
+def test_temp_files_of_writers_killed_mid_write_do_not_pile_up(ring):
+    """A writer killed between its temp file's creation and the rename (SIGKILLed
+    in a stalled fsync, the OOM killer) leaves ``.NAME.<pid>.tmp``; each such
+    death left one in the state dir for good. The next writer of the file - a
+    new driver's first beat - removes those of pids no process has, and leaves
+    a live writer's alone."""
+    env = dict(ring.env)
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", _KILLED_MID_WRITE, str(ring.state)], env=env)
+        assert r.returncode == -signal.SIGKILL
+    assert list(ring.state.glob(".ringd.heartbeat.*.tmp")), "the killed writer's temp file is left"
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        busy = ring.state / f".ringd.heartbeat.{live.pid}.tmp"   # a live writer's, mid-write
+        busy.write_text("{")
+        ring.roster("a " + str(ring.agent("a", "sleep 30")))
+        ring.start_driver()
+        wait_until(lambda: (ring.heartbeat() or {}).get("run_id"), timeout=30)
+        assert sorted(p.name for p in ring.state.glob(".ringd.heartbeat.*.tmp")) == [busy.name]
+    finally:
+        live.kill()
+        live.wait()
