@@ -30,7 +30,7 @@ from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import LOCK_FILE, KernelLock, LockHeld
 from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
                      spin_after_run, spin_at_lap_end, wait_timeout)
-from .reaper import orphan_cause, reap
+from .reaper import driver_alive, orphan_cause, reap
 from .roster import RosterSource, next_index, wraps
 
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
@@ -119,11 +119,22 @@ def acquire_lock(state_dir: Path) -> KernelLock:
         raise RingError(f"{path}: cannot lock: {e.strerror}", exit_for(e)) from None
 
 
-def live_driver(state_dir: Path, me: tuple) -> Optional[int]:
-    """The pid of another driver of this state dir that is alive (per its heartbeat:
-    pid *and* start time), though we hold the lock - its lock file was deleted."""
+def live_driver(state_dir: Path, me: tuple, journal: Optional[Journal] = None) -> Optional[int]:
+    """The pid of another driver of this state dir that is alive though we hold
+    the lock - its lock file was deleted (a tmpfiles cleaner, ``git clean -X``):
+    named by its heartbeat (pid *and* start time), or, the heartbeat deleted
+    with it (``rm ringd.*``), by the run it has in flight (``journal``)."""
     writer = live_writer(read_heartbeat(state_dir))
-    return writer[0] if writer is not None and writer != me else None
+    if writer is not None and writer != me:
+        return writer[0]
+    if journal is not None:
+        try:
+            row = journal.running_row()
+        except JournalError:
+            return None
+        if row is not None and driver_alive(row, state_dir, me):
+            return row.driver_pid
+    return None
 
 
 class Driver:
@@ -799,13 +810,6 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         return e.code
     env = RealEnv(state_dir, logger, prove_containment=False)   # proven just before the first run (Driver.run)
     me = (env.pid, env.pid_start)
-    other = live_driver(state_dir, me)
-    if other is not None:
-        logger(f"{state_dir / LOCK_FILE}: another driver (pid {other}) is alive though its lock file "
-               f"was removed; not starting beside it")
-        lock.release()
-        env.close()
-        return EX_TEMPFAIL
     leader = None
     try:
         if config.ring.journal:
@@ -825,6 +829,16 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         lock.release()
         env.close()
         return journal_exit(e)
+    # Before the sweep below, which kills every run cgroup of this ring: a live
+    # driver's run is in one. (A many-host ring's lease decides instead.)
+    other = live_driver(state_dir, me, journal if leader is None else None)
+    if other is not None:
+        logger(f"{state_dir / LOCK_FILE}: another driver (pid {other}) is alive though its lock file "
+               f"was removed; not starting beside it")
+        journal.close()
+        lock.release()
+        env.close()
+        return EX_TEMPFAIL
     proctree.set_child_subreaper()
     swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
     if swept:

@@ -87,6 +87,29 @@ def test_a_deleted_lock_file_is_taken_again_and_a_second_driver_never_reaps_a_li
     assert "locked it again" in stderr_of(a)
 
 
+def test_lock_file_and_heartbeat_deleted_together_a_second_driver_still_sees_the_live_one(ring):
+    """``rm STATE/ringd.*`` under a running driver: with its heartbeat gone too, a
+    second driver saw no live driver. It went on beside the first - its start-up
+    sweep killed the run cgroup the first driver's agent was in, and the first
+    gave way - where it should exit 75. The run in flight names its driver."""
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 90, "heartbeat_interval": 30})
+    ring.agent("long", "sleep 60")
+    ring.roster(f"long {ring.agents_dir}/long.sh")
+    a = ring.start_driver()
+    row = wait_until(lambda: running_row(ring), timeout=20, message="run started")
+    agent = wait_until(lambda: ring.rows("SELECT pid FROM runs WHERE id = ?", row["id"])[0]["pid"], timeout=20,
+                       message="the agent's pid recorded")
+    ticks = __import__("ringd.procid", fromlist=["start_ticks"]).start_ticks(agent)
+    (ring.state / "ringd.lock").unlink()
+    (ring.state / "ringd.heartbeat").unlink()
+    b = ring.start_driver()
+    assert b.wait(timeout=20) == 75, stderr_of(b)
+    assert f"another driver (pid {a.pid}) is alive" in stderr_of(b)
+    assert running_row(ring)["id"] == row["id"] and a.poll() is None
+    from ringd.procid import same_process
+    assert same_process(agent, ticks), "the live driver's agent was killed by the second driver's start-up"
+
+
 def test_clean_stops_during_a_run_count_nothing_against_the_agent(ring):
     """Three stops (SIGINT or SIGTERM) during runs of one agent: no failures, no quarantine."""
     ring.write_config(ring={"quarantine_after": 3, "run_budget": 60, "stall_threshold": 90})
