@@ -479,10 +479,13 @@ class Driver:
 
     def resume_from_journal(self) -> None:
         """Go on after the last turn the journal records (a scheduled agent's
-        run is not one: schedule.last_turn), at start-up and after a takeover."""
+        run is not one: schedule.last_turn), and at its lap: at start-up and
+        after a takeover (the leader before us counted laps meanwhile)."""
         last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
         self.cursor = (last.agent, last.position) if last else (None, None)
         self.cursor_roster = None   # (the journal keeps no roster: its position rule)
+        lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
+        self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
 
     # --- the loop ---------------------------------------------------------------------
     def run(self) -> int:
@@ -496,8 +499,6 @@ class Driver:
         try:
             self.resume_from_journal()
             self.journal.set_meta("roster_error", self.roster.error)
-            lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
-            self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
         except JournalError as e:
             self.log(str(e))
             return journal_exit(e)

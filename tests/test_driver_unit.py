@@ -667,3 +667,15 @@ def test_sigterm_is_acted_on_while_another_writer_holds_the_journal(tmp_path, du
         holder.close()
     assert [r.status for r in rows(j)] == ["running"]
     assert any("could not be recorded" in m for _, m in env.logs)
+
+
+def test_a_driver_that_takes_over_goes_on_at_the_lap_the_journal_holds(tmp_path):
+    """A many-host driver that leads again after another leader ran the ring
+    (Driver.lead -> resume_from_journal) went on counting from its own, older
+    lap: the journal's - and status's - lap went back. It is read with the cursor."""
+    d, env, j = make(tmp_path, "ab")
+    d.resume_from_journal()
+    assert d.lap == 1
+    j.set_meta("lap", "7")   # laps the other leader counted
+    d.resume_from_journal()
+    assert d.lap == 7
