@@ -246,7 +246,10 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR, failure: int = EX
         except KeyboardInterrupt:
             raise click.exceptions.Exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
-            raise
+            # its reader went away (``ringd history | head``): quietly, with the
+            # code of a failure of its own (for ``status`` 4, "unknown", never 1, "dead")
+            _drop_output()
+            raise click.exceptions.Exit(failure)
         except OSError as e:
             if isinstance(e, PermissionError):
                 raise fail(f"{e.filename or 'state'}: permission denied "
@@ -269,7 +272,7 @@ class OutputError(OSError):
 
 class _StandardOutput(io.FileIO):
     """Descriptor 1 whose write errors are OutputErrors. (EPIPE stays itself:
-    a reader that went away ends the command quietly, RingGroup.main.)"""
+    a reader that went away ends the command quietly: operator_command, RingGroup.main.)"""
 
     def write(self, data):
         try:

@@ -361,6 +361,24 @@ def test_skip_other_agent_unknown_and_nothing_running(ring):
     assert nxt["status"] == "skipped" and nxt["pid"] is None
 
 
+def test_a_reader_that_goes_away_ends_a_command_quietly_and_status_says_unknown(ring):
+    """``ringd history | head``: a closed pipe ends the command without a word.
+    ``status`` then exits 4 ("unknown", like any output it cannot write), never
+    1, which says "dead or stale" of a ring it could not report."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.cli("run", "--once").returncode == 0
+    for args, code in ((("history",), 1), (("history", "--json"), 1), (("status",), 4), (("status", "--json"), 4)):
+        r, w = os.pipe()
+        os.close(r)                     # the reader is gone before anything is written
+        try:
+            res = subprocess.run(ring_cmd(args[0], *ring.common(), *args[1:]), env=ring.env, stdout=w,
+                                 stderr=subprocess.PIPE, text=True, timeout=30)
+        finally:
+            os.close(w)
+        assert (res.returncode, res.stderr) == (code, ""), (args, res.returncode, res.stderr)
+
+
 # --- history and logs -----------------------------------------------------------------------
 
 def test_history_and_logs(ring):
