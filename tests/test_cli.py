@@ -361,6 +361,25 @@ def test_skip_other_agent_unknown_and_nothing_running(ring):
     assert nxt["status"] == "skipped" and nxt["pid"] is None
 
 
+def test_skip_naming_the_running_agent_ends_its_run(ring):
+    """README "Failure behaviour": a named skip that reaches its agent while it
+    runs ends that run (``skipped``, source ``operator``); its next turn runs."""
+    ring.agent("a", "[ -e \"$RING_STATE/a-ran\" ] && exit 0\ntouch \"$RING_STATE/a-ran\"\nexec sleep 30")
+    ring.agent("b", "exec sleep 30")
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 25})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    ring.start_driver()
+    row = wait_until(lambda: running_of(ring, "a"), message="a running")
+    res = ring.cli("skip", "a")
+    assert res.returncode == 0, res.stderr
+    assert f"run {row['id']} ended as skipped" in res.stdout, res.stdout
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    assert final["status"] == "skipped"
+    assert [e["source"] for e in events_of(ring, row["id"])][-1] == "operator"
+    wait_until(lambda: running_of(ring, "b"), timeout=5, message="the ring moved on")
+    assert ring.rows("SELECT skip_requested FROM agents WHERE name = 'a'")[0]["skip_requested"] == 0
+
+
 def test_a_reader_that_goes_away_ends_a_command_quietly_and_status_says_unknown(ring):
     """``ringd history | head``: a closed pipe ends the command without a word.
     ``status`` then exits 4 ("unknown", like any output it cannot write), never
@@ -740,6 +759,25 @@ def test_an_escape_sequence_in_the_journal_never_reaches_the_operators_terminal(
     ring.roster("-bad x")   # a roster that does not parse: status lists the agents the journal knows
     res = ring.cli("status")
     assert res.returncode == 3 and "pwned" in res.stdout and "\x1b" not in res.stdout, res.stdout
+
+
+def test_ringd_debug_shows_the_traceback_of_an_internal_error(ring, monkeypatch):
+    """README "Operating the ring": errors are one line, but ``RINGD_DEBUG=1``
+    lets an internal error's traceback through."""
+    from click.testing import CliRunner
+    from ringd import status as status_module
+    from ringd.cli import main
+
+    def broken(*_a, **_kw):
+        raise RuntimeError("a bug")
+    ring.roster("a /bin/true")
+    monkeypatch.setattr(status_module, "gather_status", broken)
+    monkeypatch.setenv("RINGD_DEBUG", "")
+    quiet = CliRunner().invoke(main, ["status", *ring.common()])
+    assert quiet.exit_code == 4 and "set RINGD_DEBUG=1 for a traceback" in quiet.output
+    monkeypatch.setenv("RINGD_DEBUG", "1")
+    loud = CliRunner().invoke(main, ["status", *ring.common()])
+    assert isinstance(loud.exception, RuntimeError) and str(loud.exception) == "a bug"
 
 
 @pytest.mark.parametrize("error", ["internal", "journal", "file", "general"])

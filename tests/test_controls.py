@@ -70,6 +70,20 @@ def test_pause_and_resume_the_ring(ring):
     assert "paused" in kinds and "unpaused" in kinds
 
 
+def test_a_paused_once_runs_nothing(ring):
+    """README "Operating the ring": a paused ``ringd run --once`` runs nothing
+    (it exits 0, no row); resumed, the same command runs its lap."""
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.cli("pause").returncode == 0
+    once = ring.start_driver("--once")
+    assert once.wait(timeout=20) == 0
+    assert ring.runs() == []
+    assert ring.cli("resume").returncode == 0
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    assert [(r["agent"], r["status"]) for r in ring.runs()] == [("a", "ok")]
+
+
 def test_pause_one_agent_and_resume_lifts_everything(ring):
     for name in ("a", "b", "c"):
         ring.agent(name, "exit 0")

@@ -2,6 +2,7 @@
 trees, hot reload, lock, reaping after SIGKILL, clean stop."""
 import os
 import random
+import re
 import signal
 import sqlite3
 import stat
@@ -120,6 +121,37 @@ def test_no_process_of_a_run_survives_it(ring):
     assert len(started) == 4
     assert all(gone(pid) for pid in started), "a descendant outlived its run"
     assert not agent_processes(ring)
+    # README "Failure behaviour": what an exit 0 left behind is killed, and said so
+    assert re.search(r"run \d+: quitter left [12] process\(es\) behind; killed them", err), err
+
+
+def test_an_agent_sigkilled_by_someone_else_is_failed_signal_9_and_its_tree_dies(ring):
+    """README "Failure behaviour", Agents: an agent killed by someone else (SIGKILL,
+    the OOM killer) is a ``failed`` row with signal 9, what it left is killed, and
+    the ring moves on at once."""
+    child_file = ring.base / "child.pid"
+    ring.agent("victim", f"""
+        setsid sleep 60 &
+        echo $! > {child_file}.tmp && mv {child_file}.tmp {child_file}
+        exec sleep 60
+        """)
+    ring.agent("next", "exec sleep 60")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"victim {ring.agents_dir}/victim.sh", f"next {ring.agents_dir}/next.sh")
+    ring.start_driver()
+    row = wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'victim' AND pid IS NOT NULL"),
+                     message="victim running with its pid recorded")[0]
+    child = int(wait_until(lambda: child_file.exists() and child_file.read_text().strip(), message="child up"))
+    assert not gone(child)
+    os.kill(row["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    nxt = wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'next'"), message="next agent's turn")
+    took = time.monotonic() - t0
+    final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
+    assert final["status"] == "failed" and final["signal"] == signal.SIGKILL, dict(final)
+    assert final["exit_code"] is None
+    assert nxt[0]["id"] > row["id"] and took < 5.0, took   # at once (generous bound for a loaded box)
+    wait_until(lambda: gone(child), timeout=5, message="the killed agent's child killed with its run")
 
 
 def test_environment_and_descriptors_of_an_agent(ring):

@@ -108,3 +108,35 @@ def test_text_from_the_journal_never_carries_a_control_character_to_the_terminal
         assert "forged" not in "".join(line[0][0] for line in lines if line)   # no line of its own
     texts = ["".join(t for t, _ in line) for line in status_lines(d, now=NOW, width=200)]
     assert any(t.startswith(" " * 9 + "[") and "%" in t for t in texts), texts   # the budget bar keeps its own line
+
+
+def test_the_notes_the_failure_behaviour_tables_quote():
+    """README "Failure behaviour": what ``ringd status`` shows in each case, as
+    the tables quote it - over budget, skip requested, back-off, quarantine, a
+    dead driver's pid, a watcher that is gone or gave up, restarts in window."""
+    from ringd.render import status_lines
+    run = RunRow(id=9, agent="b", position=1, status="running", started_at=NOW - 70, ended_at=None,
+                 duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
+                 run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)
+    rows = {"a": {"runs": 3, "consecutive_failures": 2, "backoff_until": NOW + 60, "skip_requested": 1,
+                  "quarantined_until": NOW + 3600, "last_status": "failed", "last_started_at": NOW - 30,
+                  "last_ended_at": NOW - 29, "last_duration": 1.0, "last_exit_code": None, "last_signal": 9}}
+    w = {"pid": 5, "restarts": [NOW - 10], "gave_up": True, "last_poll_at": NOW - 12}
+
+    def text(d):
+        return "\n".join("".join(t for t, _ in line) for line in status_lines(d, now=NOW, plain=True, width=200))
+    shown = text(doc(heartbeat=hb(1), driver_alive=True, running=run, agent_rows=rows, watcher=w))
+    for note in ("over budget", "skip requested", "back-off 1m", "QUARANTINED 1h", "not running  (last poll 12s ago)",
+                 "1 restart in window", "GAVE UP (ringwatch reset clears it)"):
+        assert note in shown, (note, shown)
+    a = doc(heartbeat=hb(1), driver_alive=True, agent_rows=rows)["agents"][0]
+    assert a["last_status"] == "failed" and a["last_signal"] == 9 and a["consecutive_failures"] == 2
+    over = dict(rows["a"], backoff_until=NOW - 1, quarantined_until=NOW - 1)
+    a = doc(heartbeat=hb(1), driver_alive=True, agent_rows={"a": over})["agents"][0]
+    assert a["backoff_until"] is None and a["quarantined_until"] is None   # null once their time has passed
+    dead = doc(heartbeat=hb(30), driver_alive=False)
+    assert dead["driver"]["pid"] is None and dead["driver"]["last_pid"] == 42   # only ever a live driver's pid
+    assert dead["driver"]["heartbeat_at"].endswith("+00:00")
+    assert "DEAD" in text(dead) and "pid 42 gone without a clean stop" in text(dead)
+    stale = text(doc(heartbeat=hb(25), driver_alive=True))
+    assert "STALE" in stale and "likely stuck: heartbeat 25 s old" in stale

@@ -222,6 +222,28 @@ def test_sigstopped_driver_is_replaced_after_stale_after(ring):
     stop_watcher(ring, watcher)
 
 
+def test_a_hung_drivers_run_is_closed_by_that_driver_once_the_watcher_stops_it(ring):
+    """README "Failure behaviour", The driver: a hung (SIGSTOPped) driver is sent
+    SIGTERM with SIGCONT after ``stale_after``, so it stops its agent itself: the
+    run is ``interrupted`` with source ``driver`` (not the reaper), its agent is
+    gone, and a new driver takes over."""
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
+    ring.agent("long", "exec sleep 30")
+    ring.roster(f"long {ring.agents_dir}/long.sh")
+    watcher = ring.start_watcher()
+    hb = wait_until(lambda: (h := ring.heartbeat()) and h.get("run_pid") and h, 10, message="long running")
+    hung, hung_start, run_id, agent_pid = hb["pid"], hb["pid_start"], hb["run_id"], hb["run_pid"]
+    os.kill(hung, signal.SIGSTOP)
+    wait_driver(ring, not_pid=hung)
+    assert not alive(hung, hung_start), "the stopped driver must be gone"
+    row = ring.rows("SELECT * FROM runs WHERE id = ?", run_id)[0]
+    assert row["status"] == "interrupted", dict(row)
+    ev = ring.rows("SELECT source FROM events WHERE run_id = ? AND kind = 'interrupted'", run_id)
+    assert [e["source"] for e in ev] == ["driver"]
+    assert not alive(agent_pid), "the hung driver's agent is stopped"
+    stop_watcher(ring, watcher)
+
+
 def test_interrupted_run_is_reaped_and_the_ring_continues(ring):
     ring.write_config(ring={"run_budget": 20, "stall_threshold": 30})
     ring.agent("quick", "sleep 0.2")
