@@ -8,6 +8,7 @@ test's state dir. Never by name.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -33,6 +34,43 @@ REPO = Path(__file__).resolve().parent.parent
 # one would hang. A handled signal is reset to the default at exec instead.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# ringwatch.cli blocks SIGTERM, SIGINT, SIGHUP and SIGUSR1 as its first instruction
+# when its argv names no subcommand (a bare `ringwatch`: ringd.earlysig) - and an
+# xdist worker's argv is ['-c']. A test importing it in-process (test_watch's
+# internal-error test) left them blocked in the worker, and a blocked mask is
+# inherited across fork and exec: every process that worker started afterwards
+# never saw its SIGINT or SIGTERM (`ringd status --watch` outlived its Ctrl-C in
+# test_cli, about one run in ten under -n 2, as the tests' order on the workers
+# varied). Imported here, once, with the mask put back; the autouse fixture below
+# fails any test that leaves a signal blocked or ignored all the same.
+_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+for _module in ("ringd.cli", "ringwatch.cli"):
+    importlib.import_module(_module)
+signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
+del _mask, _module
+
+# signals whose blocking or ignoring outlives exec and would make the ring's
+# daemons and commands deaf to what the tests send them
+_INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+
+
+@pytest.fixture(autouse=True)
+def _signals_as_found():
+    """Fail a test that leaves a signal blocked or ignored in the test process
+    (and put it back): every child the process starts after it would inherit it,
+    and a later test, not this one, would hang waiting for a process to stop."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    ignored = {s for s in _INHERITED if signal.getsignal(s) is signal.SIG_IGN}
+    yield
+    leaked = signal.pthread_sigmask(signal.SIG_SETMASK, mask) - mask
+    now_ignored = {s for s in _INHERITED if signal.getsignal(s) is signal.SIG_IGN} - ignored
+    for s in now_ignored:
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+    if leaked or now_ignored:
+        pytest.fail(f"the test left signals blocked {sorted(s.name for s in leaked)} or ignored "
+                    f"{sorted(s.name for s in now_ignored)} in the test process: every process "
+                    f"started after it would inherit them", pytrace=False)
 
 # A throwaway PostgreSQL cluster for the many-host tests (fixtures pg_cluster, pg_dsn).
 pytest_plugins = ["pgcluster"]
