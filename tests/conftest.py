@@ -108,6 +108,27 @@ def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+
+def read_until(stream, done: Callable[[bytes], object], timeout: float = 10.0,
+               message: str = "output") -> bytes:
+    """Read a child's pipe until ``done(all bytes read so far)``; fail the test
+    after ``timeout`` or at the pipe's end. (A bare ``readline()`` blocks for
+    ever on a child that goes quiet: the test hangs and no finaliser runs.)"""
+    import select
+    fd = stream.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout
+    while not done(data):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}; read {data[-2000:]!r}")
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the stream ended before {message}; read {data[-2000:]!r}")
+            data += chunk
+    return data
+
 def ring_cmd(*args: str) -> List[str]:
     return [sys.executable, "-m", "ringd", *args]
 
