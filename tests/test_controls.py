@@ -57,9 +57,11 @@ def test_pause_and_resume_the_ring(ring):
     assert driver.wait(timeout=10) == 0
     driver = ring.start_driver()
     wait_until(lambda: status(ring)["driver"]["pid"] == driver.pid, message="new driver")
-    time.sleep(0.5)
+    # said at its first turn, which it took paused: a fixed 0.5 s after its first
+    # beat was not always enough on a loaded box to get there
+    wait_until(lambda: "ring paused by the operator" in driver.err_path.read_text(), 20,
+               message="the new driver saying the ring is paused")
     assert len(ring.runs()) == n and status(ring)["driver"]["paused"] is True
-    assert "ring paused by the operator" in driver.err_path.read_text()
 
     res = ring.cli("resume")
     assert res.returncode == 0 and "ring resumed" in res.stdout and "woken" in res.stdout
