@@ -526,6 +526,12 @@ def test_a_sighup_right_after_ringwatch_starts_the_driver_never_kills_it(ring):
     os.kill(driver, signal.SIGHUP)   # at once: usually still inside the interpreter's start-up
     hb = wait_until(lambda: (ring.heartbeat() or {}).get("pid") == driver and ring.heartbeat(), 20,
                     message="the first driver beating")
+    # the reload is done at the loop's first turn, after the first beat: stopping the
+    # ring a fixed 0.6 s after that beat could come first on a loaded box (a SIGTERM
+    # heard with the SIGHUP stops the driver before it reloads)
+    log_path = ring.state / "logs" / "ringd.log"
+    wait_until(lambda: log_path.exists() and "config reloaded" in log_path.read_text(), 20,
+               message="the held SIGHUP honoured once the driver is ready")
     time.sleep(3 * ring.config["watch"]["poll_interval"])
     data = __import__("json").loads((ring.state / "ringwatch.json").read_text())
     assert not data.get("restarts"), f"the driver was replaced: {data}"
