@@ -238,13 +238,16 @@ def test_status_json_does_not_import_rich(ring):
 def run_on_tty(argv, env, timeout=30):
     """Run with stdout on a pseudo-terminal; returns (exit code, bytes written)."""
     import pty
+    import select
     master, slave = pty.openpty()
+    p = None
     try:
         p = subprocess.Popen(argv, stdout=slave, stderr=subprocess.PIPE, env=env, start_new_session=True)
         os.close(slave)
         out = b""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        # bounded: a bare read blocks for as long as the child keeps the terminal open
+        while (left := deadline - time.monotonic()) > 0 and select.select([master], [], [], left)[0]:
             try:
                 chunk = os.read(master, 65536)
             except OSError:  # EIO: the other side closed
@@ -252,9 +255,14 @@ def run_on_tty(argv, env, timeout=30):
             if not chunk:
                 break
             out += chunk
-        return p.wait(timeout=timeout), out
+        return p.wait(timeout=max(deadline - time.monotonic(), 1)), out
     finally:
         os.close(master)
+        if p is not None:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+            p.stderr.close()
 
 
 def test_status_on_a_terminal_colours_unless_no_color(ring):
