@@ -10,7 +10,7 @@ import sys
 
 from . import earlysig
 
-if earlysig.subcommand(sys.argv[1:]) == "run":
+if earlysig.starting("ringd", "run"):
     earlysig.hold()  # first instruction of the driver: a signal now waits for its handler
 
 import errno

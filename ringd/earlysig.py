@@ -12,7 +12,9 @@ blocked mask is inherited across exec, so nothing else is ever started with it.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence
 
@@ -32,6 +34,18 @@ def subcommand(args: Sequence[str]) -> Optional[str]:
         elif not arg.startswith("-"):
             return arg
     return None
+
+
+def starting(program: str, command: Optional[str]) -> bool:
+    """Is this process ``program`` - its console script, or ``python -m
+    program`` - starting ``command`` (None: no subcommand, a bare ``ringwatch``)?
+    Only then are signals held: a process that merely imports the command line
+    (a tool, a test runner whose argv is ``-c``) keeps its signal mask, which
+    every program it starts would inherit."""
+    prog = sys.argv[0] if sys.argv else ""
+    if os.path.basename(prog) != program and not prog.endswith(os.path.join(program, "__main__.py")):
+        return False
+    return subcommand(sys.argv[1:]) == command
 
 
 def hold() -> None:

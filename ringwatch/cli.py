@@ -9,7 +9,7 @@ import sys
 
 from ringd import earlysig
 
-if earlysig.subcommand(sys.argv[1:]) is None:
+if earlysig.starting("ringwatch", None):
     earlysig.hold()  # first instruction of the watcher: a signal now waits for its handler
 
 from typing import Optional

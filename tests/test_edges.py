@@ -567,6 +567,22 @@ def test_signals_while_a_daemon_starts_up_are_held_and_honoured_once_ready(ring,
     assert "Traceback" not in err, err[-2000:]
 
 
+def test_a_process_that_only_imports_the_command_lines_keeps_its_signals():
+    """The hold is the daemons' alone. ``ringwatch.cli`` held SIGTERM, SIGINT,
+    SIGHUP and SIGUSR1 at its import in any process whose argv named no
+    subcommand - a ``python -c`` tool, a pytest-xdist worker - and every program
+    that process started inherited the blocked mask: a ``ringd status --watch``
+    it started never heard its Ctrl-C."""
+    import subprocess
+    import sys
+    code = ("import signal, ringwatch.cli, ringd.cli; "
+            "print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))")
+    for argv in ([], ["run"]):   # no subcommand (a bare ringwatch's), ringd's "run"
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[]", (argv, out.stdout)
+
+
 # --- a FIFO planted where a daemon reads or appends a state file --------------------------
 
 def _fifo_at(path: Path) -> None:
