@@ -8,9 +8,11 @@ test's state dir. Never by name.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -93,6 +95,24 @@ FAST_CONFIG = {
         "start_limit_interval": 30,
     },
 }
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(where: Path, size: str = "64k"):
+    """A small tmpfs (``size``, 0700) at ``where``, root only (else the test is
+    skipped), unmounted afterwards - lazily if something still holds it."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    where.mkdir(mode=0o700, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fill_up, processes_of, wait_until
+from conftest import fill_up, mounted_tmpfs, processes_of, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -509,19 +509,12 @@ def small_state(ring):
     """ring.state on its own small tmpfs (unmounted afterwards, lazily if busy).
     16 MiB: SQLite's WAL grows to ~4 MiB before its automatic checkpoint, so a
     smaller file system would be filled by the ring itself."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a tiny tmpfs")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(ring.state)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield ring
-    finally:
-        ring.cleanup()
-        subprocess.run(["mount", "-o", "remount,rw", str(ring.state)], capture_output=True)
-        if subprocess.run(["umount", str(ring.state)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(ring.state)], capture_output=True)
+    with mounted_tmpfs(ring.state, "16m"):
+        try:
+            yield ring
+        finally:
+            ring.cleanup()
+            subprocess.run(["mount", "-o", "remount,rw", str(ring.state)], capture_output=True)
 
 
 def _lines_with(path: Path, *words) -> list:

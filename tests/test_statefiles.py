@@ -1,9 +1,7 @@
 """The files a driver rewrites at every beat (ringd.heartbeat, ringd.metrics):
 whole for every reader, and no fsync but the last beat's."""
-import contextlib
 import fcntl
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import pytest
 
 from ringd import heartbeat, lock, metrics
 
-from conftest import wait_until
+from conftest import mounted_tmpfs, wait_until
 
 
 def test_beats_are_atomic_without_fsync_and_the_last_beat_is_durable(tmp_path, monkeypatch):
@@ -61,30 +59,13 @@ def test_read_heartbeat_refuses_another_state_dirs_beat(tmp_path):
     assert heartbeat.read_heartbeat(ours) is None
 
 
-@contextlib.contextmanager
-def _tmpfs(where):
-    """A small tmpfs at ``where`` (root only), unmounted afterwards (lazily if busy)."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a tmpfs")
-    where.mkdir(mode=0o700, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
 def test_a_flock_on_another_file_systems_file_of_the_same_inode_is_not_the_drivers(ring, tmp_path):
     """/proc/locks names a lock by device and inode; inode numbers repeat across
     file systems (each tmpfs counts from 1). A flock another process holds on
     another file system's file whose inode is ringd.lock's was taken for the
     driver's: ringd status, with no heartbeat, said a driver held the lock
     ("stale", exit 1) where none runs ("stopped", exit 3)."""
-    with _tmpfs(ring.state), _tmpfs(tmp_path / "other") as other:
+    with mounted_tmpfs(ring.state), mounted_tmpfs(tmp_path / "other") as other:
         ours = ring.state / lock.LOCK_FILE
         ours.touch(mode=0o600)
         theirs = other / "x"
