@@ -18,7 +18,7 @@ import dataclasses
 import os
 import socket
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional, Set
+from typing import Callable, NamedTuple, Optional, Sequence, Set
 
 from . import alerts, cgroup, events, metrics, proctree, safefile, schedule, transitions
 from .config import Config, ConfigError, load_config
@@ -163,7 +163,7 @@ class Driver:
         # the ring's position
         self.lap = 1
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
-        self.cursor_roster: Optional[list] = None   # the roster's names at the last turn (None: not known)
+        self.cursor_roster: Optional[Sequence[str]] = None   # the roster's names at the last turn (None: not known)
         self.spin = Spin()
         self.pending: Optional[Pending] = None   # the last run's end, not yet committed
         # run id -> (agent, position) of starts whose turn failed to commit: with

@@ -234,18 +234,14 @@ def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     else:
         con = sqlite3.connect(str(path), timeout=timeout, isolation_level=None)
     con.row_factory = sqlite3.Row
-    con.text_factory = _decoded
+    # A TEXT value as the UTF-8 it spells, a stray byte U+FFFD (records.text, the
+    # rule for a blob too). SQLite stores what it is given (``CAST(X'ff' AS
+    # TEXT)``, a reason written by another program): with sqlite3's strict
+    # decoding one such byte in an old run's reason made every read of its row
+    # fail - the driver exited 69 at start-up (and again at every restart),
+    # ``status`` said 'unknown' and ``history`` nothing.
+    con.text_factory = text
     return con
-
-
-def _decoded(data: bytes) -> str:
-    """A TEXT value as the UTF-8 it spells, a stray byte U+FFFD. SQLite stores
-    what it is given (``CAST(X'ff' AS TEXT)``, a reason written by another
-    program): with sqlite3's strict decoding one such byte in an old run's
-    reason made every read of its row fail - the driver exited 69 at start-up
-    (and again at every restart), ``status`` said 'unknown' and ``history``
-    nothing."""
-    return str(data, "utf-8", "replace")
 
 
 def _identities(paths) -> Dict[str, Tuple[int, int]]:
