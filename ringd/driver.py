@@ -707,6 +707,11 @@ class Driver:
             self.env.notify("STATUS=paused (ringd resume)")
         if self.once:
             return limit or 1
+        # A pause ends the round of scheduled runs: a job that ran just before it and
+        # came due again during it is due at resume like any other (SPEC: before the
+        # ordinary next agent), not "due again within its round" - that rule keeps a
+        # job outlasting its period from starving the ring, and a pause starves nothing.
+        self.ran_scheduled.clear()
         self.pause(self.config.ring.heartbeat_interval)
         return 0
 

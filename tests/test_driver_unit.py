@@ -402,6 +402,24 @@ def test_a_paused_ring_starts_nothing_keeps_beating_and_wakes_on_resume(tmp_path
     assert sum("ring paused by the operator" in m for _, m in env.logs) == 1
 
 
+def test_a_scheduled_job_that_came_due_during_a_pause_runs_first_on_resume(tmp_path):
+    """``ringd pause`` lands while an ``every: 10`` job runs (the ring paused before
+    any ordinary turn followed it). Its next slot passes during the pause. On
+    ``ringd resume`` it is a due job like any other: it runs at that hop boundary,
+    before the ordinary next agent (SPEC "Scheduled agents") - it used to be taken
+    for a job "due again" within the round it had run in, and waited for a's run."""
+    d, env, j = make(tmp_path, ["a", "b", "job"], default=Behaviour(runs_for=0.5),
+                     agents={"job": AgentOverride(every=10.0)})
+    env.at(0.2, lambda: j.set_paused(None, True))          # during job's first run (0-0.5)
+    env.at(30.0, lambda: (j.set_paused(None, False), env.send(30.0, signal.SIGUSR1)))
+    env.send(32.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [(r.agent, r.started_at - WALL0) for r in rows(j)]
+    assert starts[0][0] == "job" and not [t for _, t in starts if 0.2 < t < 30.0], starts
+    assert starts[1][0] == "job" and 30.0 <= starts[1][1] < 30.1, starts   # first, at once on resume
+    assert [a for a, _ in starts[2:4]] == ["a", "b"], starts               # then the ring, from its place
+
+
 def test_containment_is_proven_once_just_before_the_first_run(tmp_path):
     """The proof's cgroup migration waits out the kernel's grace period; the first
     run's step into its cgroup, a grace period later, would wait again. So it is
