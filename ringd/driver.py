@@ -567,11 +567,15 @@ class Driver:
                                             now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
                         lost.append((run_id, name))
                 controls = tx.controls()
+                # read paused or not: the first look at a schedule is recorded (schedule.entry),
+                # so one first seen during a pause counts from then, and a slot that passed in
+                # the pause runs on resume - not from the resume, a slot later
+                scheduled = self.schedules(tx, now)
                 if not controls.ring_paused:
                     states = transitions.AgentStates(tx, now, self.config.ring)
                     plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
                                                 requested=tx.take_next(controls),
-                                                scheduled=self.schedules(tx, now),
+                                                scheduled=scheduled,
                                                 ran_scheduled=frozenset(self.ran_scheduled)))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
                                and self.cursor[0] is not None   # (a first turn ever begins lap 1)

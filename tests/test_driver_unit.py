@@ -420,6 +420,23 @@ def test_a_scheduled_job_that_came_due_during_a_pause_runs_first_on_resume(tmp_p
     assert [a for a, _ in starts[2:4]] == ["a", "b"], starts               # then the ring, from its place
 
 
+def test_a_schedule_first_seen_during_a_pause_runs_its_slot_that_passed_in_it_on_resume(tmp_path, monkeypatch):
+    """A driver starts on a paused ring with a new hourly job (first seen at
+    03:33:20). Its first slot, 04:00, passes during the pause: on ``ringd resume``
+    (04:03:20) it runs at once, as a slot that came due during a pause does - the
+    driver used to record when it first saw the schedule only at an unpaused
+    turn, so the job counted from the resume and waited for 05:00."""
+    monkeypatch.setenv("TZ", "UTC")
+    d, env, j = make(tmp_path, ["a", "job"], default=Behaviour(runs_for=0.5),
+                     agents={"job": AgentOverride(schedule="0 * * * *")}, heartbeat_interval=60.0)
+    j.set_paused(None, True)
+    env.at(1800.0, lambda: (j.set_paused(None, False), env.send(1800.0, signal.SIGUSR1)))
+    env.send(1802.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [(r.agent, r.started_at - WALL0) for r in rows(j)]
+    assert starts[0][0] == "job" and 1800.0 <= starts[0][1] < 1800.1, starts
+
+
 def test_containment_is_proven_once_just_before_the_first_run(tmp_path):
     """The proof's cgroup migration waits out the kernel's grace period; the first
     run's step into its cgroup, a grace period later, would wait again. So it is
