@@ -36,6 +36,11 @@ MAX_ALERTS_RUNNING = 16
 # 17 times slower (466 runs/s -> 27 on two cores), the box busy starting them.
 ALERT_BURST = MAX_ALERTS_RUNNING
 ALERT_RATE = 1.0
+# After the timeout the supervisor SIGKILLs what the alert left and waits this
+# long more for it to be reaped: an alert's supervisor ends within its timeout,
+# this, and its own interpreter start-up (STARTUP_ALLOWANCE).
+REAP_GRACE = 5.0
+STARTUP_ALLOWANCE = 5.0
 _dropped = 0   # alerts dropped since the last one sent
 _bucket: "tuple[float, Optional[float]]" = (float(ALERT_BURST), None)   # (tokens, when counted)
 
@@ -133,6 +138,12 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
         return None
 
 
+def longest(timeout: float) -> float:
+    """Pure: the longest an alert started with ``timeout`` can run, supervisor
+    included (a caller that must not exit before its alert is out waits this)."""
+    return timeout + REAP_GRACE + STARTUP_ALLOWANCE
+
+
 def _supervise(timeout: float, argv: Sequence[str]) -> int:
     """Run ``argv`` with our stdin, in its own session, and end it and all it
     started at ``timeout``. We are its subreaper: a daemon it forks (setsid,
@@ -200,7 +211,7 @@ def _supervise(timeout: float, argv: Sequence[str]) -> int:
             # (no run key needed); its group only while the command is unreaped (its
             # pid cannot be reused then)
             proctree.kill_run("", 0, child.pid if code is None else None, scope="descendants")
-            deadline = time.monotonic() + 5.0   # SIGKILLed: only their reaping is left
+            deadline = time.monotonic() + REAP_GRACE   # SIGKILLed: only their reaping is left
             continue
         if left <= 0:
             break   # (never: a SIGKILLed process ends) - the driver reaps what is left

@@ -265,10 +265,11 @@ class Watcher:
         self.on_event(events.DRIVER_REPLACED, f"{verdict.reason}; {n}")
         return None
 
-    def on_event(self, kind: str, detail: str) -> None:
-        """Log the event and run the operator's alert command (detached, time-limited)."""
+    def on_event(self, kind: str, detail: str) -> Optional[int]:
+        """Log the event and run the operator's alert command (detached, time-limited).
+        The alert helper's pid, or None if none was started."""
         log(f"event: {kind}: {detail}")
-        alerts.fire(self.config.alerts.command, kind, None, detail, self.state_dir,
+        return alerts.fire(self.config.alerts.command, kind, None, detail, self.state_dir,
                     timeout=self.config.alerts.timeout, log=log, reaped_by_caller=False)
 
     def _old_proc(self) -> Optional[DriverProc]:
@@ -359,8 +360,33 @@ class Watcher:
         self._save(gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason, stopped=True)
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
-        self.on_event(events.WATCHER_GAVE_UP, reason)
+        self._await_alert(self.on_event(events.WATCHER_GAVE_UP, reason))
         return EXIT_GAVE_UP
+
+    def _await_alert(self, pid: Optional[int]) -> None:
+        """Wait (bounded: alerts.longest) for the alert helper ``pid`` to end. The
+        give-up alert is the one a human must get, and once we exit the service
+        manager stops the unit: systemd (KillMode=control-group) kills what is
+        left in its cgroup, the alert's mail or webhook with it. The watchdog
+        is still pinged meanwhile; SIGTERM/SIGINT end the wait."""
+        if pid is None:
+            return
+        fd = _pidfd(pid)
+        deadline = time.monotonic() + alerts.longest(self.config.alerts.timeout)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        return
+                except ChildProcessError:
+                    return
+                self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
+            log(f"alert helper (pid {pid}) still running; exiting without it")
+        except Stop:
+            log(f"exiting before the alert helper (pid {pid}) ended")
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def _shutdown(self) -> int:
         name = signal.Signals(self.stop_signal).name if self.stop_signal else "signal"

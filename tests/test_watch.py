@@ -314,6 +314,33 @@ def test_history_survives_watcher_restart_gives_up_and_reset(ring):
     stop_watcher(ring, d)
 
 
+def test_the_give_up_alert_is_sent_before_the_watcher_exits(ring, tmp_path):
+    """The give-up alert is the one that must reach a human, yet the watcher
+    exited 70 the instant it had started the alert command: under systemd
+    (KillMode=control-group, RestartPreventExitStatus=70) the unit then stops
+    and its cgroup - the alert helper with it - is killed, so a mail or a
+    webhook taking a moment never went out. The watcher now waits for the
+    alert (bounded by alerts.timeout) before it exits."""
+    sent = tmp_path / "alerts"
+    sent.mkdir()
+    ring.write_config(watch={"start_limit_burst": 1, "start_limit_interval": 60, "restart_sec": 0.1},
+                      alerts={"command": ["sh", "-c", f'sleep 1; cat > "{sent}/$RING_EVENT.tmp" && '
+                                                      f'mv "{sent}/$RING_EVENT.tmp" "{sent}/$RING_EVENT.json"'],
+                              "timeout": 20})
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_driver(ring, not_pid=pid)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    rc, err = finish(watcher, 30)
+    assert rc == 70, err
+    # at the moment the watcher is gone (systemd kills what is left), the alert is out
+    delivered = sent / "watcher-gave-up.json"
+    assert delivered.exists(), err
+    assert json.loads(delivered.read_text())["event"] == "watcher-gave-up"
+
+
 def test_driver_config_error_makes_the_watcher_exit_78(ring):
     ring.roster("bad/name sleep 1")              # a roster the driver rejects at start-up
     watcher = ring.start_watcher()
