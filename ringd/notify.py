@@ -18,11 +18,13 @@ This module is on the path of ``ringd notify``: stdlib only at import time.
 from __future__ import annotations
 
 import array
+import collections
 import os
 import re
 import socket
 import stat
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +37,14 @@ NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
 NOTES_FILE = "notify.json"
 SOCKET_PREFIX = "notify-"
 IDLE_SOCKET = SOCKET_PREFIX + "idle.sock"   # a parked socket between runs (swept like the others)
-_MAX_FDS = 8               # fds accepted in one datagram's ancillary data (then closed)
+# fds one datagram can carry (the kernel's SCM_MAX_FD): room for all of them, since
+# those that do not fit are released by the kernel inside our recvmsg - a release
+# that can block as a close can (_close_passed)
+_MAX_FDS = 253
 _UCRED = struct.Struct("3i")
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
+# passed fds arrive close-on-exec: one still waiting to be closed never reaches an agent we start
+_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 _KEY = re.compile(r"[A-Z][A-Z0-9_]*")
 # C0 and C1 controls (escape sequences, newlines), and what splits a line or
 # reorders its text in Unicode-aware tools: the line and paragraph separators,
@@ -291,7 +298,7 @@ class NotifySocket:
             return None
         while True:   # datagrams of an earlier run (its processes are gone): never heard
             try:
-                _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+                _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except OSError:
                 break
             _sender_and_close_fds(anc)
@@ -309,7 +316,7 @@ class NotifySocket:
         heard = Heard()
         for _ in range(cap):
             try:
-                data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE)
+                data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
                 return heard
             except OSError:
@@ -356,12 +363,80 @@ def _sender_and_close_fds(ancdata) -> Optional[int]:
         elif kind == socket.SCM_RIGHTS:
             fds = array.array("i")
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            for fd in fds:
-                try:
-                    os.close(fd)   # sd_notify_barrier waits for exactly this
-                except OSError:
-                    pass
+            _close_passed(fds)   # sd_notify_barrier waits for exactly this
     return pid
+
+
+# The last close of a file can block for as long as whoever made it likes: a TCP
+# socket with SO_LINGER and unsent data (up to its linger time), a FUSE file whose
+# daemon never answers its flush, a unix socket holding such a file in flight. An
+# agent that passes one along must not stop the driver's loop (it would neither
+# beat nor end the run): a barrier's pipe is closed at once, anything else on a
+# thread of its own that lives only while it has something to close (the driver
+# is one thread otherwise: tests/test_footprint.py).
+_closing: "collections.deque[int]" = collections.deque()
+_closing_lock = threading.Lock()
+_closer_running = False
+
+
+def _close_passed(fds) -> None:
+    global _closer_running
+    slow = []
+    for fd in fds:
+        if _is_pipe(fd):
+            _close_quietly(fd)   # a pipe's close never waits: the common case, no thread
+        else:
+            slow.append(fd)
+    if not slow:
+        return
+    with _closing_lock:
+        _closing.extend(slow)
+        if _closer_running:
+            return
+        _closer_running = True
+    try:
+        _start_closer()
+    except BaseException:
+        with _closing_lock:
+            _closer_running = False
+        raise
+
+
+def _is_pipe(fd: int) -> bool:
+    """An anonymous pipe? (The fd's link in /proc: fstat could ask a FUSE daemon.)"""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def _start_closer() -> None:
+    import signal
+    t = threading.Thread(target=_closer, name="ringd-close-passed-fds", daemon=True)
+    # born with every signal blocked: the driver's signals are the main thread's to hear
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        t.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _closer() -> None:
+    global _closer_running
+    while True:
+        with _closing_lock:
+            if not _closing:
+                _closer_running = False
+                return
+            fd = _closing.popleft()
+        _close_quietly(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def remove_stale(state_dir: Path) -> None:

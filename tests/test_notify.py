@@ -7,6 +7,7 @@ import os
 import select
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -320,6 +321,56 @@ def test_passed_descriptors_are_closed_so_a_barrier_returns(sock):
     sock.drain()                                    # (from a stranger, even: dropped, fd closed)
     assert poller.poll(1000)
     os.close(r)
+
+
+def _lingering_tcp_socket(request, linger: int) -> socket.socket:
+    """A connected TCP socket whose last close blocks for ``linger`` seconds: its
+    peer reads nothing, its send buffer is full, SO_LINGER is on."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    c = socket.socket()
+    c.connect(srv.getsockname())
+    peer, _ = srv.accept()
+    request.addfinalizer(srv.close)
+    request.addfinalizer(peer.close)   # then a close still lingering ends at once
+    c.setblocking(False)
+    try:
+        while True:
+            c.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    c.setblocking(True)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger))
+    return c
+
+
+@pytest.mark.parametrize("pipes_before", [0, 8])
+def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, request, pipes_before):
+    """A hostile agent passes a TCP socket whose close lingers (and drops its own
+    copy): the driver's is the last close. The drain returns at once, the
+    barrier pipes beside it are closed at once (the ninth fd of a datagram too,
+    which the kernel would release inside our recvmsg if it did not fit), and
+    the slow one is closed off the loop."""
+    sock.set_agent(os.getpid())
+    pipes = [os.pipe() for _ in range(pipes_before)]
+    slow = _lingering_tcp_socket(request, 5)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(sock.env)
+        s.sendmsg([b"STATUS=take this"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           array.array("i", [w for _, w in pipes] + [slow.fileno()]))])
+    slow.close()
+    for _, w in pipes:
+        os.close(w)
+    t0 = time.monotonic()
+    heard = sock.drain()
+    assert time.monotonic() - t0 < 1.0
+    assert heard.phase == "take this"
+    for r, _ in pipes:
+        poller = select.poll()
+        poller.register(r, select.POLLHUP)
+        assert poller.poll(1000)
+        os.close(r)
 
 
 def test_drain_is_capped_per_wake(sock):
