@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional, Tuple
 MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
 PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters
 DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves the loop
+PURGE_CAP = 1024           # datagrams purged from a parked socket before its reuse (then a fresh one)
 NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
 NOTES_FILE = "notify.json"
 SOCKET_PREFIX = "notify-"
@@ -292,16 +293,27 @@ class NotifySocket:
             st = os.lstat(idle)
             if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode):
                 raise FileNotFoundError(idle)
-            os.rename(idle, path)
         except OSError:
             self.sock.close()
             return None
-        while True:   # datagrams of an earlier run (its processes are gone): never heard
+        # datagrams of an earlier run (its processes are gone): never heard. A
+        # bounded purge: whoever keeps writing to the idle socket as fast as we
+        # read (the path is well known) would otherwise hold the driver here for
+        # ever; past the bound the socket is given up and a fresh one bound.
+        for _ in range(PURGE_CAP):
             try:
                 _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except OSError:
                 break
             _sender_and_close_fds(anc)
+        else:
+            self.sock.close()
+            return None
+        try:
+            os.rename(idle, path)
+        except OSError:
+            self.sock.close()
+            return None
         members = RunMembers(state_key or str(state_dir), run_id)
         return NotifySocket(self.sock, path, path, members, self.ident)
 

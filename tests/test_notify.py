@@ -215,6 +215,38 @@ def test_a_parked_socket_whose_file_was_tampered_with_is_not_reused(tmp_path, ta
             other.close()
 
 
+class _FloodedSocket:
+    """A parked socket someone writes to as fast as it is read: recvmsg never
+    runs dry (until a test-only bound, so a regression fails instead of hanging)."""
+    def __init__(self, real):
+        self.real, self.reads = real, 0
+
+    def recvmsg(self, *a):
+        self.reads += 1
+        if self.reads > 100_000:
+            raise BlockingIOError("test bound")
+        return b"STATUS=flood", [], 0, None
+
+    def close(self):
+        self.real.close()
+
+    def fileno(self):
+        return self.real.fileno()
+
+
+def test_a_parked_socket_flooded_between_runs_is_given_up_not_drained_for_ever(tmp_path):
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.park(tmp_path)
+    flooded = ns.sock = _FloodedSocket(ns.sock)
+    assert ns.reuse(tmp_path, 6) is None            # the caller binds a fresh socket
+    assert flooded.reads <= 2048 and flooded.real.fileno() == -1
+    fresh = NotifySocket.open(tmp_path, 6)          # (sweeping the idle file it left)
+    try:
+        assert fresh.env == str(tmp_path / "notify-6.sock") and not (tmp_path / IDLE_SOCKET).exists()
+    finally:
+        fresh.close()
+
+
 def test_a_too_long_state_dir_gets_an_abstract_socket(tmp_path):
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
