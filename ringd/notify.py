@@ -291,7 +291,9 @@ class NotifySocket:
             if idle is None:
                 raise FileNotFoundError(path)
             st = os.lstat(idle)
-            if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode):
+            # (a run's agent may have chmod'ed it: SPEC says 0600, so that one is not reused either)
+            if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode) \
+                    or stat.S_IMODE(st.st_mode) != 0o600:
                 raise FileNotFoundError(idle)
         except OSError:
             self.sock.close()

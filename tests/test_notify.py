@@ -196,12 +196,15 @@ def test_a_parked_socket_is_the_next_runs_and_hears_nothing_of_the_last(tmp_path
     assert not os.path.exists(tmp_path / "notify-6.sock")
 
 
-@pytest.mark.parametrize("tamper", ["removed", "replaced"])
+@pytest.mark.parametrize("tamper", ["removed", "replaced", "chmod"])
 def test_a_parked_socket_whose_file_was_tampered_with_is_not_reused(tmp_path, tamper):
     ns = NotifySocket.open(tmp_path, 5)
     assert ns.park(tmp_path)
     idle = tmp_path / IDLE_SOCKET
-    idle.unlink()
+    if tamper == "chmod":   # its agent opened it to everyone: the next run's socket is 0600 again
+        os.chmod(idle, 0o666)
+    else:
+        idle.unlink()
     other = None
     if tamper == "replaced":   # someone else's socket at the idle path
         other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
