@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import threading
 import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,6 +137,67 @@ if psycopg is not None:
             return pgcall.wait(gen, self.pgconn.socket, self.ring_bound, self.ring_tap)
 
 
+def _readable():
+    """A wait (``pgcall.wait``) for its socket to be readable, and no more."""
+    yield pgcall.READ
+
+
+class _Connecting:
+    """A new connection, made on a thread of its own. psycopg's connect waits in
+    its own loop: each host, and each address of one, for libpq's
+    connect_timeout, and the name lookups before (getaddrinfo) for as long as
+    the resolver takes. No stop signal ends that wait, and a server that takes
+    the connection but never answers held a reconnecting driver that long: no
+    beat, no SIGTERM heard. Here the driver waits for the thread as for any
+    call (``pgcall.wait`` on a pipe the thread writes to when done): within the
+    call's bound, and a stop signal ends the wait. A connect that outlasts it
+    goes on (at most one per ``_Con``) and the next call takes its result; one
+    nobody wants any more (``abandon``) is closed by its thread."""
+
+    def __init__(self, dsn: str, kwargs: dict):
+        self._r, self._w = os.pipe()   # (not inherited: an agent never gets them)
+        self._lock = threading.Lock()
+        self._result: Any = None       # the connection, or what psycopg raised
+        self._finished = self._abandoned = False
+        threading.Thread(target=self._connect, args=(dsn, kwargs), name="pg-connect", daemon=True).start()
+
+    def fileno(self) -> int:
+        return self._r
+
+    def _connect(self, dsn: str, kwargs: dict) -> None:
+        try:
+            result: Any = _BoundConnection.connect(dsn, **kwargs)
+        except BaseException as e:
+            result = e
+        with self._lock:
+            self._result, self._finished = result, True
+            if self._abandoned:
+                self._dispose()
+            else:
+                os.write(self._w, b"!")
+
+    def take(self):
+        """The connection made (raises what psycopg raised). After the pipe said so."""
+        with self._lock:
+            os.close(self._r)
+            os.close(self._w)
+            if isinstance(self._result, BaseException):
+                raise self._result
+            return self._result
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            if self._finished:
+                self._dispose()
+
+    def _dispose(self) -> None:
+        if isinstance(self._result, psycopg.Connection):
+            self._result.close()
+        os.close(self._r)
+        os.close(self._w)
+
+
 class _Con:
     """The slice of ``sqlite3.Connection`` the journal and its readers use, on psycopg.
     Autocommit: a statement outside ``write()`` is its own transaction. ``tap``:
@@ -146,16 +208,23 @@ class _Con:
         # (PostgreSQL's timeouts, and libpq's tcp_user_timeout, are ints of milliseconds)
         self.wait_ms = min(max(100, int(wait_limit * 1000)), MAX_WAIT_MS)
         self.pg = None
+        self._connecting: Optional[_Connecting] = None   # a new connection still being made
         self.connect()
 
     def connect(self) -> None:
         try:
-            self.pg = _BoundConnection.connect(
-                self.dsn, autocommit=True, row_factory=_row_factory,
-                connect_timeout=max(2, round(self.wait_ms / 1000)),
-                tcp_user_timeout=self.wait_ms,
-                application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
-                **CONNECT_ARGS)
+            if self._connecting is None:
+                self._connecting = _Connecting(self.dsn, dict(
+                    autocommit=True, row_factory=_row_factory,
+                    connect_timeout=max(2, round(self.wait_ms / 1000)),
+                    tcp_user_timeout=self.wait_ms,
+                    application_name=f"ringd pid={os.getpid()}",  # which driver, in pg_stat_activity
+                    **CONNECT_ARGS))
+            # waited for like any call (bound, stop signal); one not made yet
+            # goes on, and the next call takes it up
+            pgcall.wait(_readable(), self._connecting.fileno(), self.wait_ms / 1000, self.tap)
+            connecting, self._connecting = self._connecting, None
+            self.pg = connecting.take()
             self.pg.ring_bound, self.pg.ring_tap = self.wait_ms / 1000, self.tap
             # idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP,
             # paused VM) holds the lease row's lock; the server ends its session,
@@ -208,6 +277,9 @@ class _Con:
             pg.close()
 
     def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.abandon()
+            self._connecting = None
         if self.pg is not None:
             self.pg.close()
 

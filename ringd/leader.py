@@ -10,9 +10,8 @@ the leader.
 
 The switch is checked by the driver's loop, and also by a watchdog thread:
 a driver blocked on the journal past its switch must still kill its agent in
-time. (A call is bounded, ``ringd.pgcall``, at a quarter of the TTL; but a few
-of them in a row, or a new connection waiting out its connect_timeout on a
-server that does not answer, can outlast the switch.) The thread
+time. (A call is bounded, ``ringd.pgcall``, at a quarter of the TTL, a new
+connection included; but a few of them in a row can outlast the switch.) The thread
 only sends SIGKILL to the run's processes (it never reaps: the loop owns every
 exit status) and stops this driver leading and recording.
 """

@@ -33,7 +33,7 @@ STOP_GRACE = 0.2
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 OVERDUE, STOPPING = "overdue", "stopping"
 # psycopg's wait states and readiness (``psycopg.waiting``): bit 1 read, bit 2 write
-_READ, _WRITE = 1, 2
+READ, WRITE = _READ, _WRITE = 1, 2
 
 
 def call_bound(ttl: float) -> float:

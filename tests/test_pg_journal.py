@@ -276,3 +276,50 @@ def test_a_lease_expiry_edited_beyond_any_date_still_reads(pgj, pg_dsn, expires,
     view = a.read_lease()
     assert math.isfinite(view.expires_at) and iso(view.expires_at)
     assert a.acquire("A", 5).action == action
+
+
+@pytest.fixture
+def silent_server():
+    """A PostgreSQL port that takes the connection (the kernel's handshake) and
+    never says a word: a hung server, a proxy whose backend is gone."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_a_new_connection_to_a_server_that_never_answers_ends_on_a_stop_signal(silent_server):
+    """A reconnect (after a cut) went through psycopg's own wait: a SIGTERM was
+    heard only after libpq's connect_timeout, 8 s at the default lease_ttl (and
+    one per address tried): far past the SPEC's 1 s."""
+    import signal
+    pytest.importorskip("psycopg")
+    from test_pgcall import Tap
+    from ringd.journal_pg import PgJournalError, _Con
+    tap = Tap()
+    try:
+        tap.send(signal.SIGTERM)
+        t0 = time.monotonic()
+        with pytest.raises(PgJournalError, match="stopping"):
+            _Con(f"postgresql://ring@127.0.0.1:{silent_server}/ring", False, wait_limit=7.5, tap=tap)
+        took = time.monotonic() - t0
+        assert took < 1.0, took
+        assert tap.drain() == {signal.SIGTERM}   # the driver's loop hears it next
+    finally:
+        tap.close()
+
+
+def test_a_new_connection_is_bounded_by_one_call_bound_whatever_the_hosts_tried(silent_server):
+    """psycopg gives each host (and each address of one) its own connect_timeout:
+    a DSN naming three was three bounds - a driver silent past its lease's switch."""
+    pytest.importorskip("psycopg")
+    from ringd.journal_pg import PgJournalError, _Con
+    hosts = ",".join(["127.0.0.1"] * 3)
+    ports = ",".join([str(silent_server)] * 3)
+    t0 = time.monotonic()
+    with pytest.raises(PgJournalError, match="cannot connect"):
+        _Con(f"host={hosts} port={ports} user=ring dbname=ring", False, wait_limit=2.0)
+    took = time.monotonic() - t0
+    assert took < 4.0, took
