@@ -71,6 +71,19 @@ def journal_exit(e: JournalError) -> int:
     return EX_UNAVAILABLE if e.transient else EX_CONFIG
 
 
+def startup_journal_exit(e: JournalError, env, logger: Callable[[str], None]) -> int:
+    """The exit of a driver whose journal failed before it was ready. A stop
+    signal ends a journal call in flight (``ringd.pgcall``) and is put back:
+    a failure it caused is the stop itself (SPEC: a signal during start-up is
+    honoured), exit 0 as a service manager expects of a stop - not an outage
+    (69, a failed unit)."""
+    if requests_from(env.wait(0)[0]).stop:
+        logger(f"stopped while starting ({e})")
+        return EX_OK
+    logger(str(e))
+    return journal_exit(e)
+
+
 def for_leadership(config: Config) -> Config:
     """A many-host driver beats (and renews its lease) at least twice per half
     TTL, whatever ``heartbeat_interval`` says."""
@@ -835,10 +848,10 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             journal.start_ids_after(safefile.highest_run_log_id(state_dir))  # a reset journal: no old log reused
             journal.preallocate_wal()   # the first ~150 commits no longer grow the file
     except JournalError as e:
-        logger(str(e))
+        code = startup_journal_exit(e, env, logger)
         lock.release()
         env.close()
-        return journal_exit(e)
+        return code
     # Before the sweep below, which kills every run cgroup of this ring: a live
     # driver's run is in one. (A many-host ring's lease decides instead.)
     other = live_driver(state_dir, me, journal if leader is None else None)
@@ -864,8 +877,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             try:
                 driver.reap_orphans(journal)
             except JournalError as e:
-                logger(str(e))
-                return journal_exit(e)
+                return startup_journal_exit(e, env, logger)
         return driver.run()
     finally:
         journal.close()

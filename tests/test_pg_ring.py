@@ -674,3 +674,39 @@ def test_a_database_call_that_never_answers_fails_within_its_bound_and_the_drive
         if backend is not None:
             _continue(backend)
         r.cleanup()
+
+
+def test_a_stop_while_the_first_connection_hangs_is_a_clean_stop(tmp_path):
+    """SPEC: a signal that arrives while the driver is still starting up is
+    honoured once it is ready. A driver whose first connection hangs (a server
+    that takes the connection and never speaks) is stopped by SIGTERM: the
+    connect is ended at once, and that is a stop (exit 0, what a service manager
+    expects of a stop), not "journal unreachable" (69, a failed unit)."""
+    pytest.importorskip("psycopg")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    silent.settimeout(20)
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": f"postgresql://ring@127.0.0.1:{silent.getsockname()[1]}/ring",
+                             "lease_ttl": 40.0})   # a call's bound, ttl/4 = 10 s: far past what the test allows
+        r.roster("a /bin/true")
+        d = r.start_driver()
+        conn, _ = silent.accept()   # the driver is inside its first connect
+        try:
+            sent = time.monotonic()
+            d.send_signal(signal.SIGTERM)
+            wait_until(lambda: d.poll() is not None, timeout=5, interval=0.01,
+                       message="the driver's exit on SIGTERM during its first connect")
+            took = time.monotonic() - sent
+            err = d.communicate()[1].decode()
+            assert d.returncode == 0, (d.returncode, err)
+            assert took < 5 and "Traceback" not in err, err
+            assert "stopped while starting" in err, err
+        finally:
+            conn.close()
+    finally:
+        silent.close()
+        r.cleanup()
