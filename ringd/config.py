@@ -121,7 +121,7 @@ class Config:
 
     def roster_path(self, state_dir: Path) -> Path:
         if self.ring.roster:
-            p = Path(self.ring.roster).expanduser()
+            p = Path(os.path.expanduser(self.ring.roster))   # (never raises: load_config checked it)
             if not p.is_absolute():
                 base = self.path.parent if self.path else Path.cwd()
                 p = base / p
@@ -279,6 +279,20 @@ def _argv(key: str, value: Any) -> Optional[Tuple[str, ...]]:
     return tuple(value)
 
 
+def _home_path(key: str, value: str) -> str:
+    """A path from the config (``check_path``) whose leading ``~`` or ``~user``
+    expands. One that cannot (no such user; no HOME and no passwd entry) was
+    taken as is: ``ring.roster: ~nosuchuser/ring.txt`` made every command die in
+    ``Path.expanduser`` (``ringd run`` with a traceback, ``check`` an "internal
+    error"), and a cwd named a folder ``~nosuchuser`` beside the roster."""
+    check_path(key, value)
+    if value.startswith("~") and os.path.expanduser(value).startswith("~"):
+        user = value[1:].split("/", 1)[0]
+        who = f"no user {excerpt(user, 20)}" if user else "no home directory (HOME unset, no passwd entry)"
+        raise ConfigError(f"{key}: cannot expand {excerpt(value)}: {who}")
+    return value
+
+
 def _mapping(key: str, value: Any) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -346,7 +360,7 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         elif k == "roster":
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
-            values[k] = v if v is None else check_path(key, v)
+            values[k] = v if v is None else _home_path(key, v)
         elif k == "journal":
             if v is not None and (not isinstance(v, str) or not v.startswith(("postgresql://", "postgres://"))):
                 raise ConfigError(f"{key}: must be null (SQLite in the state dir) or a "
@@ -383,7 +397,7 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
         if "cwd" in spec:
             if not isinstance(spec["cwd"], str) or not spec["cwd"]:
                 raise ConfigError(f"{section}.cwd: must be a directory path, got {excerpt(spec['cwd'])}")
-            values["cwd"] = check_path(f"{section}.cwd", spec["cwd"])
+            values["cwd"] = _home_path(f"{section}.cwd", spec["cwd"])
         o = AgentOverride(**values)
         budget = o.run_budget if o.run_budget is not None else ring.run_budget
         stall = o.stall_threshold if o.stall_threshold is not None else ring.stall_threshold

@@ -828,3 +828,35 @@ def test_a_journal_with_no_tables_yet_reads_as_a_ring_that_never_ran(ring, kind)
     r = ring.cli("history", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
     assert ring.journal_path.read_bytes() == before
+
+
+NO_SUCH_USER = "no-such-user-of-ring-tests"
+
+
+@pytest.mark.parametrize("key, spec", [("ring.roster", {"ring": {"roster": f"~{NO_SUCH_USER}/ring.txt"}}),
+                                       ("agents.a.cwd", {"agents": {"a": {"cwd": f"~{NO_SUCH_USER}"}}})])
+def test_a_tilde_path_that_cannot_expand_is_a_configuration_error_naming_the_key(key, spec):
+    """``~user`` for a user that does not exist: ``ring.roster`` made every command
+    die in ``Path.expanduser`` (``ringd run`` with a traceback, ``check`` an
+    "internal error", exit 1), and a cwd named a folder "~user" beside the roster.
+    Refused where the config is read, so check, run and a SIGHUP reload agree."""
+    import pwd
+    from ringd.config import ConfigError, parse_config
+    with pytest.raises(KeyError):
+        pwd.getpwnam(NO_SUCH_USER)
+    with pytest.raises(ConfigError) as e:
+        parse_config(spec)
+    assert str(e.value).startswith(f"{key}: cannot expand") and NO_SUCH_USER in str(e.value), str(e.value)
+    assert parse_config({"ring": {"roster": "~/ring.txt"}}).roster_path(Path("/s")).is_absolute()
+
+
+def test_check_and_run_refuse_a_roster_under_an_unknown_users_home_alike(ring):
+    """The CLI wiring of the test above: the same exit 78 and one line from both."""
+    ring.roster("a /bin/true")
+    ring.write_config(ring={"roster": f"~{NO_SUCH_USER}/ring.txt"})
+    r = ring.cli("check")
+    assert r.returncode == 78, r.stderr
+    assert_one_clear_line(r.stderr, "ring.roster: cannot expand")
+    err = start_refused(ring)
+    assert_one_clear_line(err, "ring.roster: cannot expand")
+    assert not ring.runs()
