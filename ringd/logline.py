@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Optional, TextIO
 
+from .notify import without_controls
+
 ERR, WARNING, INFO = 3, 4, 6
 
 # A line's priority when the caller does not give one: the words our own
@@ -50,7 +52,12 @@ def format_line(prog: str, message: str, *, at: float, pid: int, level: Optional
                 journald: bool = False) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
     prefix = f"<{priority(message) if level is None else level}>" if journald else ""
-    return f"{prefix}{stamp} {prog}[{pid}]: {message}\n"
+    # One line, whatever the message quotes: a path from the config or the command
+    # line may hold a newline or an escape sequence (ring.roster: "x\nFAKE: ok"
+    # logged a configuration error as two lines, and ringwatch, which reports the
+    # driver's last log line, then named only the forged half). Under journald
+    # only the first line had the priority.
+    return f"{prefix}{stamp} {prog}[{pid}]: {without_controls(message)}\n"
 
 
 _journald: Optional[bool] = None

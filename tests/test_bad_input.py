@@ -860,3 +860,25 @@ def test_check_and_run_refuse_a_roster_under_an_unknown_users_home_alike(ring):
     err = start_refused(ring)
     assert_one_clear_line(err, "ring.roster: cannot expand")
     assert not ring.runs()
+
+
+def test_a_daemon_log_line_is_one_line_whatever_the_input_it_quotes():
+    """The daemons' error lines quote paths from the config and the command line;
+    a newline or an escape sequence there split a configuration error in two
+    (the second half free for a forger) or reached the terminal."""
+    from ringd.logline import format_line
+    line = format_line("ringd", "configuration error: /x\nFAKE: all is well\x1b[2J: roster file not found",
+                       at=0, pid=7)
+    assert line.endswith("\n") and line.count("\n") == 1, line
+    assert "\x1b" not in line and "FAKE: all is well" in line
+
+
+def test_run_refuses_a_roster_path_with_a_newline_in_one_line_as_check_does(ring):
+    """The CLI wiring: ``ringd run``'s start-up error is one line, as ``check``'s is."""
+    ring.roster("a /bin/true")
+    ring.write_config(ring={"roster": "x\nFAKE: all is well"})
+    r = ring.cli("check")
+    assert r.returncode == 78, r.stderr
+    assert_one_clear_line(r.stderr, "roster file not found")
+    err = start_refused(ring)
+    assert_one_clear_line(err, "configuration error", "FAKE: all is well: roster file not found")
