@@ -8,7 +8,11 @@ on a clock nobody steps), ``pid_start``
 (to tell a live watcher from a recycled pid), ``gave_up_at``, ``gave_up_reason``,
 ``stopped`` (true after a clean exit), ``driver`` (pid and start time of the
 driver being watched) and ``state_dir``/``state_id`` (``ringd.heartbeat.whose``). The restart history survives the watcher's own restarts;
-``ringwatch reset`` clears it.
+``ringwatch reset`` clears it, and counts its resets in ``reset_gen``.
+
+Every read-modify-write of ``ringwatch.json`` (the watcher's, reset's) holds
+:func:`write_lock`, a short flock on the state dir itself, so a reset is never
+undone by a watcher that read the file just before it.
 
 The lock is a kernel flock (ringd.lock.KernelLock): released when the holder
 dies, so it never needs cleaning up. The lock file holds nothing, so the
@@ -16,12 +20,14 @@ holder's pid is published in ``ringwatch.json``, not in the lock.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
@@ -77,6 +83,41 @@ def load(state_dir: Path) -> Dict[str, Any]:
 
 def save(state_dir: Path, data: Dict[str, Any]) -> None:
     write_json_atomic(state_path(state_dir), data)
+
+
+WRITE_LOCK_WAIT = 10.0   # s; a holder only reads and writes one small file
+
+
+@contextlib.contextmanager
+def write_lock(state_dir: Path, wait: float = WRITE_LOCK_WAIT) -> Iterator[None]:
+    """Hold the lock for one read-modify-write of ringwatch.json (the watcher's
+    and ``ringwatch reset``'s): a flock on the state dir itself, not on a file,
+    so taking it needs no disk space (a full disk is when a reset matters) and
+    leaves nothing behind. Never held for long; a holder that does not let go
+    within ``wait`` (a stopped process) raises RingError (75) rather than hang
+    the watcher's loop."""
+    fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RingError(f"{state_path(state_dir)}: still being written by another process "
+                                    f"after {wait:g}s", EX_TEMPFAIL) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)   # drops the flock
+
+
+def reset_fields(gen: Any) -> Dict[str, Any]:
+    """The ringwatch.json keys a reset sets: no history, no give-up, and the
+    reset's generation (a watcher holding its state in memory compares it)."""
+    return dict(restarts=[], restart_clock=None, gave_up=False, gave_up_at=None,
+                gave_up_reason=None, reset_gen=gen)
 
 
 @dataclass(frozen=True)
@@ -185,14 +226,20 @@ class WatchLock:
 def reset(state_dir: Path) -> str:
     """``ringwatch reset``: clear the restart history and ``gave_up`` (like
     ``systemctl reset-failed``). Works while a watcher runs: it only drops the
-    history, which a running watcher re-reads before every restart decision."""
-    data = load(state_dir)
-    if not data and not state_path(state_dir).exists():
-        return f"{state_dir}: no watcher state; nothing to reset"
-    had = len(restart_times(data, clock_now()))
-    was_given_up = bool(data.get("gave_up"))
-    data.update(restarts=[], restart_clock=None, gave_up=False, gave_up_at=None, gave_up_reason=None)
-    save(state_dir, data)
+    history and the give-up, under :func:`write_lock` (which a running watcher
+    holds from reading its history to writing it back), and bumps ``reset_gen``,
+    which a running watcher that keeps its state in memory (a full disk) checks
+    before each use of it: so a running watcher's history is cleared too, never
+    written back over the reset."""
+    with write_lock(state_dir):
+        data = load(state_dir)
+        if not data and not state_path(state_dir).exists():
+            return f"{state_dir}: no watcher state; nothing to reset"
+        had = len(restart_times(data, clock_now()))
+        was_given_up = bool(data.get("gave_up"))
+        prev = data.get("reset_gen")   # only ever compared for equality: garbage restarts at 1
+        data.update(reset_fields(prev + 1 if type(prev) is int and 0 <= prev < 2 ** 53 else 1))
+        save(state_dir, data)
     parts = [f"cleared {had} restart(s)"]
     if was_given_up:
         parts.append("and the give-up")

@@ -13,6 +13,7 @@ configuration error (its own, or the driver exited 78).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -244,16 +245,27 @@ class Watcher:
         if old is not None and not self.command_mode:
             self._stop(old, "unhealthy")
         self._sleep(time.monotonic() + self.w.restart_sec)
-        data = self._load()
-        clock = state.clock_now()
-        now = clock.boot   # the window is on the boot clock: a stepped wall clock moves nothing
-        window = policy.prune(state.restart_times(data, clock), now, self.w.start_limit_interval)
-        if not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval):
+        # Decide and record in one hold of the write lock: a `ringwatch reset`
+        # lands before the decision (which then sees no history) or after the
+        # record (which it clears), never in between to be written over.
+        with self._write_lock():
+            data = self._load()
+            clock = state.clock_now()
+            now = clock.boot   # the window is on the boot clock: a stepped wall clock moves nothing
+            window = policy.prune(state.restart_times(data, clock), now, self.w.start_limit_interval)
+            give_up = not policy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval)
+            if give_up:
+                reason = (f"{len(window)} restarts within {self.w.start_limit_interval}s "
+                          f"(start_limit_burst {self.w.start_limit_burst}); last: {verdict.reason}")
+                self._write(data, gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason,
+                            stopped=True)
+            else:
+                window = policy.record_restart(window, now, self.w.start_limit_interval)
+                self._write(data, **state.encode_restarts(window, clock))
+        if give_up:
             if old is not None and self.command_mode:
                 self._stop(old, "unhealthy")
-            return self._give_up(verdict, len(window))
-        window = policy.record_restart(window, now, self.w.start_limit_interval)
-        self._save(**state.encode_restarts(window, clock))
+            return self._give_up(reason)
         n = f"restart {len(window)}/{self.w.start_limit_burst} within {self.w.start_limit_interval}s"
         if self.command_mode:
             self._run_restart_command(n)
@@ -351,13 +363,11 @@ class Watcher:
             log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway")
 
     # --- giving up, shutting down ---------------------------------------------------
-    def _give_up(self, verdict: policy.Verdict, restarts: int) -> int:
-        reason = (f"{restarts} restarts within {self.w.start_limit_interval}s "
-                  f"(start_limit_burst {self.w.start_limit_burst}); last: {verdict.reason}")
+    def _give_up(self, reason: str) -> int:
+        """After the give-up is recorded (_replace): say so, clean up, alert."""
         log(f"GIVING UP: the driver keeps failing: {reason}. Not restarting it again. "
             f"Look at {self.state_dir / 'logs' / driverproc.DRIVER_LOG} and `ringd status`, fix the cause, "
             f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.")
-        self._save(gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason, stopped=True)
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
         self._await_alert(self.on_event(events.WATCHER_GAVE_UP, reason))
@@ -487,16 +497,44 @@ class Watcher:
             self.last_status = text
             self.notifier.notify(f"STATUS={text}")
 
+    @contextlib.contextmanager
+    def _write_lock(self):
+        """state.write_lock around one read-modify-write of ringwatch.json. One we
+        cannot take (a stopped reset holding it) must not stop the watching: go
+        on without it, and say so."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(state.write_lock(self.state_dir))
+            except (RingError, OSError) as e:
+                log(f"writing {state.state_path(self.state_dir)} without its lock: {e}")
+            yield
+
     def _load(self) -> Dict[str, Any]:
-        """Our state: the file, or what we could not write to it (full disk)."""
-        return dict(self._unsaved) if self._unsaved is not None else state.load(self.state_dir)
+        """Our state: the file, or what we could not write to it (full disk). A
+        ``ringwatch reset`` made since we last wrote (the file's ``reset_gen``
+        moved) clears the history we keep in memory too: it is never undone."""
+        data = state.load(self.state_dir)
+        if self._unsaved is None:
+            return data
+        mem = dict(self._unsaved)
+        gen = data.get("reset_gen")
+        if gen is not None and gen != mem.get("reset_gen"):
+            log("ringwatch reset: restart history cleared")
+            mem.update(state.reset_fields(gen))
+        return mem
 
     def _save(self, **fields: Any) -> None:
-        """Read-modify-write ringwatch.json, so a concurrent ``ringwatch reset`` of
-        the history is not overwritten by our next poll. A state dir that is full
-        or read-only must not stop the watching: keep the state in memory (the
-        start limit still counts), say so once, write it when we can again."""
-        data: Dict[str, Any] = self._load()
+        """Read-modify-write ringwatch.json under its write lock, so a concurrent
+        ``ringwatch reset`` of the history is not overwritten by our next poll."""
+        with self._write_lock():
+            self._write(self._load(), **fields)
+
+    def _write(self, data: Dict[str, Any], **fields: Any) -> None:
+        """Write ``data`` (just read under the write lock) updated with ``fields``.
+        A state dir that is full or read-only must not stop the watching: keep
+        the state in memory (the start limit still counts), say so once, write
+        it when we can again."""
+        data = dict(data)
         data.setdefault("gave_up", False)
         data.update(fields)
         # only restarts still inside the window are "in window" (SPEC)

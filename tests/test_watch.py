@@ -747,3 +747,80 @@ def test_an_internal_error_of_the_watcher_is_not_its_give_up_code(monkeypatch, c
         text = (Path(__file__).resolve().parent.parent / "systemd" / unit).read_text()
         prevent = next(ln for ln in text.splitlines() if ln.startswith("RestartPreventExitStatus="))
         assert "1" not in prevent.split("=", 1)[1].split(), prevent
+
+
+# --- ringwatch reset of a running watcher ------------------------------------------------
+
+def in_process_watcher(ring, restarts=2):
+    """A Watcher object (no loop, no driver) whose ringwatch.json holds ``restarts``
+    restarts inside the window."""
+    from ringd.config import load_config
+    from ringd.heartbeat import whose
+    from ringwatch import state
+    from ringwatch.watch import Watcher
+    ring.write_config(watch={"start_limit_burst": 5, "start_limit_interval": 600})
+    state.prepare_state_dir(ring.state)
+    w = Watcher(ring.state, ring.config_path, load_config(ring.config_path))
+    clock = state.clock_now()
+    w._save(**whose(ring.state), pid=os.getpid(), gave_up=False,
+            **state.encode_restarts([clock.boot - 2 - i for i in range(restarts)][::-1], clock))
+    assert len(watch_state(ring)["restarts"]) == restarts
+    return w
+
+
+def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, monkeypatch):
+    """The watcher read ringwatch.json, a `ringwatch reset` cleared it, and the
+    watcher wrote back what it had read: the reset said "cleared 2 restart(s)"
+    yet the history was back, and the next failures gave up early. Both now hold
+    one write lock for their read-modify-write: the reset waits for the watcher."""
+    from ringwatch import state
+    w = in_process_watcher(ring)
+    real_clock_now = state.clock_now
+    resets = []
+
+    def reset_in_the_middle():   # called by _save between its read and its write
+        if not resets:
+            p = subprocess.Popen(watch_cmd("reset", "--state", str(ring.state)), env=ring.env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            resets.append(p)
+            try:   # unlocked, the reset is done well within this; locked out, it waits
+                p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+        return real_clock_now()
+    monkeypatch.setattr(state, "clock_now", reset_in_the_middle)
+    try:
+        w._save(last_poll_at="now")
+        rc, err = finish(resets[0], 20)
+    finally:
+        for p in resets:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert rc == 0, err
+    assert watch_state(ring)["restarts"] == [], "the reset was undone by the watcher's write"
+
+
+def test_a_reset_clears_the_history_a_watcher_keeps_in_memory_on_a_full_disk(ring, monkeypatch):
+    """On a full disk the watcher keeps its state in memory. The operator frees
+    space and runs `ringwatch reset`: the watcher's next write put its in-memory
+    history back over the reset (and counted it for the next give-up). A reset
+    now moves ``reset_gen``, which the watcher checks before it uses its state."""
+    import errno
+    from ringwatch import state
+    w = in_process_watcher(ring)
+    real_save, full = state.save, [True]
+
+    def save(state_dir, data):
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(state_dir, data)
+    monkeypatch.setattr(state, "save", save)
+    w._save(last_poll_at="full")                 # the state is now in memory only
+    assert w._unsaved is not None
+    full[0] = False                              # space freed; the operator resets
+    assert "cleared 2 restart(s)" in state.reset(ring.state)
+    assert w._load()["restarts"] == []           # what the next restart decision reads
+    w._save(last_poll_at="free")
+    ws = watch_state(ring)
+    assert ws["restarts"] == [] and ws["last_poll_at"] == "free" and w._unsaved is None
