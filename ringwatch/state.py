@@ -31,12 +31,17 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
+from ringd import safefile
 from ringd.safefile import check_state_dir
 
 from .policy import number
 
 STATE_FILE = WATCHER_FILE
 LOCK_FILE = "ringwatch.lock"
+# An empty file that records a give-up ringwatch.json could not (a full disk):
+# creating it needs an inode, no data block. A watcher refuses to start while
+# it exists, as it does on "gave_up": true; `ringwatch reset` removes it.
+GAVE_UP_FILE = "ringwatch.gave-up"
 
 
 def state_path(state_dir: Path) -> Path:
@@ -83,6 +88,16 @@ def load(state_dir: Path) -> Dict[str, Any]:
 
 def save(state_dir: Path, data: Dict[str, Any]) -> None:
     write_json_atomic(state_path(state_dir), data)
+
+
+def gave_up(state_dir: Path, data: Dict[str, Any]) -> bool:
+    """Did a watcher give up (``data``: ringwatch.json as loaded)?"""
+    return bool(data.get("gave_up")) or os.path.lexists(state_dir / GAVE_UP_FILE)
+
+
+def mark_gave_up(state_dir: Path) -> None:
+    """Record a give-up that ringwatch.json could not take (OSError if even this fails)."""
+    os.close(safefile.create_new(state_dir / GAVE_UP_FILE, 0o600))
 
 
 WRITE_LOCK_WAIT = 10.0   # s; a holder only reads and writes one small file
@@ -233,10 +248,16 @@ def reset(state_dir: Path) -> str:
     written back over the reset."""
     with write_lock(state_dir):
         data = load(state_dir)
+        was_given_up = gave_up(state_dir, data)
+        try:
+            os.unlink(state_dir / GAVE_UP_FILE)
+        except FileNotFoundError:
+            pass
         if not data and not state_path(state_dir).exists():
+            if was_given_up:
+                return f"{state_dir}: cleared the give-up; ringwatch may start the driver again"
             return f"{state_dir}: no watcher state; nothing to reset"
         had = len(restart_times(data, clock_now()))
-        was_given_up = bool(data.get("gave_up"))
         prev = data.get("reset_gen")   # only ever compared for equality: garbage restarts at 1
         data.update(reset_fields(prev + 1 if type(prev) is int and 0 <= prev < 2 ** 53 else 1))
         save(state_dir, data)

@@ -102,7 +102,7 @@ class Watcher:
 
     def _refuse_if_given_up(self) -> None:
         data = state.load(self.state_dir)
-        if data.get("gave_up"):
+        if state.gave_up(self.state_dir, data):
             raise RingError(
                 f"gave up at {data.get('gave_up_at') or 'an earlier run'} "
                 f"({data.get('gave_up_reason') or 'start limit hit'}); not starting the driver. "
@@ -368,6 +368,15 @@ class Watcher:
         log(f"GIVING UP: the driver keeps failing: {reason}. Not restarting it again. "
             f"Look at {self.state_dir / 'logs' / driverproc.DRIVER_LOG} and `ringd status`, fix the cause, "
             f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.")
+        if self._unsaved is not None:   # the give-up is not in ringwatch.json (a full disk)
+            try:
+                state.mark_gave_up(self.state_dir)
+                log(f"cannot write {state.state_path(self.state_dir)}; the give-up is recorded in "
+                    f"{self.state_dir / state.GAVE_UP_FILE} instead")
+            except OSError as e:
+                log(f"THE GIVE-UP IS NOT RECORDED: cannot write {state.state_path(self.state_dir)} nor "
+                    f"create {self.state_dir / state.GAVE_UP_FILE} ({e.strerror}); a ringwatch started "
+                    f"again will start the driver again, with no restart history")
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
         self._await_alert(self.on_event(events.WATCHER_GAVE_UP, reason))

@@ -824,3 +824,30 @@ def test_a_reset_clears_the_history_a_watcher_keeps_in_memory_on_a_full_disk(rin
     w._save(last_poll_at="free")
     ws = watch_state(ring)
     assert ws["restarts"] == [] and ws["last_poll_at"] == "free" and w._unsaved is None
+
+
+def test_a_give_up_on_a_full_disk_is_recorded_and_refused_until_reset(ring, monkeypatch, capsys):
+    """A give-up that ringwatch.json could not take (a full disk) was kept in
+    memory only, and the watcher exited 70: the next ringwatch (launchd
+    relaunches it; or one started by hand) found no give-up and started the
+    driver again. The give-up is now recorded in an empty file, which needs no
+    data block, and refused until `ringwatch reset`."""
+    import errno
+    from ringd.errors import RingError
+    from ringwatch import state
+    from ringwatch.watch import Watcher
+    w = in_process_watcher(ring)
+
+    def full(state_dir, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(state, "save", full)
+    w._save(gave_up=True, gave_up_at="now", gave_up_reason="test", stopped=True)
+    assert w._give_up("test") == 70
+    monkeypatch.undo()
+    assert watch_state(ring)["gave_up"] is False          # ringwatch.json never got it
+    again = Watcher(ring.state, ring.config_path, w.config)
+    with pytest.raises(RingError) as refused:
+        again._refuse_if_given_up()
+    assert refused.value.code == 70 and "ringwatch reset" in str(refused.value)
+    assert "and the give-up" in state.reset(ring.state)
+    again._refuse_if_given_up()                            # cleared: it may start the driver
