@@ -128,6 +128,18 @@ def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def line_written(path: Path, timeout: float = 20.0, message: str = "a line written") -> str:
+    """The first line a process writes to ``path``, once it is whole. A file
+    exists as soon as the shell opens it for ``>``, before its write: reading
+    it at that moment gives ''."""
+    def whole():
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        return text.split("\n", 1)[0] if "\n" in text else None
+    return wait_until(whole, timeout, message=message)
+
 
 def read_until(stream, done: Callable[[bytes], object], timeout: float = 10.0,
                message: str = "output") -> bytes:

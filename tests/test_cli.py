@@ -14,7 +14,7 @@ from datetime import datetime
 import psutil
 import pytest
 
-from conftest import read_until, ring_cmd, wait_until
+from conftest import line_written, read_until, ring_cmd, wait_until
 
 STATUS_KEYS = {"state_dir", "driver", "watcher", "current", "roster", "agents"}
 DRIVER_KEYS = {"pid", "health", "heartbeat_age", "started_at", "lap"}
@@ -293,9 +293,7 @@ def test_skip_current_run_lands_within_a_second(ring):
     ring.start_driver()
     row = wait_until(lambda: running_of(ring, "slow"), message="slow running")
     child_file = ring.state / "slow-child.pid"
-    wait_until(child_file.exists, message="grandchild pid")
-    wait_until(lambda: child_file.read_text().strip(), message="grandchild pid written")
-    child = int(child_file.read_text())
+    child = int(line_written(child_file, message="grandchild pid"))
     assert pid_alive(child)
 
     t0 = time.monotonic()

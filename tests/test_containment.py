@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_until
+from conftest import line_written, wait_until
 from ringd import cgroup, procid, proctree
 from ringd.env import RealEnv
 
@@ -49,8 +49,7 @@ def test_a_grandchild_that_leaves_the_session_and_clears_its_environment_dies_wi
     ring.write_config(ring={"run_budget": 0.5, "stall_threshold": 1.5})
     ring.roster(f"a {ring.agents_dir}/a.sh")
     drv = ring.start_driver()
-    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="escapee started")
-    escaped = int(pid_file.read_text())
+    escaped = int(line_written(pid_file, 20, message="escapee started"))
     ticks = procid.start_ticks(escaped)
     try:
 
@@ -144,8 +143,7 @@ def test_a_reaper_kills_the_run_cgroup_of_a_dead_driver(containment, tmp_path):
     cg = containment.create(43)
     pids = tmp_path / "pids"
     child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
-    wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
-    escaped = int(pids.read_text())
+    escaped = int(line_written(pids, 10, message="escapee started"))
     # another process (a reaper: `ringd status`, the next driver) knows only the state dir and run id
     assert cgroup.kill_recorded(tmp_path, 99) == 0, "another run's record is not this run's"
     assert cgroup.kill_recorded(tmp_path, 43) == 2
@@ -284,8 +282,7 @@ def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(con
         cg = containment.create(run_id)
         pids = tmp_path / "pids"
         child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
-        wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
-        escaped = int(pids.read_text())
+        escaped = int(line_written(pids, 10, message="escapee started"))
         standin.stdin.write(f"{cg.dir}/cgroup.procs\n")
         standin.stdin.flush()
         assert standin.stdout.readline() == "inside\n"
@@ -327,8 +324,7 @@ def test_killing_all_but_the_driver_kills_the_rest_of_the_cgroup(containment, tm
     cg = containment.create(46)
     pids = tmp_path / "pids"
     child = _spawn_in(containment, cg, f"setsid env -i sleep 300 & echo $! >> {pids}; exec sleep 300", tmp_path)
-    wait_until(lambda: pids.exists() and pids.read_text().strip(), 10, message="escapee started")
-    escaped = int(pids.read_text())
+    escaped = int(line_written(pids, 10, message="escapee started"))
     if pidfd != "pidfd_open":
         def enosys(pid, flags=0):
             raise OSError(38, "Function not implemented")

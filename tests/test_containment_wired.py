@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from conftest import wait_until
+from conftest import line_written, wait_until
 from ringd import cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-run cgroups need root here")
@@ -55,8 +55,7 @@ def test_a_dead_drivers_escapee_without_its_environment_is_reaped_via_its_cgroup
     ring.roster(f"esc {ring.agents_dir}/esc.sh")
     ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
     driver = ring.start_driver()
-    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), timeout=20, message="escapee started")
-    escapee = int(pidfile.read_text())
+    escapee = int(line_written(pidfile, 20, message="escapee started"))
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(timeout=10)
     assert _alive(escapee)   # a SIGKILLed driver ends nothing by itself

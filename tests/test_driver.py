@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import processes_of, wait_until
+from conftest import line_written, processes_of, wait_until
 
 
 def statuses(ring):
@@ -470,8 +470,7 @@ def test_a_write_lock_held_by_another_process_never_holds_up_the_agents_budget(r
         else:
             pytest.skip("could not take the journal's write lock within 0.08 s of a run's start")
         termed = termed.with_name(f"termed.{run_id}")
-        wait_until(termed.exists, 15, message="the budget's SIGTERM")
-        term_after = float(termed.read_text()) - started_at
+        term_after = float(line_written(termed, 15, message="the budget's SIGTERM")) - started_at
     finally:
         holder.close()   # (rolls back: the run's end can be recorded)
         reader.close()

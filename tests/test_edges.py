@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ring_cmd, wait_until, watch_cmd
+from conftest import line_written, ring_cmd, wait_until, watch_cmd
 from ringd.config import MAX_DURATION
 from ringd.heartbeat import read_json
 
@@ -398,9 +398,8 @@ def test_a_driver_started_through_a_symlink_keys_its_runs_by_the_real_path(ring)
     ring.write_config(ring={"run_budget": 60, "stall_threshold": 90})
     ring.roster(f"a {ring.agents_dir}/a.sh")
     drv = ring.start(ring_cmd("run", "--state", str(link), "--config", str(ring.config_path)))
-    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="grandchild started")
+    grandchild = int(line_written(pid_file, 20, message="grandchild started"))
     assert env_file.read_text().strip() == str(ring.state.resolve())
-    grandchild = int(pid_file.read_text())
     drv.send_signal(signal.SIGKILL)
     drv.wait(timeout=10)
     r = subprocess.run(ring_cmd("status", *ring.common()), env=ring.env, capture_output=True, text=True,

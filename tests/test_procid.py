@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from conftest import ring_cmd, wait_until, watch_cmd
+from conftest import line_written, ring_cmd, wait_until, watch_cmd
 from ringd import procid
 
 
@@ -98,8 +98,7 @@ def test_a_clock_step_never_makes_a_live_driver_or_agent_look_dead(ring, tmp_pat
     shifted = _btime_shifted(tmp_path, step)
     pid_file = _long_run(ring)
     ring.start_driver()
-    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="agent running")
-    agent = int(pid_file.read_text())
+    agent = int(line_written(pid_file, 20, message="agent running"))
     agent_ticks = procid.start_ticks(agent)
     r = subprocess.run(shifted + ring_cmd("status", "--json", *ring.common()), env=ring.env,
                        capture_output=True, text=True, timeout=60)

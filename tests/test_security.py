@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_until
+from conftest import line_written, wait_until
 from ringd import safefile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
@@ -219,8 +219,7 @@ def test_lock_is_free_once_the_driver_dies_even_with_its_agent_alive(ring):
     ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
     ring.roster(f"long {ring.agents_dir}/long.sh")
     drv = ring.start_driver()
-    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, message="agent running")
-    agent = int(pid_file.read_text())
+    agent = int(line_written(pid_file, 20, message="agent running"))
     drv.send_signal(signal.SIGKILL)
     drv.wait(timeout=10)
     assert psutil.Process(agent).status() != psutil.STATUS_ZOMBIE, "agent should outlive the driver here"
