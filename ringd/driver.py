@@ -505,7 +505,7 @@ class Driver:
         if self.leader is not None:
             self.env.prove_containment()
             self.beat()
-            self.env.notify("READY=1")  # a standby is a started, healthy driver
+            self.env.ready()  # a standby is a started, healthy driver
             if not self.stand_by():
                 self.shutdown()
                 return EX_OK
@@ -513,8 +513,7 @@ class Driver:
             self.resume_from_journal()
             self.journal.set_meta("roster_error", self.roster.error)
         except JournalError as e:
-            self.log(str(e))
-            return journal_exit(e)
+            return startup_journal_exit(e, self.env, self.log)
         turns_left = len(self.roster.agents) if self.once else None
         self.env.index_run_logs(a.name for a in self.roster.agents)
         self.write_metrics()   # (the slow part of a beat: done before the proof, so the beat below skips it)
@@ -522,7 +521,7 @@ class Driver:
         # grace period, so the first run's step into its cgroup does not (Containment.prove).
         self.env.prove_containment()
         self.beat()
-        self.env.notify("READY=1")
+        self.env.ready()
         self.env.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
         self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
         while True:

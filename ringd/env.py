@@ -268,6 +268,13 @@ class RealEnv:
     def notify(self, message: str) -> None:
         self.notifier.notify(message)
 
+    def ready(self) -> None:
+        """Started: READY=1 to the service manager, and from now on a SIGHUP or
+        SIGUSR1 ends a journal call in flight as a stop does (pgcall.ends_call);
+        before, it waits for the loop, which acts on it."""
+        self.wakeups.ready = True
+        self.notify("READY=1")
+
     def open_run_log(self, agent: str, run_id: int, keep: int = 0) -> Tuple[int, str]:
         """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
         local user planted in the state dir. When the agent already has ``keep``

@@ -9,8 +9,9 @@ its connection): one ``poll`` on the connection's socket and the driver's
 wake-up pipe, which ends the call
 
 - when it has not answered within its bound (:func:`call_bound`), or
-- ``STOP_GRACE`` after a signal the SPEC has the driver act on within 1 s
-  (SIGTERM, SIGINT, SIGHUP, SIGUSR1) arrived while it was in flight,
+- ``STOP_GRACE`` after a signal the driver is to act on at once arrived
+  while it was in flight (:func:`ends_call`: a stop always; a reload or a
+  wake-up once the driver is ready),
 
 by raising :class:`Abandoned`; the connection is then dropped and made again
 by the next call. Every signal heard meanwhile is put back into the pipe for
@@ -37,6 +38,9 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 # at the default TTL) broke it. A call the server is answering ends on its own
 # within the grace, so only a hung one is given up (and retried by the loop).
 # SIGCHLD is not one: an agent's exit must never cost a renewal in flight.
+# During start-up (a slow first connection, the migration lock) a SIGHUP or SIGUSR1
+# is honoured once the driver is ready (SPEC): ending the call for it failed the
+# start-up, an exit 69. Only a stop ends a call then.
 PROMPT_SIGNALS = STOP_SIGNALS | {signal.SIGHUP, signal.SIGUSR1}
 OVERDUE, STOPPING = "overdue", "stopping"
 # psycopg's wait states and readiness (``psycopg.waiting``): bit 1 read, bit 2 write
@@ -51,6 +55,13 @@ def call_bound(ttl: float) -> float:
     also the server's own statement and lock timeout (``journal_pg``), so a
     server that is merely slow ends a call the same way."""
     return ttl / BEATS_PER_TTL
+
+
+def ends_call(got: Set[int], ready: bool) -> bool:
+    """Whether signals ``got``, heard while a call is in flight, end it (after
+    the grace): a stop always; a reload or a wake-up once the driver is
+    ``ready`` (in its loop, where it acts on them), never during start-up."""
+    return bool(got & (PROMPT_SIGNALS if ready else STOP_SIGNALS))
 
 
 def verdict(now: float, deadline: float, stop_at: Optional[float]) -> Optional[str]:
@@ -73,7 +84,10 @@ class Abandoned(Exception):
 
 
 class SignalTap(Protocol):
-    """The driver's wake-up pipe (``ringd.wakeup.Wakeups``)."""
+    """The driver's wake-up pipe (``ringd.wakeup.Wakeups``); ``ready``: its
+    owner has started and acts on every signal at once."""
+    ready: bool
+
     def fileno(self) -> int: ...
     def drain(self) -> Set[int]: ...
     def put_back(self, sigs: Set[int]) -> None: ...
@@ -103,7 +117,7 @@ def wait(gen, fileno: int, bound: float, tap: Optional[SignalTap] = None,
                 else:
                     got = tap.drain()
                     heard |= got
-                    if stop_at is None and got & PROMPT_SIGNALS:
+                    if stop_at is None and ends_call(got, tap.ready):
                         stop_at = clock()
             if ready:
                 state = gen.send(ready)

@@ -41,6 +41,9 @@ class Wakeups:
         for sig in signals:
             self._old[sig] = signal.signal(sig, self._hear)
         self.signals = tuple(signals)
+        # Set once the owner has started (RealEnv.ready): from then on a signal
+        # is acted on at once, and ends a journal call in flight (pgcall).
+        self.ready = False
         earlysig.release()  # handlers exist: signals held since start-up are delivered now
 
     def wait(self, timeout: Optional[float], fds: Iterable[int] = ()) -> Tuple[Set[int], Set[int]]:

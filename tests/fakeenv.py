@@ -156,6 +156,9 @@ class FakeEnv:
     def notify(self, message):
         self.notes.append(message)
 
+    def ready(self):
+        self.notify("READY=1")
+
     def index_run_logs(self, agents):
         pass
 

@@ -710,3 +710,42 @@ def test_a_stop_while_the_first_connection_hangs_is_a_clean_stop(tmp_path):
     finally:
         silent.close()
         r.cleanup()
+
+
+def test_a_reload_while_a_start_up_call_waits_is_honoured_once_ready(tmp_path, pg_dsn):
+    """SPEC: a signal that arrives while the driver is still starting up is
+    honoured once it is ready. A SIGHUP that came while the driver's first
+    migration waited for another ring's migration lock ended that call, and the
+    driver exited 69 ("journal unreachable"). Now only a stop ends a start-up
+    call; the reload waits for the loop and is done there."""
+    import psycopg
+    from ringd.schema_pg import MIGRATION_LOCK
+    holder = psycopg.connect(pg_dsn, autocommit=True)
+    watcher = psycopg.connect(pg_dsn, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": pg_dsn, "lease_ttl": 40.0})   # a call's bound: 10 s
+        r.roster("a /bin/true")
+        d = r.start_driver()
+
+        def waiting_for_the_lock():
+            return watcher.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                   " AND NOT granted").fetchone()[0]
+        wait_until(waiting_for_the_lock, 20, message="the driver waiting for the migration lock")
+        d.send_signal(signal.SIGHUP)
+        until = time.monotonic() + 1.0   # five times the grace after which a stop ends the call
+        while time.monotonic() < until:
+            assert d.poll() is None, (d.returncode, _read(d.err_path))
+            assert waiting_for_the_lock(), "the call waiting for the lock was ended"
+            time.sleep(0.05)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+        wait_until(lambda: "config reloaded" in _read(d.err_path), 20, message="the reload done once ready")
+        assert d.poll() is None, _read(d.err_path)
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(timeout=20) == 0, _read(d.err_path)
+    finally:
+        holder.close()
+        watcher.close()
+        r.cleanup()

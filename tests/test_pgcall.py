@@ -9,7 +9,8 @@ import time
 import pytest
 
 from ringd.lease import beat_every, must_stop
-from ringd.pgcall import OVERDUE, STOP_GRACE, STOPPING, Abandoned, call_bound, poll_ms, verdict, wait
+from ringd.pgcall import (OVERDUE, STOP_GRACE, STOPPING, Abandoned, call_bound, ends_call, poll_ms, verdict,
+                          wait)
 
 
 # --- decisions --------------------------------------------------------------------
@@ -53,6 +54,7 @@ class Tap:
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         self.drains = 0
+        self.ready = True   # the driver in its loop (False: starting)
 
     def fileno(self):
         return self.r
@@ -147,6 +149,28 @@ def test_a_reload_or_wake_up_ends_a_hung_call_within_the_specs_second(pair, sig)
     took = time.monotonic() - t0
     assert STOP_GRACE <= took < 1.0, took
     assert tap.drain() == {sig}   # the driver's loop acts on it next
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
+def test_a_reload_or_wake_up_during_start_up_waits_for_the_loop(pair, sig):
+    """SPEC: a signal during start-up is honoured once the driver is ready.
+    Ending a start-up call for it (the migration lock, a first connection)
+    failed the start: exit 69. It is kept for the loop instead."""
+    a, b, tap = pair
+    tap.ready = False
+    tap.send(sig)
+    t0 = time.monotonic()
+    with pytest.raises(Abandoned, match="no answer"):   # only its bound ends it
+        wait(query(a, []), a.fileno(), 1.0, tap)
+    assert time.monotonic() - t0 >= 1.0
+    assert tap.drain() == {sig}
+
+
+def test_which_signals_end_a_call():
+    assert ends_call({signal.SIGTERM}, ready=False) and ends_call({signal.SIGINT}, ready=False)
+    assert not ends_call({signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD}, ready=False)
+    assert ends_call({signal.SIGHUP}, ready=True) and ends_call({signal.SIGUSR1, signal.SIGCHLD}, ready=True)
+    assert not ends_call({signal.SIGCHLD}, ready=True) and not ends_call(set(), ready=True)
 
 
 def test_other_signals_neither_end_the_call_nor_spin_and_are_kept(pair):
