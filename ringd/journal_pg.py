@@ -35,7 +35,7 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
     psycopg = None
 
 from . import lease as leaselib
-from . import pgcall
+from . import pgcall, sidethread
 from .journal import Journal, JournalError
 from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 from .schema_sqlite import too_new
@@ -159,7 +159,12 @@ class _Connecting:
         self._lock = threading.Lock()
         self._result: Any = None       # the connection, or what psycopg raised
         self._finished = self._abandoned = False
-        threading.Thread(target=self._connect, args=(dsn, kwargs), name="pg-connect", daemon=True).start()
+        try:
+            sidethread.start(self._connect, dsn, kwargs, name="pg-connect")
+        except RuntimeError as e:   # no thread to be had (a process or memory limit): an outage
+            os.close(self._r)
+            os.close(self._w)
+            raise psycopg.OperationalError(f"no thread to connect on: {e}") from None
 
     def fileno(self) -> int:
         return self._r
@@ -209,7 +214,11 @@ class _Con:
         self.wait_ms = min(max(100, int(wait_limit * 1000)), MAX_WAIT_MS)
         self.pg = None
         self._connecting: Optional[_Connecting] = None   # a new connection still being made
-        self.connect()
+        try:
+            self.connect()
+        except BaseException:
+            self.close()   # a connect still going on is nobody's else: its thread closes it
+            raise
 
     def connect(self) -> None:
         try:
