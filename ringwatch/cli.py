@@ -5,6 +5,7 @@ restart history. Thin: resolve locations, load the config, call
 """
 from __future__ import annotations
 
+import errno
 import sys
 
 from ringd import earlysig
@@ -17,9 +18,9 @@ from typing import Optional
 import click
 
 from ringd import __version__, logline
-from ringd.cli import RingGroup
+from ringd.cli import RingGroup, _drop_output
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-from ringd.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, RingError
+from ringd.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, RingError
 
 from . import state
 
@@ -28,6 +29,7 @@ from . import state
 # the shipped units tell systemd never to restart that (RestartPreventExitStatus=70
 # 78), so a bug stopped the ring for good instead of costing one restart.
 EXIT_INTERNAL = EX_FAILURE
+FULL = (errno.ENOSPC, errno.EDQUOT)   # a disk (or quota) that space freed mends
 
 
 def _fail(message: str, code: int) -> None:
@@ -89,9 +91,21 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     if not state_dir.is_dir():
         _fail(f"{state_dir}: no such state directory", EX_BAD_USAGE)
     try:
-        click.echo(state.reset(state_dir))
+        done = state.reset(state_dir)
     except OSError as e:
-        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}", EX_FAILURE)
+        # 1, as ringd's operator commands fail on a state file they cannot
+        # write (74 is output that cannot be written). state.reset changes
+        # nothing unless it saved, so a full disk's reset can just be run again.
+        hint = " (nothing was reset: free some space and run it again)" if e.errno in FULL else ""
+        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}{hint}", EX_FAILURE)
+    try:   # apart: output that cannot be written (a full disk) is no failed reset
+        click.echo(done)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise   # its reader went away: RingGroup ends quietly
+    except OSError as e:
+        _drop_output()
+        _fail(f"reset done, but cannot write to standard output: {e.strerror or e}", EX_IOERR)
 
 
 def main() -> None:

@@ -245,22 +245,27 @@ def reset(state_dir: Path) -> str:
     holds from reading its history to writing it back), and bumps ``reset_gen``,
     which a running watcher that keeps its state in memory (a full disk) checks
     before each use of it: so a running watcher's history is cleared too, never
-    written back over the reset."""
+    written back over the reset. Nothing changes unless the cleared state is
+    saved (OSError otherwise: a full disk)."""
     with write_lock(state_dir):
         data = load(state_dir)
         was_given_up = gave_up(state_dir, data)
-        try:
-            os.unlink(state_dir / GAVE_UP_FILE)
-        except FileNotFoundError:
-            pass
-        if not data and not state_path(state_dir).exists():
-            if was_given_up:
-                return f"{state_dir}: cleared the give-up; ringwatch may start the driver again"
+        if not data and not was_given_up and not state_path(state_dir).exists():
             return f"{state_dir}: no watcher state; nothing to reset"
         had = len(restart_times(data, clock_now()))
         prev = data.get("reset_gen")   # only ever compared for equality: garbage restarts at 1
         data.update(reset_fields(prev + 1 if type(prev) is int and 0 <= prev < 2 ** 53 else 1))
+        # Saved even when only the marker recorded the give-up (ringwatch.json
+        # missing, or left stale by the full disk): the reset is on record
+        # (reset_gen) and stale history goes with the give-up. Saved before the
+        # marker goes: a save that fails (a disk still full) leaves the give-up
+        # in force - removed first, the next watcher started the driver on a
+        # history the reset never cleared.
         save(state_dir, data)
+        try:
+            os.unlink(state_dir / GAVE_UP_FILE)
+        except FileNotFoundError:
+            pass
     parts = [f"cleared {had} restart(s)"]
     if was_given_up:
         parts.append("and the give-up")

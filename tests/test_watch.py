@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fill_up, processes_of, wait_until, watch_cmd
+from conftest import fill_up, mounted_tmpfs, processes_of, wait_until, watch_cmd
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -851,3 +851,42 @@ def test_a_give_up_on_a_full_disk_is_recorded_and_refused_until_reset(ring, monk
     assert refused.value.code == 70 and "ringwatch reset" in str(refused.value)
     assert "and the give-up" in state.reset(ring.state)
     again._refuse_if_given_up()                            # cleared: it may start the driver
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["no-ringwatch.json", "stale-ringwatch.json"])
+def test_a_reset_on_a_disk_still_full_keeps_the_give_up_and_works_once_space_is_freed(ring, stale):
+    """`ringwatch reset` removed the give-up marker before it saved the cleared
+    ringwatch.json: on a disk still full the save failed, the marker was gone,
+    and the next watcher started the driver on the stale history. Nor did a
+    reset of a marker-only give-up (no ringwatch.json) record itself. The marker
+    now goes only once the cleared state is saved."""
+    from ringwatch import state
+    with mounted_tmpfs(ring.state):
+        if stale:   # what the watcher wrote before the disk filled: no give-up, restarts in window
+            (ring.state / "ringwatch.json").write_text(json.dumps(
+                {"restarts": [state.iso(time.time() - 5)] * 2, "gave_up": False}))
+        (ring.state / state.GAVE_UP_FILE).touch(mode=0o600)   # the give-up the full disk left
+        filler = fill_up(ring.state)
+        res = run_cli(ring, "reset", "--state", str(ring.state))
+        assert res.returncode == 1 and res.stdout == "", res
+        assert (ring.state / state.GAVE_UP_FILE).exists(), "a failed reset lost the give-up"
+        assert state.gave_up(ring.state, state.load(ring.state))
+        assert "cannot reset: No space left on device" in res.stderr and "run it again" in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+        filler.unlink()                                       # space freed: the same command works
+        res = run_cli(ring, "reset", "--state", str(ring.state))
+        assert res.returncode == 0 and f"cleared {2 if stale else 0} restart(s) and the give-up" in res.stdout, res
+        assert not (ring.state / state.GAVE_UP_FILE).exists()
+        data = watch_state(ring)
+        assert data["reset_gen"] == 1 and data["gave_up"] is False and data["restarts"] == [], data
+
+
+def test_a_reset_whose_output_cannot_be_written_is_no_failed_reset(ring):
+    """A reset's line on a full disk (stdout to /dev/full) was reported as
+    "cannot reset" (1) though the reset was done."""
+    (ring.state / "ringwatch.json").write_text(json.dumps({"restarts": [], "gave_up": True}))
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(watch_cmd("reset", "--state", str(ring.state)), env=ring.env,
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert res.returncode == 74 and "reset done, but cannot write to standard output" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and watch_state(ring)["gave_up"] is False
