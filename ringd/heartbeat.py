@@ -30,6 +30,10 @@ from . import procid, safefile
 
 HEARTBEAT_FILE = "ringd.heartbeat"
 WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringwatch.state), read by status and metrics
+# An empty file that records a give-up ringwatch.json could not (a full disk):
+# creating it needs an inode, no data block. A watcher refuses to start while
+# it exists, as it does on "gave_up": true; `ringwatch reset` removes it.
+GAVE_UP_FILE = "ringwatch.gave-up"
 
 
 def iso(ts: Optional[float]) -> Optional[str]:
@@ -182,6 +186,14 @@ def live_writer(data: Any, even_stopped: bool = False) -> Optional[Tuple[int, in
 def watcher_alive(data: Optional[Dict[str, Any]]) -> bool:
     """Is the watcher that wrote ``ringwatch.json`` (``data``) still running?"""
     return live_writer(data) is not None
+
+
+def watcher_gave_up(state_dir: Path, data: Optional[Dict[str, Any]]) -> bool:
+    """Did a watcher give up (``data``: ringwatch.json as read, None if none)?
+    The one rule for the watcher's refusal, ``ringd status`` and the metrics:
+    here, beside WATCHER_FILE, so the driver and the status command need not
+    import ringwatch."""
+    return bool((data or {}).get("gave_up")) or os.path.lexists(Path(state_dir) / GAVE_UP_FILE)
 
 
 def journal_boot(state_dir: Path) -> Optional[str]:

@@ -120,12 +120,13 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
         elif st.backoff_until is not None and st.backoff_until > now:
             s.deferred.append(name)
     if state_dir is not None:
-        from .heartbeat import WATCHER_FILE, read_own
+        from .heartbeat import WATCHER_FILE, read_own, watcher_gave_up
         w = read_own(state_dir / WATCHER_FILE, state_dir)   # (never another ring's copy)
-        if w is not None:
-            restarts = w.get("restarts")
+        gave_up = watcher_gave_up(state_dir, w)   # (the marker file too: a full disk's give-up)
+        if w is not None or gave_up:
+            restarts = (w or {}).get("restarts")
             s.watcher_restarts = len(restarts) if isinstance(restarts, list) else 0
-            s.watcher_gave_up = bool(w.get("gave_up"))
+            s.watcher_gave_up = gave_up
     return s
 
 

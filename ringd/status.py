@@ -28,7 +28,7 @@ from .errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from .errors import RingError as OperatorError
 from .heartbeat import epoch as _epoch
 from .heartbeat import (WATCHER_FILE, heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own,
-                        recorded_alive, watcher_alive)
+                        recorded_alive, watcher_alive, watcher_gave_up)
 from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
@@ -176,6 +176,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  heartbeat: Optional[Mapping[str, Any]], driver_alive: bool,
                  lock_holder: Optional[int] = None,
                  watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
+                 gave_up: bool = False,
                  running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
                  roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
                  roster_lines: Optional[Sequence[Tuple[str, str]]] = None,
@@ -193,6 +194,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     heartbeat could be read (a driver alive but unable to beat is ``stale``).
     ``notes``: what the current run's agent said (``phase``, ``agent_beat_at``,
     ringd.notify.read_notes). ``next_due``: scheduled agents' next due times.
+    ``gave_up``: did the watcher give up (heartbeat.watcher_gave_up: in
+    ringwatch.json, or in the marker file a full disk left instead).
 
     ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
     of its last finished run. ``roster``: the current roster's names, or None if
@@ -233,7 +236,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "alive": bool(watcher_is_alive),
         "last_poll_at": iso(_epoch(w.get("last_poll_at"))) if w else None,
         "restarts": restarts,
-        "gave_up": bool(w.get("gave_up")) if w else False,
+        "gave_up": bool(gave_up),
     }
 
     current = None
@@ -432,6 +435,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         heartbeat=hb, driver_alive=live_writer(hb, even_stopped=True) is not None,
         lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
+        gave_up=watcher_gave_up(state_dir, watcher),
         running=view["running"], agent_rows=view["agent_rows"],
         roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
-from ringd.heartbeat import WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
+from ringd.heartbeat import GAVE_UP_FILE, WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
+from ringd.heartbeat import watcher_gave_up as gave_up   # (the one rule: status and metrics read it too)
 from ringd import safefile
 from ringd.safefile import check_state_dir
 
@@ -38,10 +39,6 @@ from .policy import number
 
 STATE_FILE = WATCHER_FILE
 LOCK_FILE = "ringwatch.lock"
-# An empty file that records a give-up ringwatch.json could not (a full disk):
-# creating it needs an inode, no data block. A watcher refuses to start while
-# it exists, as it does on "gave_up": true; `ringwatch reset` removes it.
-GAVE_UP_FILE = "ringwatch.gave-up"
 
 
 def state_path(state_dir: Path) -> Path:
@@ -88,11 +85,6 @@ def load(state_dir: Path) -> Dict[str, Any]:
 
 def save(state_dir: Path, data: Dict[str, Any]) -> None:
     write_json_atomic(state_path(state_dir), data)
-
-
-def gave_up(state_dir: Path, data: Dict[str, Any]) -> bool:
-    """Did a watcher give up (``data``: ringwatch.json as loaded)?"""
-    return bool(data.get("gave_up")) or os.path.lexists(state_dir / GAVE_UP_FILE)
 
 
 def mark_gave_up(state_dir: Path) -> None:

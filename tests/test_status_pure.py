@@ -61,10 +61,13 @@ def test_broken_roster_falls_back_to_journal_agents():
 def test_watcher_restarts_in_window():
     w = {"pid": 5, "restarts": [NOW - 10, "2020-01-01T00:00:00+00:00", NOW - 5], "gave_up": True,
          "last_poll_at": NOW - 2}
-    d = doc(watcher=w, watcher_is_alive=True)
+    d = doc(watcher=w, watcher_is_alive=True, gave_up=True)
     assert d["watcher"] == {"pid": 5, "alive": True, "last_poll_at": d["watcher"]["last_poll_at"],
                             "restarts": 2, "gave_up": True}
     assert doc(watcher=w, watcher_is_alive=False)["watcher"]["pid"] is None
+    # gave_up is what gather_status judged (heartbeat.watcher_gave_up), a marker-only give-up too
+    assert doc(watcher=None, gave_up=True)["watcher"] == {"pid": None, "alive": False, "last_poll_at": None,
+                                                          "restarts": 0, "gave_up": True}
 
 
 def test_unknown_agent_message_is_short():
@@ -125,7 +128,7 @@ def test_the_notes_the_failure_behaviour_tables_quote():
 
     def text(d):
         return "\n".join("".join(t for t, _ in line) for line in status_lines(d, now=NOW, plain=True, width=200))
-    shown = text(doc(heartbeat=hb(1), driver_alive=True, running=run, agent_rows=rows, watcher=w))
+    shown = text(doc(heartbeat=hb(1), driver_alive=True, running=run, agent_rows=rows, watcher=w, gave_up=True))
     for note in ("over budget", "skip requested", "back-off 1m", "QUARANTINED 1h", "not running  (last poll 12s ago)",
                  "1 restart in window", "GAVE UP (ringwatch reset clears it)"):
         assert note in shown, (note, shown)

@@ -890,3 +890,22 @@ def test_a_reset_whose_output_cannot_be_written_is_no_failed_reset(ring):
                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=30)
     assert res.returncode == 74 and "reset done, but cannot write to standard output" in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and watch_state(ring)["gave_up"] is False
+
+
+@pytest.mark.parametrize("json_says", [None, False], ids=["no-ringwatch.json", "ringwatch.json-without-it"])
+def test_a_give_up_only_the_marker_file_records_shows_in_status_and_metrics(ring, json_says):
+    """`ringd status --json` and metrics.prom read "gave_up" from ringwatch.json
+    only: a give-up a full disk recorded in the marker file instead (the watcher
+    refuses on it) showed as no give-up, and metrics had no watcher at all."""
+    from ringwatch import state
+    simple_ring(ring)
+    if json_says is not None:   # the watcher's last write before the disk filled
+        (ring.state / "ringwatch.json").write_text(json.dumps({"restarts": [], "gave_up": json_says}))
+    (ring.state / state.GAVE_UP_FILE).touch(mode=0o600)
+    st = json.loads(ring.cli("status", "--json").stdout)
+    assert st["watcher"] == {"pid": None, "alive": False, "last_poll_at": None, "restarts": 0, "gave_up": True}
+    done = ring.cli("run", "--once")   # the driver writes metrics.prom
+    assert done.returncode == 0, done.stderr
+    text = (ring.state / "metrics.prom").read_text()
+    assert "\nring_watcher_gave_up 1\n" in text and "\nring_watcher_restarts 0\n" in text, text
+    assert "GAVE UP" in ring.cli("status").stdout
