@@ -32,7 +32,6 @@ from typing import Any, Dict, Iterator, List, Optional
 from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import GAVE_UP_FILE, WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
 from ringd.heartbeat import watcher_gave_up as gave_up   # (the one rule: status and metrics read it too)
-from ringd import safefile
 from ringd.safefile import check_state_dir
 
 from .policy import number
@@ -88,8 +87,17 @@ def save(state_dir: Path, data: Dict[str, Any]) -> None:
 
 
 def mark_gave_up(state_dir: Path) -> None:
-    """Record a give-up that ringwatch.json could not take (OSError if even this fails)."""
-    os.close(safefile.create_new(state_dir / GAVE_UP_FILE, 0o600))
+    """Record a give-up that ringwatch.json could not take (OSError if even this fails).
+    A marker already there records it as well (gave_up: anything at the path),
+    so FileExistsError is success. Not safefile.create_new: it removes what is
+    there and makes it again - the record gone meanwhile, and lost if it cannot
+    be made again. O_EXCL and O_NOFOLLOW: nothing there is ever opened through."""
+    try:
+        fd = os.open(state_dir / GAVE_UP_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
 
 
 WRITE_LOCK_WAIT = 10.0   # s; a holder only reads and writes one small file

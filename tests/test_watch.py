@@ -909,3 +909,32 @@ def test_a_give_up_only_the_marker_file_records_shows_in_status_and_metrics(ring
     text = (ring.state / "metrics.prom").read_text()
     assert "\nring_watcher_gave_up 1\n" in text and "\nring_watcher_restarts 0\n" in text, text
     assert "GAVE UP" in ring.cli("status").stdout
+
+
+def test_a_give_up_marker_already_there_counts_as_recorded_and_is_kept(ring, monkeypatch, capsys):
+    """mark_gave_up made the marker with safefile.create_new, which removes what
+    is at the path and makes it again: a marker already there was gone for a
+    moment (`ringd status` saw no give-up) and lost if it could not be made
+    again; and one that could not be removed (a directory) was logged as "THE
+    GIVE-UP IS NOT RECORDED" though the next watcher refuses on it. Anything
+    already there records the give-up (state.gave_up): FileExistsError is success."""
+    import errno
+    from ringwatch import state
+    w = in_process_watcher(ring)
+    marker = ring.state / state.GAVE_UP_FILE
+    marker.touch(mode=0o600)
+    os.link(marker, ring.base / "same-marker")   # tells the same file from one made again
+    state.mark_gave_up(ring.state)
+    assert os.path.samefile(marker, ring.base / "same-marker"), "the marker was removed and made again"
+    marker.unlink()
+    marker.mkdir(mode=0o700)                     # there, and not to be removed
+
+    def full(state_dir, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(state, "save", full)
+    w._save(gave_up=True, gave_up_at="now", gave_up_reason="test", stopped=True)
+    capsys.readouterr()
+    assert w._give_up("test") == 70
+    err = capsys.readouterr().err
+    assert "NOT RECORDED" not in err and f"recorded in {marker}" in err, err
+    assert state.gave_up(ring.state, state.load(ring.state))
