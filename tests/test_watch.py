@@ -768,6 +768,22 @@ def in_process_watcher(ring, restarts=2):
     return w
 
 
+def holds_open(pid: int, directory: Path) -> bool:
+    """Has process ``pid`` a descriptor open on ``directory``?"""
+    target = os.path.realpath(directory)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:   # gone (or a zombie's, unreadable)
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:   # closed meanwhile
+            pass
+    return False
+
+
 def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, monkeypatch):
     """The watcher read ringwatch.json, a `ringwatch reset` cleared it, and the
     watcher wrote back what it had read: the reset said "cleared 2 restart(s)"
@@ -776,28 +792,36 @@ def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, 
     from ringwatch import state
     w = in_process_watcher(ring)
     real_clock_now = state.clock_now
-    resets = []
+    resets, seen = [], []
 
     def reset_in_the_middle():   # called by _save between its read and its write
         if not resets:
             p = subprocess.Popen(watch_cmd("reset", "--state", str(ring.state)), env=ring.env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             resets.append(p)
-            try:   # unlocked, the reset is done well within this; locked out, it waits
-                p.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                pass
+            # Go on only once the reset got as far as it can: done (it did not
+            # wait for us: the bug), or inside state.write_lock, which opens the
+            # state dir (nothing else in reset does) just before its first try
+            # at the flock we hold. A timeout, however long, was no such sign:
+            # an interpreter slow to start on a loaded box had not reached the
+            # reset yet, and the test passed with no lock at all. (Not wchan or
+            # /proc/locks: write_lock tries LOCK_NB and sleeps, never blocked
+            # in flock.) Bounded generously: a cold start of python + click.
+            seen.append(wait_until(lambda: "done" if p.poll() is not None
+                                   else "waiting" if holds_open(p.pid, ring.state) else None,
+                                   timeout=60, message="the reset done or waiting for the write lock"))
         return real_clock_now()
     monkeypatch.setattr(state, "clock_now", reset_in_the_middle)
     try:
         w._save(last_poll_at="now")
-        rc, err = finish(resets[0], 20)
+        rc, err = finish(resets[0], 60)
     finally:
         for p in resets:
             if p.poll() is None:
                 p.kill()
                 p.wait()
     assert rc == 0, err
+    assert seen == ["waiting"], "the reset did not wait for the watcher's write lock"
     assert watch_state(ring)["restarts"] == [], "the reset was undone by the watcher's write"
 
 
