@@ -962,3 +962,26 @@ def test_a_give_up_marker_already_there_counts_as_recorded_and_is_kept(ring, mon
     err = capsys.readouterr().err
     assert "NOT RECORDED" not in err and f"recorded in {marker}" in err, err
     assert state.gave_up(ring.state, state.load(ring.state))
+
+
+def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
+    """A reset that could not take the write lock (another process held it past
+    state.WRITE_LOCK_WAIT) raised a RingError (75) that the command did not
+    catch: "internal error: RingError: ..." and exit 1."""
+    import fcntl
+    import functools
+    from ringwatch import cli as wcli
+    from ringwatch import state
+    # the lock's wait cut short (reset looks write_lock up at each call)
+    monkeypatch.setattr(state, "write_lock", functools.partial(state.write_lock, wait=0.2))
+    monkeypatch.setattr(sys, "argv", ["ringwatch", "reset", "--state", str(ring.state)])
+    fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)   # a holder that does not let go
+        with pytest.raises(SystemExit) as exit_:
+            wcli.main()
+    finally:
+        os.close(fd)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 75 and "still being written by another process" in err, err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1
