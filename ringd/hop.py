@@ -24,7 +24,7 @@ from typing import Callable, Optional, Protocol, Set, Union
 from . import runstate, transitions
 from .config import Config
 from .journal import Journal, JournalError
-from .notify import Notes, watchdog_usec
+from .notify import CLOSING_CAP, HELD_RETRY, Notes, watchdog_usec
 from .policy import Requests
 from .roster import Agent, resolve_cwd, resolve_program
 from .runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
@@ -87,6 +87,8 @@ class Hop:
         self.notify = None   # the run's notify socket (ringd.notify.NotifySocket), if one could be made
         self.notes = None    # what the agent said, as published for status (ringd.notify.Notes)
         self._notes_failing = False   # its last publication failed (said once, until one succeeds)
+        self._held_until: Optional[float] = None   # its socket, unwatched while held (Heard.held), is read then
+        self._held_said = False
         self.cgroup = None   # the run's cgroup until the spawn hands it to the child
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
@@ -217,6 +219,19 @@ class Hop:
     def _hear(self, now: float) -> list:
         """Drain what the agent said (capped per wake) into run-state events."""
         heard = self.notify.drain()
+        if heard.held:
+            # nothing read, the socket still readable: watched, it would end
+            # every wait at once - read again in HELD_RETRY instead
+            if self._held_until is None:
+                self.env.unwatch(self.notify.fileno())
+            self._held_until = now + HELD_RETRY
+            if not self._held_said:
+                self._held_said = True
+                self.say(f"is not heard for now: {CLOSING_CAP} or more descriptors passed over notify sockets "
+                         "wait to be closed (their close may block); its socket is read again once fewer wait")
+        elif self._held_until is not None:
+            self._held_until = None
+            self.env.watch(self.notify.fileno())
         self.notes.hear(heard, self.env.wall())
         events = []
         if heard.phase is not None:
@@ -269,12 +284,15 @@ class Hop:
             notes_due = self.notes.due_at() if self.notes is not None else None
             if notes_due is not None:
                 deadline = min(deadline, notes_due)
+            if self._held_until is not None:
+                deadline = min(deadline, self._held_until)
             sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
             if leader is not None and self._lost_lead(child):
                 return None
             now = env.monotonic()
             events = []
-            if notify_fd is not None and notify_fd in ready:
+            if notify_fd is not None and (notify_fd in ready or
+                                          (self._held_until is not None and now >= self._held_until)):
                 events += self._hear(now)
             ended = None
             if child.pidfd is None or child.pidfd in ready:

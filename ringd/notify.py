@@ -9,9 +9,11 @@ member of its session or process group, or a process whose ancestry reaches the
 agent (``systemd-notify`` run by a script), or an orphan of the run re-parented
 to the subreaper driver that carries the run's key (``RING_STATE`` +
 ``RING_RUN_ID``). Datagrams over 4 KiB, malformed ones and strangers' are
-dropped; file descriptors passed along (sd_notify_barrier's) are closed at once.
-The driver drains the socket non-blocking with a cap per wake-up, so a flood
-can never keep it from beating.
+dropped; file descriptors passed along (sd_notify_barrier's) are closed at once,
+or on a short-lived thread if their close may block; while too many wait for it
+(:data:`CLOSING_CAP`) the socket is not read at all. The driver drains the
+socket non-blocking with a cap per wake-up, so a flood can never keep it from
+beating.
 
 This module is on the path of ``ringd notify``: stdlib only at import time.
 """
@@ -34,6 +36,13 @@ MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
 PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters
 DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves the loop
 PURGE_CAP = 1024           # datagrams purged from a parked socket before its reuse (then a fresh one)
+# passed fds waiting for the closer (_close_passed), at most: from there on no
+# datagram is read (reading one installs its fds in our process), so an agent
+# passing fds whose close blocks fills its socket's queue, never the driver's
+# fd table (at EMFILE it could open no journal, log or pidfd). One datagram read
+# just under the cap adds at most _MAX_FDS.
+CLOSING_CAP = 256
+HELD_RETRY = 0.5           # s between reads of a socket that cap holds (unwatched meanwhile: ringd/hop.py)
 NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
 NOTES_FILE = "notify.json"
 SOCKET_PREFIX = "notify-"
@@ -215,6 +224,7 @@ class Heard:
     accepted: int = 0
     dropped: int = 0
     more: bool = False              # the cap was reached: datagrams may be waiting
+    held: bool = False              # nothing more was read: CLOSING_CAP passed fds wait to be closed
 
 
 class NotifySocket:
@@ -227,6 +237,7 @@ class NotifySocket:
         self.env = env
         self.members = members
         self.ident = ident   # (st_dev, st_ino) of the socket file we bound: renames must find it
+        self.unread = False  # datagrams may be queued (a cap stopped the last read): see _close_sock
 
     @classmethod
     def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None,
@@ -301,15 +312,21 @@ class NotifySocket:
         # datagrams of an earlier run (its processes are gone): never heard. A
         # bounded purge: whoever keeps writing to the idle socket as fast as we
         # read (the path is well known) would otherwise hold the driver here for
-        # ever; past the bound the socket is given up and a fresh one bound.
+        # ever; past the bound, or while passed fds wait to be closed
+        # (CLOSING_CAP), the socket is given up and a fresh one bound.
+        purged = False
         for _ in range(PURGE_CAP):
+            if _closing_full():
+                break
             try:
                 _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except OSError:
+                purged = True
                 break
             _sender_and_close_fds(anc)
-        else:
-            self.sock.close()
+        if not purged:
+            self.unread = True
+            self._close_sock()
             return None
         try:
             os.rename(idle, path)
@@ -329,9 +346,13 @@ class NotifySocket:
         """Read up to ``cap`` waiting datagrams without blocking."""
         heard = Heard()
         for _ in range(cap):
+            if _closing_full():
+                heard.held = self.unread = True
+                return heard
             try:
                 data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
+                self.unread = False
                 return heard
             except OSError:
                 return heard
@@ -347,13 +368,13 @@ class NotifySocket:
             if pinged:
                 heard.pings += 1
             heard.triggered = heard.triggered or triggered
-        heard.more = True
+        heard.more = self.unread = True
         return heard
 
     def close(self) -> bool:
         """Close and unlink; False if the socket file is left behind (a read-only
         or immutable state dir: the next open sweeps it)."""
-        self.sock.close()
+        self._close_sock()
         if self.path is not None:
             try:
                 st = os.lstat(self.path)
@@ -364,6 +385,15 @@ class NotifySocket:
             except OSError:
                 return False
         return True
+
+    def _close_sock(self) -> None:
+        # Closing the socket releases the fds its queued datagrams carry, a last
+        # close of each that may block: one left unread goes to the closer.
+        if self.unread:
+            self.unread = False
+            _close_passed([self.sock.detach()])
+        else:
+            self.sock.close()
 
 
 def _sender_and_close_fds(ancdata) -> Optional[int]:
@@ -414,6 +444,11 @@ def _close_passed(fds) -> None:
         with _closing_lock:
             _closer_running = False
         raise
+
+
+def _closing_full() -> bool:
+    """Do :data:`CLOSING_CAP` passed fds wait for the closer? (Then no datagram is read.)"""
+    return len(_closing) >= CLOSING_CAP   # (one read of a deque's length: no lock needed)
 
 
 def _is_pipe(fd: int) -> bool:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from ringd import notify
 from ringd.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
                           clean_phase, meaning, parse_datagram, read_notes, send, watchdog_usec, write_notes)
 
@@ -218,6 +219,14 @@ def test_a_parked_socket_whose_file_was_tampered_with_is_not_reused(tmp_path, ta
             other.close()
 
 
+def _fd_gone(fd: int, ino: int) -> bool:
+    """Does our descriptor ``fd`` no longer name the file of inode ``ino``?"""
+    try:
+        return os.stat(f"/proc/self/fd/{fd}").st_ino != ino
+    except FileNotFoundError:
+        return True
+
+
 class _FloodedSocket:
     """A parked socket someone writes to as fast as it is read: recvmsg never
     runs dry (until a test-only bound, so a regression fails instead of hanging)."""
@@ -233,6 +242,9 @@ class _FloodedSocket:
     def close(self):
         self.real.close()
 
+    def detach(self):
+        return self.real.detach()
+
     def fileno(self):
         return self.real.fileno()
 
@@ -241,8 +253,11 @@ def test_a_parked_socket_flooded_between_runs_is_given_up_not_drained_for_ever(t
     ns = NotifySocket.open(tmp_path, 5)
     assert ns.park(tmp_path)
     flooded = ns.sock = _FloodedSocket(ns.sock)
+    fd, ino = flooded.fileno(), os.fstat(flooded.fileno()).st_ino
     assert ns.reuse(tmp_path, 6) is None            # the caller binds a fresh socket
     assert flooded.reads <= 2048 and flooded.real.fileno() == -1
+    # closed on the closer (its queue, left unread, may hold descriptors whose close blocks)
+    wait_until(lambda: _fd_gone(fd, ino), message="the given-up socket closed")
     fresh = NotifySocket.open(tmp_path, 6)          # (sweeping the idle file it left)
     try:
         assert fresh.env == str(tmp_path / "notify-6.sock") and not (tmp_path / IDLE_SOCKET).exists()
@@ -406,6 +421,71 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
         poller.register(r, select.POLLHUP)
         assert poller.poll(1000)
         os.close(r)
+
+
+@pytest.fixture
+def stalled_closer(monkeypatch):
+    """The closer as if stuck on a close that blocks: passed descriptors wait
+    (notify._closing) until the test ends, then are closed here."""
+    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
+    monkeypatch.setattr(notify, "_start_closer", lambda: None)
+    yield
+    notify._closer()   # closes every one waiting, then marks no closer running
+
+
+def _pass_fds(address: str, text: bytes, fd: int, copies: int) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(address)
+        s.sendmsg([text], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * copies))])
+
+
+def test_while_passed_descriptors_wait_to_be_closed_no_datagram_is_read(stalled_closer, sock):
+    """An agent passing descriptors faster than they close fills its own
+    socket's queue, never the driver's descriptor table: from CLOSING_CAP
+    waiting on, nothing is read (a datagram read installs its descriptors)
+    until they are closed."""
+    sock.set_agent(os.getpid())
+    with open(os.devnull) as f:   # not a pipe: closed on the closer
+        for i in range(3):
+            _pass_fds(sock.env, b"STATUS=%d" % i, f.fileno(), 200)
+    heard = sock.drain()
+    assert heard.phase == "1"                       # 400 wait after the second: the third is left queued
+    assert heard.held and not heard.more
+    assert len(notify._closing) == 400 < notify.CLOSING_CAP + 253
+    fds = len(os.listdir("/proc/self/fd"))
+    assert sock.drain().accepted == 0 and len(os.listdir("/proc/self/fd")) == fds
+    notify._closer()                                # closed at last: the socket is read again
+    heard = sock.drain()
+    assert (heard.phase, heard.held) == ("2", False)
+
+
+def test_a_socket_closed_with_datagrams_left_unread_is_closed_off_the_loop(stalled_closer, sock, request):
+    """Closing a socket releases the descriptors its queued datagrams carry, a
+    last close of each that may block: a socket the cap left unread is closed
+    on the closer."""
+    sock.set_agent(os.getpid())
+    with open(os.devnull) as f:
+        for _ in range(2):                          # (CLOSING_CAP, 256, waiting after these)
+            _pass_fds(sock.env, b"STATUS=fill", f.fileno(), 128)
+    slow = _lingering_tcp_socket(request, 5)
+    _pass_fds(sock.env, b"STATUS=slow", slow.fileno(), 1)
+    slow.close()
+    assert sock.drain().held                        # the slow one is left in the queue
+    t0 = time.monotonic()
+    sock.close()
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_parked_socket_is_given_up_while_passed_descriptors_wait_to_be_closed(stalled_closer, tmp_path):
+    """The purge before a parked socket's reuse reads no datagram past the cap
+    either: the socket is given up (closed on the closer) and a fresh one bound."""
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.park(tmp_path)
+    with open(os.devnull) as f:
+        for _ in range(3):
+            _pass_fds(str(tmp_path / IDLE_SOCKET), b"STATUS=old", f.fileno(), 128)
+    assert ns.reuse(tmp_path, 6) is None
+    assert len(notify._closing) == 2 * 128 + 1      # two datagrams' descriptors (CLOSING_CAP), and the socket
 
 
 def test_drain_is_capped_per_wake(sock):
