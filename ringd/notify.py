@@ -344,6 +344,7 @@ class NotifySocket:
 
     def drain(self, cap: int = DRAIN_CAP) -> Heard:
         """Read up to ``cap`` waiting datagrams without blocking."""
+        _run_closer()   # one that could not be started is tried again
         heard = Heard()
         for _ in range(cap):
             if _closing_full():
@@ -424,7 +425,6 @@ _closer_running = False
 
 
 def _close_passed(fds) -> None:
-    global _closer_running
     slow = []
     for fd in fds:
         if _is_pipe(fd):
@@ -435,15 +435,29 @@ def _close_passed(fds) -> None:
         return
     with _closing_lock:
         _closing.extend(slow)
-        if _closer_running:
+    _run_closer()
+
+
+def _run_closer() -> None:
+    """Start the closer if fds wait for it and none runs. With no thread to be
+    had (RuntimeError: a thread limit, no memory) they wait for the next call
+    (the next passed fd, the next drain): never closed here instead, where a
+    close that blocks would stop the driver's loop; CLOSING_CAP bounds them."""
+    global _closer_running
+    with _closing_lock:
+        if _closer_running or not _closing:
             return
         _closer_running = True
+    started = False
     try:
         _start_closer()
-    except BaseException:
-        with _closing_lock:
-            _closer_running = False
-        raise
+        started = True
+    except RuntimeError:
+        pass
+    finally:
+        if not started:
+            with _closing_lock:
+                _closer_running = False
 
 
 def _closing_full() -> bool:

@@ -488,6 +488,30 @@ def test_a_parked_socket_is_given_up_while_passed_descriptors_wait_to_be_closed(
     assert len(notify._closing) == 2 * 128 + 1      # two datagrams' descriptors (CLOSING_CAP), and the socket
 
 
+def test_a_closer_that_cannot_be_started_is_tried_again_at_the_next_drain(sock, monkeypatch, request):
+    """No thread to be had ("can't start new thread") never escapes into the
+    driver: the passed descriptor waits (never closed on the loop, where its
+    close could block), and the next drain starts the closer."""
+    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
+    request.addfinalizer(lambda: notify._closer_running or notify._closer())   # (whatever a failure left)
+    sock.set_agent(os.getpid())
+    mine, passed = socket.socketpair()
+    request.addfinalizer(mine.close)
+    _pass_fds(sock.env, b"STATUS=passed", passed.fileno(), 1)
+    passed.close()                                  # the driver's copy is the last one
+
+    def no_thread():
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(notify, "_start_closer", no_thread)
+    assert sock.drain().phase == "passed"
+    assert not notify._closer_running and len(notify._closing) == 1
+    monkeypatch.undo()
+    sock.drain()                                    # nothing to read: the closer is started now
+    poller = select.poll()
+    poller.register(mine, select.POLLIN)
+    assert poller.poll(10_000) and mine.recv(1) == b""   # the peer sees the end: closed
+
+
 def test_drain_is_capped_per_wake(sock):
     sock.set_agent(os.getpid())
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
