@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+from typing import Tuple
 
 import pytest
 
@@ -373,9 +374,9 @@ def test_passed_descriptors_are_closed_so_a_barrier_returns(sock):
     os.close(r)
 
 
-def _lingering_tcp_socket(request, linger: int) -> socket.socket:
-    """A connected TCP socket whose last close blocks for ``linger`` seconds: its
-    peer reads nothing, its send buffer is full, SO_LINGER is on."""
+def _lingering_tcp_socket(request, linger: int) -> Tuple[socket.socket, socket.socket]:
+    """A connected TCP socket whose last close blocks for ``linger`` seconds (its
+    peer reads nothing, its send buffer is full, SO_LINGER is on), and its peer."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -392,7 +393,29 @@ def _lingering_tcp_socket(request, linger: int) -> socket.socket:
         pass
     c.setblocking(True)
     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, linger))
-    return c
+    return c, peer
+
+
+def _holds_socket(ino: int) -> bool:
+    """Does this process (the driver, in these tests) hold a descriptor of socket inode ``ino``?"""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == f"socket:[{ino}]":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _sees_the_end(peer: socket.socket) -> bool:
+    """Has ``peer`` read all its TCP socket sent, then the end (its close's FIN)?"""
+    peer.setblocking(False)
+    try:
+        while peer.recv(1 << 20):
+            pass
+        return True
+    except BlockingIOError:
+        return False
 
 
 @pytest.mark.parametrize("pipes_before", [0, 8])
@@ -401,10 +424,11 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
     copy): the driver's is the last close. The drain returns at once, the
     barrier pipes beside it are closed at once (the ninth fd of a datagram too,
     which the kernel would release inside our recvmsg if it did not fit), and
-    the slow one is closed off the loop."""
+    the slow one is closed off the loop - and closed."""
     sock.set_agent(os.getpid())
     pipes = [os.pipe() for _ in range(pipes_before)]
-    slow = _lingering_tcp_socket(request, 5)
+    slow, peer = _lingering_tcp_socket(request, 5)
+    ino = os.fstat(slow.fileno()).st_ino
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(sock.env)
         s.sendmsg([b"STATUS=take this"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -421,6 +445,8 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
         poller.register(r, select.POLLHUP)
         assert poller.poll(1000)
         os.close(r)
+    wait_until(lambda: not _holds_socket(ino), message="the slow one out of the driver's descriptors")
+    wait_until(lambda: _sees_the_end(peer), message="the slow one's peer to see its close")
 
 
 @pytest.fixture
@@ -467,7 +493,7 @@ def test_a_socket_closed_with_datagrams_left_unread_is_closed_off_the_loop(stall
     with open(os.devnull) as f:
         for _ in range(2):                          # (CLOSING_CAP, 256, waiting after these)
             _pass_fds(sock.env, b"STATUS=fill", f.fileno(), 128)
-    slow = _lingering_tcp_socket(request, 5)
+    slow, _ = _lingering_tcp_socket(request, 5)
     _pass_fds(sock.env, b"STATUS=slow", slow.fileno(), 1)
     slow.close()
     assert sock.drain().held                        # the slow one is left in the queue
