@@ -474,14 +474,8 @@ def _is_pipe(fd: int) -> bool:
 
 
 def _start_closer() -> None:
-    import signal
-    t = threading.Thread(target=_closer, name="ringd-close-passed-fds", daemon=True)
-    # born with every signal blocked: the driver's signals are the main thread's to hear
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    try:
-        t.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    from . import sidethread
+    sidethread.start(_closer, name="ringd-close-passed-fds")
 
 
 def _closer() -> None:
