@@ -889,11 +889,18 @@ def test_a_reset_on_a_disk_still_full_keeps_the_give_up_and_works_once_space_is_
         if stale:   # what the watcher wrote before the disk filled: no give-up, restarts in window
             (ring.state / "ringwatch.json").write_text(json.dumps(
                 {"restarts": [state.iso(time.time() - 5)] * 2, "gave_up": False}))
-        (ring.state / state.GAVE_UP_FILE).touch(mode=0o600)   # the give-up the full disk left
         filler = fill_up(ring.state)
+        state.mark_gave_up(ring.state)   # the give-up the full disk left: an empty file needs no free block
+        assert (ring.state / state.GAVE_UP_FILE).stat().st_size == 0
+        before = (ring.state / "ringwatch.json").read_bytes() if stale else None
         res = run_cli(ring, "reset", "--state", str(ring.state))
         assert res.returncode == 1 and res.stdout == "", res
         assert (ring.state / state.GAVE_UP_FILE).exists(), "a failed reset lost the give-up"
+        # nothing changed (README): ringwatch.json as it was, or still none
+        if stale:
+            assert (ring.state / "ringwatch.json").read_bytes() == before
+        else:
+            assert not (ring.state / "ringwatch.json").exists()
         assert state.gave_up(ring.state, state.load(ring.state))
         assert "cannot reset: No space left on device" in res.stderr and "run it again" in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
