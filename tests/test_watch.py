@@ -341,6 +341,37 @@ def test_the_give_up_alert_is_sent_before_the_watcher_exits(ring, tmp_path):
     assert json.loads(delivered.read_text())["event"] == "watcher-gave-up"
 
 
+def test_the_wait_for_the_give_up_alert_is_bounded_by_alerts_timeout_plus_10s(ring, monkeypatch, capsys):
+    """README: the watcher waits for its give-up alert "at most alerts.timeout +
+    10 s". An alert helper that never ends (its supervisor stuck) is given up at
+    that bound, and the watcher says so. (The 10 s, REAP_GRACE and
+    STARTUP_ALLOWANCE, are cut short here; the figure is checked on its own.)"""
+    import select
+    from ringd import alerts
+    from ringd.config import load_config
+    from ringwatch.watch import Watcher
+    assert alerts.longest(20) == 30 and alerts.longest(0.5) == 10.5   # the README's "+ 10 s"
+    monkeypatch.setattr(alerts, "REAP_GRACE", 0.2)
+    monkeypatch.setattr(alerts, "STARTUP_ALLOWANCE", 0.3)
+    ring.write_config(alerts={"command": ["true"], "timeout": 0.5})
+
+    class Wake:   # the watcher's wake-up pipe, with no signal to hear
+        def wait(self, timeout, fds):
+            return set(), set(select.select(list(fds), [], [], timeout)[0])
+    w = Watcher(ring.state, ring.config_path, load_config(ring.config_path))
+    w.wake = Wake()
+    helper = subprocess.Popen(["sleep", "60"])   # an alert helper that never ends
+    try:
+        t0 = time.monotonic()
+        w._await_alert(helper.pid)
+        took = time.monotonic() - t0
+    finally:
+        helper.kill()
+        helper.wait()
+    assert 1.0 <= took < 2.5, took   # 0.5 + 0.2 + 0.3
+    assert f"alert helper (pid {helper.pid}) still running; exiting without it" in capsys.readouterr().err
+
+
 def test_driver_config_error_makes_the_watcher_exit_78(ring):
     ring.roster("bad/name sleep 1")              # a roster the driver rejects at start-up
     watcher = ring.start_watcher()
