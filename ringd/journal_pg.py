@@ -152,7 +152,8 @@ class _Connecting:
     call (``pgcall.wait`` on a pipe the thread writes to when done): within the
     call's bound, and a stop signal ends the wait. A connect that outlasts it
     goes on (at most one per ``_Con``) and the next call takes its result; one
-    nobody wants any more (``abandon``) is closed by its thread."""
+    nobody wants any more (``abandon``) is closed by its thread once made, or
+    by ``abandon`` itself if it was made already."""
 
     def __init__(self, dsn: str, kwargs: dict):
         self._r, self._w = os.pipe()   # (not inherited: an agent never gets them)

@@ -295,7 +295,10 @@ class NotifySocket:
         """A parked socket as ``run_id``'s (its file renamed to the run's path,
         anything still queued from earlier runs dropped); None (and the
         parked socket closed) when the file at the idle path is not the one we
-        bound - it was removed or replaced: the caller binds a fresh socket."""
+        bound - it was removed or replaced - or no longer 0600, or when the
+        purge of what is queued did not finish (:data:`PURGE_CAP` datagrams,
+        or :data:`CLOSING_CAP` passed fds waiting: then closed on the closer):
+        the caller binds a fresh socket."""
         idle = self.path
         path = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
         try:

@@ -41,8 +41,9 @@ class Wakeups:
         for sig in signals:
             self._old[sig] = signal.signal(sig, self._hear)
         self.signals = tuple(signals)
-        # Set once the owner has started (RealEnv.ready): from then on a signal
-        # is acted on at once, and ends a journal call in flight (pgcall).
+        # Set once the owner has started (RealEnv.ready): from then on a SIGHUP
+        # or SIGUSR1 ends a journal call in flight as a stop does (pgcall.ends_call);
+        # before, only a stop does, and the others wait for the loop.
         self.ready = False
         earlysig.release()  # handlers exist: signals held since start-up are delivered now
 
