@@ -749,3 +749,43 @@ def test_a_reload_while_a_start_up_call_waits_is_honoured_once_ready(tmp_path, p
         holder.close()
         watcher.close()
         r.cleanup()
+
+
+def test_a_reload_while_a_database_call_hangs_is_acted_on_once_the_driver_is_ready(tmp_path, pg_dsn):
+    """README: a SIGHUP ends a hung call too once the driver is ready, and is then
+    acted on (SPEC: within 1 s). pgcall decides by the wake-up pipe's ``ready``,
+    which only RealEnv.ready sets: unset, the reload waited out the call's bound
+    (10 s here), and no other test noticed. A paused ring (no run to wait for:
+    a reload is done between runs) whose lease renewal hangs, its server
+    process stopped, is sent SIGHUP."""
+    ttl = 40.0   # the bound on a call (ttl/4 = 10 s) is far beyond what the test allows
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    backend = d = None
+    try:
+        r.write_config(ring={"journal": pg_dsn, "lease_ttl": ttl, "heartbeat_interval": 0.2})
+        r.roster("a /bin/true")
+        d = r.start_driver()
+        wait_until(lambda: role(r) == "leader", timeout=20, message="the driver leads")
+        assert r.cli("pause").returncode == 0
+        wait_until(lambda: "ring paused" in _read(d.err_path), timeout=20, message="the ring paused")
+        backend = _backend_of(pg_dsn, d.pid)
+        os.kill(backend, signal.SIGSTOP)
+        # beats are 0.2 s apart: a heartbeat this old means the driver is inside the hung call
+        wait_until(lambda: _beat_age(r) > 1.0, timeout=10, message="the driver stuck in a database call")
+        before = _read(d.err_path).count("config reloaded")
+        sent = time.monotonic()
+        d.send_signal(signal.SIGHUP)
+        wait_until(lambda: _read(d.err_path).count("config reloaded") > before, timeout=15, interval=0.01,
+                   message="the reload")
+        took = time.monotonic() - sent
+        err = _read(d.err_path)
+        assert took < 1.0, (took, err)
+        assert "has a signal to act on" in err and d.poll() is None, err
+    finally:
+        if backend is not None:
+            _continue(backend)
+        if d is not None and d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=20)
+        r.cleanup()
