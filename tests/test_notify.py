@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import os
 import select
+import signal
 import socket
 import stat
 import struct
@@ -448,6 +449,26 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
         os.close(r)
     wait_until(lambda: not _holds_socket(ino), message="the slow one out of the driver's descriptors")
     wait_until(lambda: _sees_the_end(peer), message="the slow one's peer to see its close")
+
+
+def test_the_closer_is_born_with_every_signal_blocked(sock, request):
+    """README: both side threads are started with every signal blocked
+    (ringd/sidethread.py), so the driver's signals reach its main thread's wait
+    and never cut a blocked close short. The closer, caught in a close that
+    lingers."""
+    import threading
+    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
+    sock.set_agent(os.getpid())
+    slow, _ = _lingering_tcp_socket(request, 5)
+    _pass_fds(sock.env, b"STATUS=slow", slow.fileno(), 1)
+    slow.close()
+    sock.drain()
+    closer = wait_until(lambda: next((t for t in threading.enumerate() if t.name == "ringd-close-passed-fds"),
+                                     None), message="the closer thread")
+    with open(f"/proc/self/task/{closer.native_id}/status") as f:
+        blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    assert all(blocked >> (sig - 1) & 1 for sig in
+               (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)), hex(blocked)
 
 
 @pytest.fixture
