@@ -1010,6 +1010,7 @@ def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     import functools
     from ringwatch import cli as wcli
     from ringwatch import state
+    assert state.WRITE_LOCK_WAIT == 10.0   # README: "held ... write lock for 10 s"
     # the lock's wait cut short (reset looks write_lock up at each call)
     monkeypatch.setattr(state, "write_lock", functools.partial(state.write_lock, wait=0.2))
     monkeypatch.setattr(sys, "argv", ["ringwatch", "reset", "--state", str(ring.state)])
@@ -1021,5 +1022,5 @@ def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     finally:
         os.close(fd)
     err = capsys.readouterr().err
-    assert exit_.value.code == 75 and "still being written by another process" in err, err
+    assert exit_.value.code == 75 and "still being written by another process after 0.2s" in err, err
     assert "internal error" not in err and len(err.strip().splitlines()) == 1
