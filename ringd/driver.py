@@ -74,10 +74,11 @@ def journal_exit(e: JournalError) -> int:
 def startup_journal_exit(e: JournalError, env, logger: Callable[[str], None]) -> int:
     """The exit of a driver whose journal failed before it was ready. A stop
     signal ends a journal call in flight (``ringd.pgcall``) and is put back:
-    a failure it caused is the stop itself (SPEC: a signal during start-up is
-    honoured), exit 0 as a service manager expects of a stop - not an outage
-    (69, a failed unit)."""
-    if requests_from(env.wait(0)[0]).stop:
+    an outage (transient) with a stop pending is the stop itself (SPEC: a
+    signal during start-up is honoured), exit 0 as a service manager expects
+    of a stop - not an outage (69, a failed unit). A journal no restart can
+    help (damaged, a newer ring's) is refused all the same: 78."""
+    if e.transient and requests_from(env.wait(0)[0]).stop:
         logger(f"stopped while starting ({e})")
         return EX_OK
     logger(str(e))

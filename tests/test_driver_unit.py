@@ -785,3 +785,25 @@ def test_a_notify_socket_held_by_descriptors_waiting_to_be_closed_never_makes_th
     assert env.sock.drains <= 3.0 / notify.HELD_RETRY + 4   # a read every HELD_RETRY while held, no more
     assert sum("is not heard for now" in m for _, m in env.logs) == 1
     assert env.phases[-1] == "late" and not env.sock.queued
+
+
+def test_a_journal_no_restart_can_help_is_refused_even_with_a_stop_pending():
+    """A stop that ends a start-up journal call is a clean stop (exit 0); a
+    damaged journal is a configuration error (78) whatever signal came with it."""
+    from ringd.driver import startup_journal_exit
+    from ringd.errors import EX_OK, EX_UNAVAILABLE
+
+    class StopPending:
+        def wait(self, timeout):
+            return {signal.SIGTERM}, set()
+
+    class Quiet:
+        def wait(self, timeout):
+            return set(), set()
+    damaged = JournalError("/s/journal.db: journal is not a valid SQLite database (truncated or overwritten)")
+    outage = JournalError("journal unreachable", transient=True)
+    said = []
+    assert startup_journal_exit(damaged, StopPending(), said.append) == EX_CONFIG
+    assert startup_journal_exit(outage, StopPending(), said.append) == EX_OK
+    assert startup_journal_exit(outage, Quiet(), said.append) == EX_UNAVAILABLE
+    assert said[1].startswith("stopped while starting")
