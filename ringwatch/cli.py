@@ -92,7 +92,7 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
         _fail(f"{state_dir}: no such state directory", EX_BAD_USAGE)
     try:
         done = state.reset(state_dir)
-    except RingError as e:   # the write lock held too long (75): a stopped reset, a stuck watcher
+    except RingError as e:   # the write lock held too long (75), a marker no unlink can take (1)
         _fail(e.message, e.code)
     except OSError as e:
         # 1, as ringd's operator commands fail on a state file they cannot

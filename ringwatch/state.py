@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from ringd.errors import EX_CONFIG, EX_TEMPFAIL, ConfigError, RingError, exit_for
+from ringd.errors import EX_CONFIG, EX_FAILURE, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import GAVE_UP_FILE, WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
 from ringd.heartbeat import watcher_gave_up as gave_up   # (the one rule: status and metrics read it too)
 from ringd.safefile import check_state_dir
@@ -252,6 +252,12 @@ def reset(state_dir: Path) -> str:
         was_given_up = gave_up(state_dir, data)
         if not data and not was_given_up and not state_path(state_dir).exists():
             return f"{state_dir}: no watcher state; nothing to reset"
+        marker = state_dir / GAVE_UP_FILE
+        if os.path.isdir(marker) and not os.path.islink(marker):
+            # unlink cannot take it: refused before anything is saved (the cleared
+            # history on disk with the give-up still in force was half a reset)
+            raise RingError(f"{marker}: cannot reset: a directory, not the give-up marker; "
+                            f"remove it and run it again (nothing was reset)", EX_FAILURE)
         had = len(restart_times(data, clock_now()))
         prev = data.get("reset_gen")   # only ever compared for equality: garbage restarts at 1
         data.update(reset_fields(prev + 1 if type(prev) is int and 0 <= prev < 2 ** 53 else 1))
@@ -263,7 +269,7 @@ def reset(state_dir: Path) -> str:
         # history the reset never cleared.
         save(state_dir, data)
         try:
-            os.unlink(state_dir / GAVE_UP_FILE)
+            os.unlink(marker)
         except FileNotFoundError:
             pass
     parts = [f"cleared {had} restart(s)"]

@@ -1024,3 +1024,17 @@ def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 75 and "still being written by another process after 0.2s" in err, err
     assert "internal error" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_give_up_marker_no_unlink_can_take_is_named_and_nothing_is_reset(ring):
+    """A directory where the give-up marker goes: the reset saved the cleared
+    history, then failed to remove it - half a reset, exit 1 naming
+    ringwatch.json. Now it is refused first, naming the marker."""
+    (ring.state / "ringwatch.gave-up").mkdir(mode=0o700)
+    res = run_cli(ring, "reset", "--state", str(ring.state))
+    assert res.returncode == 1, res
+    assert "ringwatch.gave-up: cannot reset: a directory" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (ring.state / "ringwatch.json").exists(), "nothing was to be saved"
+    (ring.state / "ringwatch.gave-up").rmdir()
+    assert run_cli(ring, "reset", "--state", str(ring.state)).returncode == 0
