@@ -241,6 +241,12 @@ class _FloodedSocket:
             raise BlockingIOError("test bound")
         return b"STATUS=flood", [], 0, None
 
+    def recv(self, *a):   # (the peek before its close finds a datagram too)
+        return b"S"
+
+    def shutdown(self, how):
+        self.real.shutdown(how)
+
     def close(self):
         self.real.close()
 
@@ -646,3 +652,96 @@ def test_closing_a_parked_socket_removes_its_idle_file_and_never_a_replacement(t
         assert idle.exists()
     finally:
         other.close()
+
+
+# --- every close of a notify socket: never on the loop while datagrams wait ----------------
+# Closing a unix socket releases the descriptors its queued datagrams carry, a last
+# close of each that may block (here: 5 s, the lingering TCP socket's SO_LINGER).
+# Measured on Linux 6.18: such a close() takes the linger time; the process's own
+# exit with the socket still open does not (the kernel's exit-time close never
+# lingers), but Python's exit closes a socket object still open with a close() that does.
+
+def _late_pass(request, address: str) -> socket.socket:
+    """A lingering TCP socket passed to ``address`` (our copy dropped: the
+    datagram's is the last); its peer, which sees its close in the end."""
+    slow, peer = _lingering_tcp_socket(request, 5)
+    _pass_fds(address, b"STATUS=late", slow.fileno(), 1)
+    slow.close()
+    return peer
+
+
+def _sees_a_close(peer: socket.socket) -> bool:
+    try:
+        return _sees_the_end(peer)
+    except ConnectionResetError:   # a close at exit (no linger) may reset it instead
+        return True
+
+
+@pytest.mark.parametrize("where", ["path", "abstract"])
+def test_a_datagram_that_came_after_the_last_drain_never_makes_the_close_wait(tmp_path, request, where):
+    """The run ends: its socket was drained to the end, then a process of the run
+    (or of the ring's user) passes a descriptor whose close blocks. The socket's
+    close (an abstract socket's at every run end; a path socket's when it cannot
+    be parked) never waits for it."""
+    state = tmp_path
+    if where == "abstract":
+        state = tmp_path / ("d" * 100)
+        state.mkdir()
+    ns = NotifySocket.open(state, 5)
+    ns.set_agent(os.getpid())
+    assert ns.drain().accepted == 0                 # drained: nothing was left unread
+    address = ns.env if where == "path" else "\0" + ns.env[1:]
+    peer = _late_pass(request, address)
+    t0 = time.monotonic()
+    ns.close()
+    assert time.monotonic() - t0 < 1.0
+    wait_until(lambda: _sees_a_close(peer), message="the passed descriptor closed off the loop")
+
+
+class _SenderAtClose:
+    """The notify socket, with a sender that comes just before its close - after
+    the check that found it empty."""
+    def __init__(self, real, address: str):
+        self.real, self.address, self.refused = real, address, None
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def close(self):
+        try:
+            _raw_send(self.address, b"STATUS=too late")
+            self.refused = False
+        except BrokenPipeError:
+            self.refused = True
+        self.real.close()
+
+
+def test_a_drained_socket_is_closed_at_once_and_no_sender_gets_in_after(tmp_path):
+    """Known empty (nothing to peek) it is closed on the loop: no thread. Its
+    reading side is shut first, so a sender between that check and the close is
+    refused, never queued."""
+    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
+    ns = NotifySocket.open(tmp_path, 5)
+    ns.drain()
+    ns.sock = late = _SenderAtClose(ns.sock, ns.env)
+    ns.close()
+    assert late.refused is True and late.real.fileno() == -1
+    assert not notify._closer_running and not notify._closing
+
+
+def test_a_driver_stopping_with_a_descriptor_queued_on_its_parked_socket_exits_at_once(ring, request):
+    """A real driver between runs (lap_pause): a process of the ring's user
+    passes a descriptor whose close blocks to ``notify-idle.sock``. The stop
+    closes the parked socket off the loop and exits without waiting for it."""
+    ring.write_config(ring={"lap_pause": 60})
+    ring.roster("a /bin/true")
+    drv = ring.start_driver()
+    idle = ring.state / IDLE_SOCKET
+    wait_until(lambda: idle.exists() and [r for r in ring.runs() if r["status"] == "ok"], timeout=30,
+               message="the first run over, its socket parked")
+    _late_pass(request, str(idle))
+    t0 = time.monotonic()
+    drv.send_signal(signal.SIGTERM)
+    assert drv.wait(timeout=20) == 0
+    assert time.monotonic() - t0 < 2.5, "the driver's exit waited for the passed descriptor's close"
+    assert not idle.exists()
