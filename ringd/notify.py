@@ -268,7 +268,7 @@ class NotifySocket:
                 env = "@" + name
                 ident = None
         except BaseException:
-            sock.close()
+            _close_socket(sock)   # bound, it may have been sent to already
             raise
         members = RunMembers(state_key or str(state_dir), run_id)
         return cls(sock, path, env, members, ident)
@@ -309,7 +309,7 @@ class NotifySocket:
                     or stat.S_IMODE(st.st_mode) != 0o600:
                 raise FileNotFoundError(idle)
         except OSError:
-            self.sock.close()
+            self._close_sock()   # (what was sent to it between runs may still be queued)
             return None
         # datagrams of an earlier run (its processes are gone): never heard. A
         # bounded purge: whoever keeps writing to the idle socket as fast as we
@@ -332,7 +332,7 @@ class NotifySocket:
         try:
             os.rename(idle, path)
         except OSError:
-            self.sock.close()
+            self._close_sock()
             return None
         members = RunMembers(state_key or str(state_dir), run_id)
         return NotifySocket(self.sock, path, path, members, self.ident)

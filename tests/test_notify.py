@@ -729,6 +729,40 @@ def test_a_drained_socket_is_closed_at_once_and_no_sender_gets_in_after(tmp_path
     assert not notify._closer_running and not notify._closing
 
 
+@pytest.mark.parametrize("tamper", ["removed", "replaced", "chmod", "rename fails"])
+def test_a_parked_socket_given_up_never_makes_the_reuse_wait(tmp_path, request, monkeypatch, tamper):
+    """Between runs a process of the ring's user passes a descriptor whose close
+    blocks to the idle socket, then removes, replaces or opens up its file; or
+    passes it just after the purge, and the rename to the run's path fails: the
+    parked socket is not reused, and its close (releasing that descriptor) is
+    not the driver's to wait for."""
+    ns = NotifySocket.open(tmp_path, 5)
+    assert ns.park(tmp_path)
+    idle = tmp_path / IDLE_SOCKET
+    peers = []
+    if tamper == "rename fails":
+        def rename(src, dst):
+            peers.append(_late_pass(request, str(idle)))
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(os, "rename", rename)
+    else:
+        peers.append(_late_pass(request, str(idle)))
+        if tamper == "chmod":
+            os.chmod(idle, 0o666)
+        else:
+            idle.unlink()
+        if tamper == "replaced":
+            other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            request.addfinalizer(other.close)
+            other.bind(str(idle))
+    t0 = time.monotonic()
+    assert ns.reuse(tmp_path, 6) is None
+    assert time.monotonic() - t0 < 1.0
+    monkeypatch.undo()
+    (peer,) = peers
+    wait_until(lambda: _sees_a_close(peer), message="the passed descriptor closed off the loop")
+
+
 def test_a_driver_stopping_with_a_descriptor_queued_on_its_parked_socket_exits_at_once(ring, request):
     """A real driver between runs (lap_pause): a process of the ring's user
     passes a descriptor whose close blocks to ``notify-idle.sock``. The stop
