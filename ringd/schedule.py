@@ -15,6 +15,7 @@ a daily job once).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
@@ -124,7 +125,8 @@ def _posix_rule(rule: str) -> Optional[tzinfo]:
 
 
 def next_due(schedule: Schedule, last_start: Optional[float], since: float,
-             tz: Optional[tzinfo] = None, last_wall: Optional[datetime] = None) -> float:
+             tz: Optional[tzinfo] = None, last_wall: Optional[datetime] = None,
+             set_back: Optional[float] = None) -> float:
     """Epoch time at which the agent is next due.
 
     ``last_start``: epoch time its last run started (None: never ran).
@@ -137,19 +139,40 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
     ``last_wall``: the local wall-clock time (naive) of the last start as read
     in the zone of that moment. A match must also be later on the wall clock
     than that, so a box moved west (or an hour repeated by DST) never runs a
-    slot whose wall-clock time was already run. None: read in ``tz``."""
+    slot whose wall-clock time was already run. None: read in ``tz``.
+
+    ``set_back``: when the wall clock was first seen behind the last start
+    (stepped back since it; None: it is not). Stepped back further than the
+    schedule's spacing there, the clock was set, not corrected: the slots run
+    ahead belong to a time that has not come, and the next due is the first
+    match after ``set_back`` (cron takes a step of over three hours so, and
+    systemd rewinds a timer's trigger time that lies ahead). A smaller step
+    (NTP's) keeps the rule above - a slot already run is never run again; the
+    wait grows by the step, to about twice the spacing. Unbounded, a clock a
+    year ahead for a minute silenced a daily job for a year."""
     if schedule.every is not None:
         return since if last_start is None else last_start + schedule.every
+    zone = tz if tz is not None else local_zone()
+    due = _cron_next(schedule.cron, last_start, since, zone, last_wall)
+    if set_back is not None and last_start is not None and math.isfinite(due):
+        spacing = _cron_next(schedule.cron, due, due, zone, None) - due
+        if last_start - set_back > spacing:
+            return _cron_next(schedule.cron, set_back, min(since, set_back), zone, None)
+    return due
+
+
+def _cron_next(cron: str, last_start: Optional[float], since: float, zone: tzinfo,
+               last_wall: Optional[datetime]) -> float:
+    """:func:`next_due` of a cron schedule, the clock aside."""
     from cronsim import CronSim
 
-    zone = tz if tz is not None else local_zone()
     base = since if last_start is None else max(last_start, since)
     start = datetime.fromtimestamp(base, tz=zone)
     if last_wall is not None:
         wall_start = last_wall.replace(tzinfo=zone)
         if wall_start.timestamp() > base:
             start = wall_start
-    it = CronSim(schedule.cron, start)
+    it = CronSim(cron, start)
     try:
         for _ in range(_MAX_WALL_SKIPS):
             match = next(it)
@@ -160,7 +183,7 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
             # every-minute job would pass over 60 or 120 of them
             later = last_wall.replace(tzinfo=zone, fold=1)
             if later.timestamp() > match.timestamp():
-                it = CronSim(schedule.cron, later)
+                it = CronSim(cron, later)
     except StopIteration:  # no match within cronsim's 50-year horizon
         pass
     return float("inf")
@@ -174,9 +197,10 @@ class Entry:
     last_start: Optional[float]
     since: float
     last_wall: Optional[datetime] = None
+    set_back: Optional[float] = None   # the wall clock first seen behind its last start (next_due)
 
     def next_due(self, tz: tzinfo) -> float:
-        return next_due(self.schedule, self.last_start, self.since, tz, self.last_wall)
+        return next_due(self.schedule, self.last_start, self.since, tz, self.last_wall, self.set_back)
 
 
 def due(entries: Iterable[Entry], now: float, tz: Optional[tzinfo] = None) -> List[str]:
@@ -193,9 +217,11 @@ def wall_clock(t: float, tz: Optional[tzinfo] = None) -> datetime:
 
 # --- what the journal keeps ------------------------------------------------------
 # Per scheduled agent, meta ``schedule:<name>`` holds JSON {"spec", "since",
-# "last_start", "last_wall"}: when this schedule was first seen (so a restart does
+# "last_start", "last_wall", "set_back"}: when this schedule was first seen (so a restart does
 # not move a never-run agent's first due time), and the epoch time and wall-clock
-# reading of its last start. The last start is kept here as well as in its run:
+# reading of its last start, and when the wall clock was first seen behind that
+# start (kept until it runs again: a due time counted from each turn's clock
+# would move with it and never come). The last start is kept here as well as in its run:
 # retention (``ring.keep_runs``) deletes the oldest runs whoever ran them, and a
 # job whose last run went would be due again at once.
 # ``tx`` is a journal transaction (ringd.journal.Tx) or anything with its
@@ -246,6 +272,17 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
         kept["since"] = now
         if write:
             tx.set_meta(_meta_key(name), json.dumps(kept))
+    set_back = None
+    if schedule.cron is not None and last_start is not None and last_start > now:
+        set_back = epoch(kept.get("set_back"))
+        if set_back is None or set_back > now:   # first seen now (or stepped back again)
+            set_back = kept["set_back"] = now
+            if write:
+                tx.set_meta(_meta_key(name), json.dumps(kept))
+    elif "set_back" in kept:   # the clock is past the last start again: that step is over
+        del kept["set_back"]
+        if write:
+            tx.set_meta(_meta_key(name), json.dumps(kept))
     since = float(kept["since"])
     wall = None
     if isinstance(kept.get("last_wall"), str):
@@ -253,7 +290,7 @@ def entry(tx, name: str, schedule: Schedule, now: float, write: bool = True) -> 
             wall = datetime.fromisoformat(kept["last_wall"])
         except ValueError:
             wall = None
-    return Entry(name, schedule, last_start, since, wall)
+    return Entry(name, schedule, last_start, since, wall, set_back)
 
 
 def last_turn(journal, config, newest):
@@ -278,5 +315,6 @@ def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None
         kept = {}
     if isinstance(kept, dict):
         kept["last_start"], kept["last_wall"] = now, wall_clock(now, tz).isoformat()
+        kept.pop("set_back", None)   # a start on this clock: nothing lies ahead of it now
         tx.set_meta(_meta_key(name), json.dumps(kept))
 

@@ -807,3 +807,31 @@ def test_a_journal_no_restart_can_help_is_refused_even_with_a_stop_pending():
     assert startup_journal_exit(outage, StopPending(), said.append) == EX_OK
     assert startup_journal_exit(outage, Quiet(), said.append) == EX_UNAVAILABLE
     assert said[1].startswith("stopped while starting")
+
+
+@pytest.mark.parametrize("step,expected", [
+    # the clock jumps two days ahead for 90 s: the job runs then (a slot was due on that
+    # clock), and once the clock is set right, daily at 04:00 again - it skipped two days
+    (2 * 86400.0, ["05-20 03:33:30", "05-18 04:00:00", "05-19 04:00:00", "05-20 04:00:00"]),
+    # an hour ahead (less than the daily spacing): the slot it ran early is not run again
+    (3600.0, ["05-18 04:33:30", "05-19 04:00:00", "05-20 04:00:00"]),
+])
+def test_a_cron_job_after_the_wall_clock_jumped_ahead_past_its_slot_and_back(tmp_path, monkeypatch, step,
+                                                                               expected):
+    """A daily 04:00 job first seen at 03:33:20 UTC. The wall clock jumps ahead
+    past its slot (a bad step), then NTP sets it back 90 s later. A jump longer
+    than the schedule's spacing is a clock that was set: the slots it ran ahead
+    belong to days that have not come, and the job keeps its 04:00 of each real
+    day (it waited until the clock was back past the bad run: two days here, a
+    year for a year's jump). A shorter jump is a correction: the slot it ran
+    early is not run again (schedule.next_due)."""
+    from datetime import datetime, timezone
+    monkeypatch.setenv("TZ", "UTC")
+    d, env, j = make(tmp_path, ["job"], default=Behaviour(runs_for=0.5),
+                     agents={"job": AgentOverride(schedule="0 4 * * *")}, heartbeat_interval=60.0)
+    env.at(10.0, lambda: setattr(env, "wall_step", step))
+    env.at(100.0, lambda: setattr(env, "wall_step", 0.0))
+    env.send(3 * 86400.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [datetime.fromtimestamp(r.started_at, timezone.utc) for r in rows(j)]
+    assert [t.strftime("%m-%d %H:%M:%S") for t in starts] == expected

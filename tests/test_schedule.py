@@ -374,3 +374,26 @@ def test_the_ring_resumes_after_its_last_ordinary_run_however_many_scheduled_run
         assert last_turn(j, config, j.last_run()).id == ordinary
     finally:
         j.close()
+
+
+
+def test_a_clock_stepped_back_further_than_the_schedules_spacing_is_a_clock_set_not_a_slot_run():
+    """A daily job ran while the wall clock was a year ahead (a bad RTC read at
+    boot); NTP then sets it right. Stepped back further than the schedule's
+    spacing (a day), the clock was set, not corrected: the job is due at the
+    first match after the step, as cron (a step over three hours) and systemd
+    (a trigger time ahead is rewound) take it - it waited a year. A step back
+    shorter than the spacing (an NTP correction) still never runs a slot again."""
+    s = Schedule(cron="0 3 * * *")
+    ran = ts(BERLIN, 2027, 6, 2, 3, 0, 5)
+    wall = wall_clock(ran, BERLIN)
+    set_back = ts(BERLIN, 2026, 6, 1, 12, 0)
+    assert next_due(s, ran, ran - 86400, BERLIN, wall) == ts(BERLIN, 2027, 6, 3, 3, 0)   # (the clock aside)
+    assert next_due(s, ran, ran - 86400, BERLIN, wall, set_back) == ts(BERLIN, 2026, 6, 2, 3, 0)
+    corrected = ran - 3 * 3600                               # three hours back: within a day
+    assert next_due(s, ran, ran - 86400, BERLIN, wall, corrected) == ts(BERLIN, 2027, 6, 3, 3, 0)
+    # an every-minute job's spacing is a minute: a five-minute step back runs its minutes again, as cron does
+    minutely = Schedule(cron="* * * * *")
+    ran = ts(BERLIN, 2026, 6, 1, 12, 5, 1)
+    assert next_due(minutely, ran, ran - 3600, BERLIN, wall_clock(ran, BERLIN), ran - 300) == \
+        ts(BERLIN, 2026, 6, 1, 12, 1)
