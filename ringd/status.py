@@ -403,7 +403,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     try:
         reader = open_reader(state_dir, config)
         if reader is None:
-            next_due = scheduled_next_due(None, config, state_dir)
+            next_due = scheduled_next_due(None, config, state_dir, now)
         else:
             try:
                 _, warning = reap_if_orphaned(state_dir, config, reader)
@@ -417,7 +417,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
                              "epoch": lease_view.epoch}
-                next_due = scheduled_next_due(reader, config, state_dir)
+                next_due = scheduled_next_due(reader, config, state_dir, now)
             finally:
                 reader.close()
     except JournalError as e:
@@ -458,7 +458,8 @@ def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: 
     doc["lease"] = lease
 
 
-def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path) -> Dict[str, float]:
+def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path,
+                       now: Optional[float] = None) -> Dict[str, float]:
     """Next due time of every scheduled agent on the roster (read-only), in the
     driver's time zone (its heartbeat's ``tz``; ours without one). No journal
     yet (``reader`` None): none has run, so each is due as a schedule first seen
@@ -470,7 +471,7 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
     names = [n for n, _ in roster] if roster is not None else list(config.agents)
     hb = read_heartbeat(state_dir) or {}
     zone = schedule.local_zone(hb["tz"]) if "tz" in hb else schedule.local_zone()
-    now, out = time.time(), {}
+    now, out = time.time() if now is None else now, {}
     if reader is None:
         scheds = ((name, config.schedule_for(name)) for name in names)
         return {name: schedule.next_due(sched, None, now, zone) for name, sched in scheds if sched is not None}

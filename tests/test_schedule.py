@@ -397,3 +397,23 @@ def test_a_clock_stepped_back_further_than_the_schedules_spacing_is_a_clock_set_
     ran = ts(BERLIN, 2026, 6, 1, 12, 5, 1)
     assert next_due(minutely, ran, ran - 3600, BERLIN, wall_clock(ran, BERLIN), ran - 300) == \
         ts(BERLIN, 2026, 6, 1, 12, 1)
+
+
+def test_status_reads_schedules_on_the_clock_it_is_given(tmp_path):
+    """gather_status(now=...) read every other time on that clock but the
+    schedules' next due times on the real one: a job never run (due as first
+    seen) was shown due at the real time, a cron job at the real clock's next
+    match - one clock for the whole read."""
+    from ringd.config import parse_config
+    from ringd.journal import Journal
+    from ringd.status import gather_status
+    now = 1_800_000_000.0
+    roster = tmp_path / "ring.txt"
+    roster.write_text("a /bin/true\njob /bin/true\n")
+    roster.chmod(0o600)
+    config = parse_config({"agents": {"job": {"every": 600}}})
+    for journal in (False, True):
+        if journal:
+            Journal.open(tmp_path).close()
+        doc = gather_status(tmp_path, config, now=now)
+        assert {a["name"]: a["next_due"] for a in doc["agents"]}["job"] == "2027-01-15T08:00:00+00:00", journal
