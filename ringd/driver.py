@@ -28,7 +28,7 @@ from .heartbeat import live_writer, read_heartbeat, watchdog_interval
 from .hop import Hop, HopResult, Pending
 from .journal import PRUNE_BATCH, Journal, JournalError
 from .lock import LOCK_FILE, KernelLock, LockHeld
-from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from,
+from .policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from, round_after,
                      spin_after_run, spin_at_lap_end, wait_timeout)
 from .reaper import driver_alive, orphan_cause, reap
 from .roster import RosterSource, next_index, wraps
@@ -183,7 +183,6 @@ class Driver:
         # run id -> (agent, position) of starts whose turn failed to commit: with
         # PostgreSQL a commit whose answer is lost may have happened all the same
         self.unconfirmed: "dict[int, tuple[str, int]]" = {}
-        self.ran_scheduled: "set[str]" = set()   # scheduled agents run since the last ordinary turn
         self.spin_logged = False
         self.idle_logged = False
         self.at_lap_start = False
@@ -497,6 +496,10 @@ class Driver:
         after a takeover (the leader before us counted laps meanwhile)."""
         last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
         self.cursor = (last.agent, last.position) if last else (None, None)
+        if self.journal.meta(schedule.ROUND_KEY) is not None:
+            # a new driver (or leader) starts a new round: a job due again at once runs at start
+            with self.journal.transaction() as tx:
+                schedule.write_round(tx, frozenset())
         self.cursor_roster = None   # (the journal keeps no roster: its position rule)
         lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
         self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
@@ -564,7 +567,7 @@ class Driver:
         agents, roster = view.agents, view.roster
         start = next_index(view.names, *self.cursor, self.cursor_roster)
         now = env.wall()
-        started, plan, hop = None, None, None
+        started, plan, hop, ran = None, None, None, frozenset()
         pending, closed = self.pending, None
         unconfirmed, lost = list(self.unconfirmed.items()), []
         # the last run's end, the operator's controls, the choice and the next start commit together
@@ -584,12 +587,13 @@ class Driver:
                 # so one first seen during a pause counts from then, and a slot that passed in
                 # the pause runs on resume - not from the resume, a slot later
                 scheduled = self.schedules(tx, now)
+                # the round lives in the journal, where ``ringd status`` reads it too
+                ran = schedule.read_round(tx) if scheduled else frozenset()
                 if not controls.ring_paused:
                     states = transitions.AgentStates(tx, now, self.config.ring)
                     plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
                                                 requested=tx.take_next(controls),
-                                                scheduled=scheduled,
-                                                ran_scheduled=frozenset(self.ran_scheduled)))
+                                                scheduled=scheduled, ran_scheduled=ran))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
                                and self.cursor[0] is not None   # (a first turn ever begins lap 1)
                                and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
@@ -614,6 +618,9 @@ class Driver:
                             hop = Hop(self, agent, plan.index, started, now)
                             # not committed - or was it? (the next turn closes it if so)
                             undo.callback(self.unconfirmed.__setitem__, started, (agent.name, plan.index))
+                if scheduled and (after := round_after(ran, plan, view.names, ring_paused=controls.ring_paused,
+                                                       once=self.once)) != ran:
+                    schedule.write_round(tx, after)
             undo.pop_all()   # committed
         self.unconfirmed = {}
         for run_id, name in lost:
@@ -633,19 +640,17 @@ class Driver:
             self.lap_boundary()
             return 0
         if plan.again:   # the job due again starts the next round
-            self.end_round()
+            self.end_round(ran)
             return 0
         if plan.index is None:
             if self.once:
-                self.ran_scheduled.clear()
                 return len(plan.passed) or 1
-            self.end_round()
+            self.end_round(ran)
             self.idle(plan.until, now)
             return 0
         self.idle_logged = False
         if plan.scheduled:
             # a scheduled agent's run is not a turn: the ring's position and lap stay
-            self.ran_scheduled.add(agent.name)
             if started is None:
                 self.log(f"{agent.name}: scheduled run skipped ({d.reason})")
                 return 0
@@ -654,8 +659,6 @@ class Driver:
             self.ended(hop.run())
             return 0
         if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
-            if not self.once:   # ``--once``: one lap, each scheduled agent once in it at most
-                self.ran_scheduled.clear()
             self.at_lap_start = False
             self.cursor, self.cursor_roster = (agent.name, plan.index), view.names
         if d.action is Action.RUN and d.reason:   # line changed, probation
@@ -724,11 +727,7 @@ class Driver:
             self.env.notify("STATUS=paused (ringd resume)")
         if self.once:
             return limit or 1
-        # A pause ends the round of scheduled runs: a job that ran just before it and
-        # came due again during it is due at resume like any other (SPEC: before the
-        # ordinary next agent), not "due again within its round" - that rule keeps a
-        # job outlasting its period from starving the ring, and a pause starves nothing.
-        self.ran_scheduled.clear()
+        # (a pause ends the round of scheduled runs: policy.round_after)
         self.pause(self.config.ring.heartbeat_interval)
         return 0
 
@@ -766,12 +765,11 @@ class Driver:
         if self.config.ring.lap_pause > 0:
             self.pause(self.config.ring.lap_pause)
 
-    def end_round(self) -> None:
-        """A round of scheduled runs ends with no ordinary turn (nothing else is
-        due, or a job is due again): a ring of scheduled agents has no lap, so
-        its round is one for the fast-fail guard."""
-        if self.ran_scheduled:
-            self.ran_scheduled.clear()
+    def end_round(self, ran: frozenset) -> None:
+        """A round of scheduled runs (``ran``) ends with no ordinary turn (nothing
+        else is due, or a job is due again; policy.round_after): a ring of
+        scheduled agents has no lap, so its round is one for the fast-fail guard."""
+        if ran:
             self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
             self.slow_down_if_spinning()
 

@@ -175,7 +175,8 @@ class TurnInputs:
     requested: Optional[str] = None          # ``ringd next NAME``: this agent's turn now, whatever its state
     # scheduled agents (SPEC "Scheduled agents"): name -> next due time (ringd.schedule);
     # they take no ordinary turn. ``ran_scheduled``: those already run at this hop
-    # boundary (since the last ordinary turn), so each due one runs once per boundary.
+    # boundary (since the last ordinary turn: the round, :func:`round_after`), so each
+    # due one runs once per boundary.
     scheduled: Mapping[str, float] = field(default_factory=dict)
     ran_scheduled: frozenset = frozenset()
 
@@ -242,6 +243,29 @@ def plan_turn(inp: TurnInputs) -> Plan:
     if again is not None and inp.limit is None:
         return again
     return Plan(None, None, passed, min(dues) if dues else None)
+
+
+def round_after(ran: FrozenSet[str], plan: Optional[Plan], names: Sequence[str], *,
+                ring_paused: bool = False, once: bool = False) -> FrozenSet[str]:
+    """The round (``TurnInputs.ran_scheduled``) once the driver has carried out
+    ``plan`` (None: a new lap is counted first, nothing taken): a scheduled
+    run (or skip) joins it; an ordinary turn, a job due again (the driver ends
+    the round, :meth:`Driver.end_round`), nothing due, and a pause end it (the
+    round keeps a job outlasting its period from starving the ring; a pause
+    starves nothing, and a job that came due again during it is due at resume
+    like any other: SPEC, before the ordinary next agent). Under
+    ``--once`` an ordinary turn does not: one lap runs each job once at most.
+    ``ringd next`` is out of order and changes nothing. The driver keeps the
+    round in the journal, so ``ringd status`` names the agent it will pick."""
+    if ring_paused:
+        return frozenset()
+    if plan is None or plan.forced:
+        return ran
+    if plan.again or plan.index is None:
+        return frozenset()
+    if plan.scheduled:
+        return ran | {names[plan.index]}
+    return ran if once else frozenset()
 
 
 # --- alerts -----------------------------------------------------------------------

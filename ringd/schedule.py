@@ -306,6 +306,25 @@ def last_turn(journal, config, newest):
     return max(ordinary, key=lambda r: r.id, default=newest)
 
 
+ROUND_KEY = "schedule_round"   # the driver's round (policy.round_after): a JSON list of names
+
+
+def read_round(tx) -> frozenset:
+    """The scheduled agents run since the last ordinary turn, as the driver
+    keeps them (anything else there is no round: every job may run)."""
+    import json
+    try:
+        names = json.loads(tx.meta(ROUND_KEY) or "[]")
+    except ValueError:
+        names = []
+    return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
+
+
+def write_round(tx, names: frozenset) -> None:
+    import json
+    tx.set_meta(ROUND_KEY, json.dumps(sorted(names)) if names else None)
+
+
 def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None:
     """A scheduled run starts: keep the wall-clock reading of its start."""
     import json

@@ -33,6 +33,7 @@ from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
 from .policy import seen_at
+from .schedule import read_round
 
 MAX_KNOWN_NAMES_CHARS = 600
 
@@ -187,6 +188,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  notes: Optional[Mapping[str, Any]] = None,
                  next_due: Optional[Mapping[str, float]] = None,
                  turn_from: Optional[RunRow] = None,
+                 ran_scheduled: Sequence[str] = (),
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
@@ -205,7 +207,9 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     (live, where the heartbeat's may be a beat old). ``turn_from``: the run the
     ring resumes after when that is not the newest (a scheduled agent's run is
     not a turn: ringd.schedule.last_turn). ``ring_paused``,
-    ``paused_agents`` and ``next_requested``: the operator's controls."""
+    ``paused_agents`` and ``next_requested``: the operator's controls.
+    ``ran_scheduled``: the driver's round (policy.round_after, kept in the
+    journal); a driver that is not alive has none (the next one starts anew)."""
     hb = dict(heartbeat) if heartbeat else None
     health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
                               locked=lock_holder is not None)
@@ -292,7 +296,8 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     turn = None
     if roster_lines and not ring_paused:
         turn = next_turn(roster_lines, states or {}, turn_from or running or last_run, now, config,
-                         paused=paused_agents, requested=next_requested, next_due=next_due)
+                         paused=paused_agents, requested=next_requested, next_due=next_due,
+                         ran_scheduled=ran_scheduled if driver_alive else ())
     upcoming = None
     if turn is not None:
         name, at = turn
@@ -316,31 +321,34 @@ def build_status(*, state_dir: Path, config: Config, now: float,
 def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
               last: Optional[RunRow], now: float, config: Config, paused: Sequence[str] = (),
               requested: Optional[str] = None,
-              next_due: Optional[Mapping[str, float]] = None) -> Optional[Tuple[str, float]]:
+              next_due: Optional[Mapping[str, float]] = None,
+              ran_scheduled: Sequence[str] = ()) -> Optional[Tuple[str, float]]:
     """Pure: (the agent that takes the next turn, when it starts), as the driver
     chooses it - ``policy.plan_turn``, the driver's own rule (``states``: name ->
     AgentState; ``next_due``: scheduled agents' next due times): an operator's
-    ``ringd next`` first, then a due scheduled agent, else after ``last`` by
-    name, passing over paused agents, scheduled ones and those that back off or
-    are quarantined. When nothing is due, whoever the driver picks once the
-    first wait ends. A turn after a full lap waits ``lap_pause`` after the last
-    run ended."""
+    ``ringd next`` first, then a due scheduled agent not run in the driver's
+    round (``ran_scheduled``), else after ``last`` by name, passing over paused
+    agents, scheduled ones and those that back off or are quarantined. When
+    nothing is due, whoever the driver picks once the first wait ends. A turn
+    after a full lap waits ``lap_pause`` after the last run ended."""
     import math
     from dataclasses import replace
-    from .policy import TurnInputs, plan_turn
+    from .policy import TurnInputs, plan_turn, round_after
     from .roster import next_index
     names = [n for n, _ in roster]
     if not names:
         return None
     start = next_index(names, last.agent if last else None, last.position if last else None)
     inputs = TurnInputs(roster, start, states, now, paused=frozenset(paused), requested=requested,
-                        scheduled=dict(next_due or {}))
+                        scheduled=dict(next_due or {}), ran_scheduled=frozenset(ran_scheduled))
     plan, at = plan_turn(inputs), now
+    if plan.again:   # the driver ends its round first, then chooses again
+        plan = plan_turn(replace(inputs, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
     if plan.index is None:
         if plan.until is None or not math.isfinite(plan.until):
             return None   # every agent paused, or waiting for nothing that comes by itself
         at = max(now, plan.until)
-        plan = plan_turn(replace(inputs, now=at))
+        plan = plan_turn(replace(inputs, now=at, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
         if plan.index is None:
             return None
     last_index = names.index(last.agent) if last is not None and last.agent in names else None
@@ -372,6 +380,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
         controls = tx.controls()   # read as the driver reads them, in the same snapshot
+        ran_scheduled = read_round(tx)
     ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
     states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
@@ -385,7 +394,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
         agents[name] = row
     return {"running": running, "last_run": newest, "agent_rows": agents, "states": states,
             "roster_error": roster_error, "ring_paused": ring_paused, "paused_agents": paused_agents,
-            "next_requested": next_requested,
+            "next_requested": next_requested, "ran_scheduled": sorted(ran_scheduled),
             "lap": int(lap) if lap is not None and lap.isascii() and lap.isdigit() else None}
 
 
@@ -395,7 +404,8 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
     view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
-                            "ring_paused": False, "paused_agents": [], "next_requested": None}
+                            "ring_paused": False, "paused_agents": [], "next_requested": None,
+                            "ran_scheduled": []}
     lease = None
     next_due: Dict[str, float] = {}
     turn_from: Optional[RunRow] = None   # the run the ring resumes after (schedule.last_turn)
@@ -441,7 +451,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
         journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
         paused_agents=view["paused_agents"], next_requested=view["next_requested"],
-        next_due=next_due, turn_from=turn_from,
+        next_due=next_due, turn_from=turn_from, ran_scheduled=view["ran_scheduled"],
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)

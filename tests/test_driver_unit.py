@@ -835,3 +835,40 @@ def test_a_cron_job_after_the_wall_clock_jumped_ahead_past_its_slot_and_back(tmp
     assert d.run() == 0
     starts = [datetime.fromtimestamp(r.started_at, timezone.utc) for r in rows(j)]
     assert [t.strftime("%m-%d %H:%M:%S") for t in starts] == expected
+
+
+def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_period(tmp_path, monkeypatch):
+    """An ``every: 10`` job whose runs last 15 s is due again before each run
+    ends; the driver then gives the ordinary next agent its turn (the job ran in
+    this round: policy.round_after). ``ringd status`` looked at all along names
+    the agent the driver starts next - it named the job again, having no memory
+    of the round, for the last 5 s of each of its runs. (Status runs on the fake
+    clock here; the driver's heartbeat is not a file, so it is taken as alive.)"""
+    from ringd import status
+    monkeypatch.setattr(status, "recorded_alive", lambda *a: True)     # never reap the fake driver's run
+    monkeypatch.setattr(status, "live_writer", lambda *a, **k: 4242)
+    d, env, j = make(tmp_path, ["a", "b", "job"], behaviours={"job": Behaviour(runs_for=15.0)},
+                     default=Behaviour(runs_for=1.0), agents={"job": AgentOverride(every=10.0)},
+                     run_budget=100.0, stall_threshold=200.0)
+    named = []
+    for k in range(1, 115):   # (between the starts, all at whole seconds)
+        env.at(k / 2 + 0.25, lambda: named.append((env.t, status.gather_status(tmp_path, d.config, now=env.wall())["next"])))
+    env.send(58.0, signal.SIGTERM)
+    assert d.run() == 0
+    starts = [(r.started_at - WALL0, r.agent) for r in rows(j)]
+    assert [a for _, a in starts[:5]] == ["job", "a", "job", "b", "job"], starts
+    checked = 0
+    for t, nxt in named:
+        following = [a for s, a in starts if s > t]
+        if following and nxt is not None:
+            assert nxt["agent"] == following[0], (t, nxt, starts)
+            checked += 1
+    assert checked > 90
+    # stopped during the job's run: its round is in the journal, but no driver is alive to
+    # keep it (status, told so, names the job due again), and the next one starts anew
+    from ringd.schedule import ROUND_KEY
+    assert j.meta(ROUND_KEY) == '["job"]'
+    monkeypatch.setattr(status, "live_writer", lambda *a, **k: None)
+    assert status.gather_status(tmp_path, d.config, now=env.wall())["next"]["agent"] == "job"
+    Driver(env, tmp_path, None, d.config, d.roster, j).resume_from_journal()
+    assert j.meta(ROUND_KEY) is None

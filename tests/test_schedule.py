@@ -282,6 +282,36 @@ def test_once_counts_scheduled_agents_as_passed_positions():
     assert (p.index, p.passed) == (None, [0, 1])
 
 
+def test_the_round_is_one_rule_for_the_driver_and_status():
+    """policy.round_after: a scheduled run joins the round; an ordinary turn,
+    a job due again, nothing due and a pause end it; ``--once`` and ``ringd
+    next`` keep it. status.next_turn, given the round, names what plan_turn
+    picks - the ordinary agent, not the job due again within its round."""
+    from ringd.config import Config
+    from ringd.policy import round_after
+    from ringd.status import next_turn
+    names = [n for n, _ in ROSTER]
+    ran = frozenset({"nightly"})
+    assert round_after(ran, plan(start=2, scheduled={"tick": 99.0, "nightly": 500.0}), names) == {"tick", "nightly"}
+    ordinary = plan(start=2, scheduled={"tick": 150.0})
+    assert round_after(ran, ordinary, names) == frozenset()
+    assert round_after(ran, ordinary, names, once=True) == ran
+    assert round_after(ran, None, names) == ran                      # a new lap counted first
+    assert round_after(ran, None, names, ring_paused=True) == frozenset()
+    held = {n: AgentState(name=n, backoff_until=200.0) for n in ("a", "b")}
+    again = plan(scheduled={"tick": 99.0, "nightly": 500.0}, ran={"tick"}, states=held)
+    assert again.again and round_after(frozenset({"tick"}), again, names) == frozenset()
+    idle = plan(scheduled={"tick": 120.0, "nightly": 500.0}, states=held)
+    assert idle.index is None and round_after(ran, idle, names) == frozenset()
+    # status: tick is due again (its run outlasted its period) but ran in this round: b is next
+    assert next_turn(ROSTER, {}, None, 100.0, Config(), next_due={"tick": 99.0}) == ("tick", 100.0)
+    assert next_turn(ROSTER, {}, None, 100.0, Config(), next_due={"tick": 99.0},
+                     ran_scheduled=["tick"]) == ("a", 100.0)
+    # ... and when no ordinary agent wants the turn, the driver ends the round and runs tick again
+    assert next_turn(ROSTER, held, None, 100.0, Config(), next_due={"tick": 99.0, "nightly": 500.0},
+                     ran_scheduled=["tick"]) == ("tick", 100.0)
+
+
 def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
     """``every: 600`` last started at t; the wall clock is stepped back. A step
     shorter than the period stretches one wait (due at t + 600, on the new clock
