@@ -154,8 +154,9 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
         return since if last_start is None else last_start + schedule.every
     zone = tz if tz is not None else local_zone()
     due = _cron_next(schedule.cron, last_start, since, zone, last_wall)
-    if set_back is not None and last_start is not None and math.isfinite(due):
-        spacing = _cron_next(schedule.cron, due, due, zone, None) - due
+    if set_back is not None and last_start is not None:
+        # (no due time a date can show after a start the clock is behind: a clock that was set too)
+        spacing = _cron_next(schedule.cron, due, due, zone, None) - due if math.isfinite(due) else 0.0
         if last_start - set_back > spacing:
             return _cron_next(schedule.cron, set_back, min(since, set_back), zone, None)
     return due
@@ -163,7 +164,16 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
 
 def _cron_next(cron: str, last_start: Optional[float], since: float, zone: tzinfo,
                last_wall: Optional[datetime]) -> float:
-    """:func:`next_due` of a cron schedule, the clock aside."""
+    """:func:`next_due` of a cron schedule, the clock aside; infinity when no
+    date can show it (a start late in the year 9999: datetime ends there)."""
+    try:
+        return _cron_match(cron, last_start, since, zone, last_wall)
+    except (OverflowError, ValueError):
+        return float("inf")
+
+
+def _cron_match(cron: str, last_start: Optional[float], since: float, zone: tzinfo,
+                last_wall: Optional[datetime]) -> float:
     from cronsim import CronSim
 
     base = since if last_start is None else max(last_start, since)

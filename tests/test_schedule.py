@@ -447,3 +447,18 @@ def test_status_reads_schedules_on_the_clock_it_is_given(tmp_path):
             Journal.open(tmp_path).close()
         doc = gather_status(tmp_path, config, now=now)
         assert {a["name"]: a["next_due"] for a in doc["agents"]}["job"] == "2027-01-15T08:00:00+00:00", journal
+
+
+def test_a_cron_job_last_started_at_the_end_of_the_year_9999_is_due_once_the_clock_is_set_right():
+    """A clock set to the last hour of the year 9999 (a time a date can show:
+    heartbeat.epoch keeps it) ran a daily job; set right, the job's next match
+    lies past datetime's end. next_due raised OverflowError - out of the
+    driver's turn and ``ringd status`` alike; it is no due time, and the clock
+    behind that start was set: due at the first match after the step."""
+    from ringd.heartbeat import epoch
+    s = Schedule(cron="0 3 * * *")
+    far = epoch(ts(ZoneInfo("UTC"), 9999, 12, 31, 23, 30))
+    assert far is not None
+    assert next_due(s, far, far - 86400, BERLIN) == float("inf")
+    set_back = ts(BERLIN, 2026, 6, 1, 12, 0)
+    assert next_due(s, far, far - 86400, BERLIN, None, set_back) == ts(BERLIN, 2026, 6, 2, 3, 0)
