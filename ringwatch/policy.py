@@ -75,6 +75,14 @@ def started(pid: int, pid_start: Optional[float], hb: Any, now: float) -> Driver
     return DriverView(pid=pid, pid_start=pid_start, pinned=True, since=now, last_key=beat_key(hb))
 
 
+def not_started(now: float) -> DriverView:
+    """A driver we could not start (fork or exec failed: EAGAIN, ENOMEM, the
+    interpreter gone, a log we cannot open). It is dead at once, as a child that
+    exited at once: judged now (:func:`next_check`), replaced ``restart_sec``
+    later under the start limit - as systemd takes an exec failure."""
+    return DriverView(pid=None, pid_start=None, pinned=True, since=now)
+
+
 def adopted(hb: Mapping[str, Any], now: float) -> DriverView:
     """A live driver we found running: pinned to the heartbeat's identity, and given
     the benefit of the doubt (its current beat counts as seen now) - we cannot know
@@ -152,6 +160,8 @@ def next_check(view: DriverView, *, last_poll: float, poll_interval: float,
     moment the driver would turn stale (so a grace period or a stale deadline
     never waits a whole extra ``poll_interval``)."""
     grace = stale_after if grace is None else grace
+    if view.pinned and view.pid is None:
+        return last_poll   # could not be started (not_started): dead now, no poll to wait for
     due = last_poll + poll_interval
     edge = (view.since + grace) if view.beat_at is None else (view.beat_at + stale_after)
     return min(due, edge + 1e-3) if edge + 1e-3 > last_poll else due

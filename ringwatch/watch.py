@@ -308,13 +308,13 @@ class Watcher:
         try:
             proc = driverproc.start_driver(self.state_dir, self.config_path)
         except OSError as e:
-            # e.g. the interpreter vanished (upgrade in progress): judged dead at the
-            # next check and retried under the start limit, never a tight loop
+            # e.g. the interpreter vanished (upgrade in progress), EAGAIN, ENOMEM:
+            # judged dead at once and retried restart_sec later under the start
+            # limit (policy.not_started), never a tight loop
             where = f" ({e.filename})" if getattr(e, "filename", None) else ""
             log(f"cannot start the driver: {proctree.errno_reason(e)}{where}")
             self.proc = None
-            self.view = policy.DriverView(pid=None, pid_start=None, pinned=True, since=time.monotonic(),
-                                          last_key=None, beat_at=None)
+            self.view = policy.not_started(time.monotonic())
             return
         self.proc = proc
         self.view = policy.started(proc.pid, proc.start_time, _this_boots_heartbeat(self.state_dir),

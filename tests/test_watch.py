@@ -1038,3 +1038,22 @@ def test_a_give_up_marker_no_unlink_can_take_is_named_and_nothing_is_reset(ring)
     assert not (ring.state / "ringwatch.json").exists(), "nothing was to be saved"
     (ring.state / "ringwatch.gave-up").rmdir()
     assert run_cli(ring, "reset", "--state", str(ring.state)).returncode == 0
+
+
+def test_a_driver_that_cannot_be_started_is_retried_after_restart_sec_and_the_watcher_gives_up(ring):
+    """A failed start (fork/exec failing: EAGAIN, ENOMEM, the interpreter gone; here
+    a FIFO at logs/ringd.log) is a driver that died at once, as systemd takes an exec
+    failure: retried ``restart_sec`` later, under the start limit. It waited for the
+    next poll instead (``poll_interval``, 300 s by default), so the restarts were
+    never ``start_limit_burst`` within the window and the watcher never gave up."""
+    ring.write_config(watch={"poll_interval": 60, "stale_after": 60, "restart_sec": 0.2,
+                             "start_limit_burst": 2, "start_limit_interval": 120})
+    simple_ring(ring)
+    (ring.state / "logs").mkdir(mode=0o700)
+    os.mkfifo(ring.state / "logs" / "ringd.log", 0o600)
+    watcher = ring.start_watcher()
+    rc, err = finish(watcher, 30)
+    assert rc == 70, err
+    assert err.count("cannot start the driver") == 3, err
+    assert "GIVING UP" in err and "Traceback" not in err, err
+    assert watch_state(ring)["gave_up"] is True

@@ -266,3 +266,12 @@ def test_restart_times_too_big_for_a_float_are_dropped_not_raised():
     assert restart_times({"restarts": [10 ** 400, -10 ** 400, old.wall - 5]}, old) == [995.0]
     huge = dict(saved, restart_clock={"boot_id": "b1", "since_boot": {saved["restarts"][0]: 10 ** 400}})
     assert restart_times(huge, old) == [990.0]   # placed by its wall time instead
+
+
+def test_a_driver_that_could_not_be_started_is_judged_dead_at_once():
+    """A failed fork/exec waited for the next poll (poll_interval, 300 s by default)
+    to be judged: restarts a poll apart never hit the start limit. It is due now."""
+    v = policy.not_started(now=50.0)
+    assert policy.next_check(v, last_poll=50.0, poll_interval=300, stale_after=300) == 50.0
+    assert policy.judge(v, alive=False, now=50.0, stale_after=300).health == DEAD
+    assert policy.judge(v, alive=False, now=50.0, stale_after=300).unhealthy
