@@ -1057,3 +1057,100 @@ def test_a_driver_that_cannot_be_started_is_retried_after_restart_sec_and_the_wa
     assert err.count("cannot start the driver") == 3, err
     assert "GIVING UP" in err and "Traceback" not in err, err
     assert watch_state(ring)["gave_up"] is True
+
+
+def test_a_watcher_frozen_longer_than_stale_after_leaves_its_beating_driver_alone(ring):
+    """The watcher SIGSTOPped (a debugger, a frozen cgroup) while its driver beats
+    on: when it wakes its monotonic clock has run on past ``stale_after`` since the
+    last beat it saw, but it reads the heartbeat before judging, finds it changed,
+    and kills nothing."""
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring)
+    pid, seq = hb["pid"], hb["seq"]
+    w = ring.config["watch"]
+    beats = int(3 * w["stale_after"] / ring.config["ring"]["heartbeat_interval"])
+    os.kill(watcher.pid, signal.SIGSTOP)
+    try:
+        # the driver beats on for three times stale_after meanwhile
+        wait_until(lambda: (ring.heartbeat() or {}).get("seq", 0) >= seq + beats, 30,
+                   message=f"{beats} more beats of the driver")
+        polls_before = watch_state(ring).get("last_poll_at")
+    finally:
+        os.kill(watcher.pid, signal.SIGCONT)
+    wait_until(lambda: watch_state(ring).get("last_poll_at") != polls_before, 10, message="a poll after the thaw")
+    first = watch_state(ring)["last_poll_at"]
+    wait_until(lambda: watch_state(ring).get("last_poll_at") not in (polls_before, first), 10,
+               message="a second poll after the thaw")
+    assert (ring.heartbeat() or {}).get("pid") == pid and watcher.poll() is None
+    assert watch_state(ring)["restarts"] == []
+    err = stop_watcher(ring, watcher)
+    assert "unhealthy" not in err, err
+
+
+def test_a_heartbeat_naming_a_recycled_pid_never_gets_that_process_signalled(ring):
+    """restart_command mode follows whoever writes the heartbeat. A beat naming a
+    pid the kernel has since handed to another process (its start tick differs)
+    is a dead driver's: the watcher runs the restart command and, finally, gives up
+    - never signalling the process that has the pid now."""
+    from ringd.heartbeat import whose
+    from ringd.procid import start_ticks
+    ring.write_config(watch={"restart_command": ["true"], "start_limit_burst": 1})
+    simple_ring(ring)
+    stranger = ring.start(["sleep", "120"])
+    ticks = wait_until(lambda: start_ticks(stranger.pid), 5, message="the stranger started")
+    watcher = ring.start_watcher()
+    wait_until(lambda: watch_state(ring).get("last_poll_at"), 10, message="the watcher polling")
+    beat = {**whose(ring.state), "pid": stranger.pid, "pid_start": ticks + 1, "seq": 1,
+            "at_epoch": time.time()}
+    tmp = ring.state / ".hb.tmp"
+    tmp.write_text(json.dumps(beat))
+    os.replace(tmp, ring.state / "ringd.heartbeat")   # a beat, then the driver died and its pid was reused
+    rc, err = finish(watcher, 30)
+    assert rc == 70 and "GIVING UP" in err, err
+    assert f"driver (pid {stranger.pid}) is gone" in err, err
+    assert stranger.poll() is None and start_ticks(stranger.pid) == ticks
+
+
+def test_a_sigterm_while_the_driver_starts_up_stops_it_cleanly(ring):
+    """SIGTERM to the watcher in the instant after it started the driver (whose
+    interpreter is still starting, its signals held): the driver takes the SIGTERM
+    once ready and exits by itself - no SIGKILL after the grace - and the
+    watcher exits 0 leaving nothing behind."""
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+
+    def driver():
+        try:
+            kids = psutil.Process(watcher.pid).children()
+        except psutil.Error:
+            return None
+        return kids[0] if kids else None
+    d = wait_until(driver, 20, interval=0.001, message="ringwatch started a driver")
+    watcher.send_signal(signal.SIGTERM)
+    rc, err = finish(watcher, 30)
+    assert rc == 0, err
+    assert f"driver (pid {d.pid}) terminated" in err and "killed" not in err, err
+    assert "Traceback" not in err, err
+    wait_until(lambda: not processes_of(ring.state), 5, message="no process of the ring left")
+
+
+def test_a_sigterm_during_the_give_up_alert_ends_the_wait_and_keeps_the_give_up(ring, tmp_path):
+    """SIGTERM while the watcher waits for its give-up alert: it stops waiting at
+    once and still exits 70 - the give-up is recorded before the alert starts."""
+    ring.write_config(watch={"start_limit_burst": 1, "start_limit_interval": 60, "restart_sec": 0.1},
+                      alerts={"command": ["sh", "-c", f'touch "{tmp_path}/$RING_EVENT"; exec sleep 60'],
+                              "timeout": 60})
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_driver(ring, not_pid=pid)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: (tmp_path / "watcher-gave-up").exists(), 20, message="the give-up alert running")
+    assert watcher.poll() is None, "the watcher waits for its alert"
+    watcher.send_signal(signal.SIGTERM)
+    rc, err = finish(watcher, 10)
+    assert rc == 70, err
+    assert "exiting before the alert helper" in err and "Traceback" not in err, err
+    assert watch_state(ring)["gave_up"] is True
