@@ -46,6 +46,19 @@ class Agent:
 # otherwise make split() or shlex join two agents into one argv or cut a name,
 # and a NUL or U+2028 reaches no exec intact.
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# Nor may it hold an invisible format character (Unicode category Cf): the
+# bidirectional overrides and isolates (U+202A-202E, U+2066-2069) make an editor,
+# ``cat`` or a code review show a line's words in another order than they run
+# ("Trojan Source"), and zero-width characters (U+200B, U+2060, a soft hyphen,
+# the tag characters) make an argument or a program path look like another one
+# (``./out\u200breach.sh`` shows as ``./outreach.sh``). What the file shows is
+# what runs; a program that needs such a character in an argument gets it from
+# a script. The ranges are Unicode 15's Cf (tests/test_roster.py checks them
+# against this Python's unicodedata).
+_FORMAT = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+                     "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                     "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+                     "\U000e0020-\U000e007f]")
 # Name and command are separated as a POSIX shell separates words: by spaces
 # and tabs only (str.split() would also split at a no-break space).
 _NAME_AND_COMMAND = re.compile(r"([^ \t]+)(?:[ \t]+(.*))?\Z", re.DOTALL)
@@ -83,6 +96,13 @@ def _control_reason(ch: str) -> str:
         f"line contains a control character (U+{ord(ch):04X}); a roster is plain text lines"
 
 
+def _format_reason(ch: str) -> str:
+    import unicodedata
+    name = unicodedata.name(ch, "")
+    return (f"line contains an invisible format character (U+{ord(ch):04X}{' ' + name if name else ''}): "
+            f"it would make the line show other than it runs; put such an argument in a script")
+
+
 def parse_roster(text: str, path: Path) -> List[Agent]:
     """Parse roster text. Raises RosterError(path, line, reason)."""
     agents: List[Agent] = []
@@ -94,6 +114,9 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
         bad = _CONTROL.search(line)
         if bad:
             raise RosterError(path, number, _control_reason(bad.group()))
+        invisible = _FORMAT.search(line)
+        if invisible:
+            raise RosterError(path, number, _format_reason(invisible.group()))
         stripped = line.strip(" \t")
         if not stripped or stripped.startswith("#"):
             continue

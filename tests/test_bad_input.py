@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import psutil
@@ -137,6 +138,15 @@ def _no_break_space(ring):
     ring.roster_path.write_bytes("ok\u00a0/bin/true\n".encode())
 
 
+def _bidi_override(ring):
+    # shows as "ok /bin/echo safe ..." with the rest reversed: not what runs
+    ring.roster_path.write_text("ok /bin/true\nshow /bin/echo safe \u202e; txt.gnir\n")
+
+
+def _zero_width_in_program(ring):
+    ring.roster_path.write_text("ok /bin/true\nlook /bin/tr\u200bue\n")   # shows as /bin/true
+
+
 STARTUP_ROSTERS = [
     ("binary-garbage", _garbage, "not UTF-8"),
     ("ten-megabytes", _ten_megabytes, "larger than"),
@@ -150,6 +160,8 @@ STARTUP_ROSTERS = [
     ("empty-program", _empty_program, "ring.txt:2: agent 'nil': the program name is empty"),
     ("cr-line-endings", _cr_line_endings, "ring.txt:1: line contains a control character (U+000D)"),
     ("no-break-space", _no_break_space, "ring.txt:1: bad agent name"),
+    ("bidi-override", _bidi_override, "ring.txt:2: line contains an invisible format character (U+202E"),
+    ("zero-width", _zero_width_in_program, "ring.txt:2: line contains an invisible format character (U+200B"),
 ]
 
 
@@ -175,7 +187,8 @@ def test_bad_roster_at_startup_is_one_line_and_exit_78(ring, case, make, reason)
 def test_agent_names_with_sql_or_shell_metacharacters_are_refused(ring, name):
     ring.roster("fine /bin/true", f"{name} /bin/true")
     err = start_refused(ring)
-    line = assert_one_clear_line(err, "ring.txt:2", "bad agent name")
+    invisible = any(unicodedata.category(c) == "Cf" for c in name)   # refused as such anywhere in a line
+    line = assert_one_clear_line(err, "ring.txt:2", "invisible format character" if invisible else "bad agent name")
     assert len(line) < 300
 
 

@@ -38,6 +38,14 @@ def test_parses_names_commands_comments_and_quotes(tmp_path):
     ("# note\x1b[31m\na true\n", 1, "control character (U+001B)"),
     ("a\u00a0true\n", 1, "bad agent name"),
     ("a\u3000true\n", 1, "bad agent name"),
+    # Trojan Source: a line that shows other than it runs
+    ("a /bin/echo safe \u202e; txt.gnir\n", 1, "invisible format character (U+202E RIGHT-TO-LEFT OVERRIDE)"),
+    ("a true\nb /bin/echo \u2066x\u2069\n", 2, "invisible format character (U+2066"),
+    ("a ./agents/out\u200breach.sh\n", 1, "invisible format character (U+200B ZERO WIDTH SPACE)"),
+    ("a /bin/rm -rf /tmp/x\u00ad\n", 1, "(U+00AD"),
+    ("# ok\u2067 note\na true\n", 1, "(U+2067"),
+    ("a true\nb true \ufeff\n", 2, "(U+FEFF"),
+    ("a true \U000e0041\n", 1, "(U+E0041"),
 ])
 def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     with pytest.raises(RosterError) as e:
@@ -45,6 +53,26 @@ def test_errors_name_file_line_and_reason(tmp_path, text, line, words):
     assert e.value.line == line
     assert words in str(e.value)
     assert str(tmp_path / "ring.txt") in str(e.value)
+
+
+def test_the_invisible_characters_refused_are_exactly_unicodes_format_characters():
+    """Every Cf character this Python knows is refused, and nothing else is but
+    what Unicode had not assigned then (a newer Unicode's Cf)."""
+    import sys
+    import unicodedata
+    from ringd.roster import _FORMAT
+    for cp in range(sys.maxunicode + 1):
+        ch = chr(cp)
+        category = unicodedata.category(ch)
+        if category == "Cf":
+            assert _FORMAT.fullmatch(ch), f"U+{cp:04X} {unicodedata.name(ch, '')} is not refused"
+        elif _FORMAT.fullmatch(ch):
+            assert category == "Cn", f"U+{cp:04X} ({category}) is refused"
+
+
+def test_visible_non_ascii_text_in_a_command_is_kept(tmp_path):
+    agents = parse("a /bin/echo \u00e9t\u00e9 \u05e9\u05dc\u05d5\u05dd \u2764 \u00a0\n", tmp_path)
+    assert agents[0].argv == ("/bin/echo", "\u00e9t\u00e9", "\u05e9\u05dc\u05d5\u05dd", "\u2764", "\u00a0")
 
 
 def test_tabs_crlf_and_a_byte_order_mark_are_plain_text(tmp_path):
