@@ -106,7 +106,7 @@ def _format_reason(ch: str) -> str:
 def parse_roster(text: str, path: Path) -> List[Agent]:
     """Parse roster text. Raises RosterError(path, line, reason)."""
     agents: List[Agent] = []
-    seen = {}
+    seen: dict = {}   # name in lower case -> (line, name as written): unique whatever the case
     if text.startswith("\ufeff"):   # a byte order mark some editors write: not part of the first name
         text = text[1:]
     for number, raw in enumerate(text.split("\n"), start=1):
@@ -126,8 +126,12 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
         if not NAME_RE.fullmatch(name) or len(name) > MAX_NAME_CHARS:
             raise RosterError(path, number, f"bad agent name {excerpt(name)}: use letters, digits, "
                                             f"'_', '.', '-' (starting with a letter or digit), at most {MAX_NAME_CHARS}")
-        if name in seen:
-            raise RosterError(path, number, f"duplicate agent name {name!r} (first on line {seen[name]})")
+        first = seen.get(name.lower())
+        if first is not None:
+            raise RosterError(path, number, f"duplicate agent name {name!r} (first on line {first[0]}"
+                                            + (")" if first[1] == name else
+                                               f" as {first[1]!r}: names that differ only in case share "
+                                               f"one log folder on a case-insensitive file system)"))
         if not command:
             raise RosterError(path, number, f"agent {name!r} has no command")
         try:
@@ -138,7 +142,7 @@ def parse_roster(text: str, path: Path) -> List[Agent]:
             raise RosterError(path, number, f"agent {name!r} has no command")
         if not argv[0]:   # exec takes no empty program name ('' or "")
             raise RosterError(path, number, f"agent {name!r}: the program name is empty")
-        seen[name] = number
+        seen[name.lower()] = (number, name)   # (names are ASCII: lower() is their case folding)
         agents.append(Agent(name=name, argv=tuple(argv), line=number, text=stripped))
     if not agents:
         raise RosterError(path, None, "roster has no agents")

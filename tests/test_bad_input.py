@@ -147,6 +147,11 @@ def _zero_width_in_program(ring):
     ring.roster_path.write_text("ok /bin/true\nlook /bin/tr\u200bue\n")   # shows as /bin/true
 
 
+def _names_differing_in_case(ring):
+    # two agents, one log folder (logs/web = logs/WEB) on a case-insensitive file system
+    ring.roster_path.write_text("web /bin/true\nWEB /bin/false\n")
+
+
 STARTUP_ROSTERS = [
     ("binary-garbage", _garbage, "not UTF-8"),
     ("ten-megabytes", _ten_megabytes, "larger than"),
@@ -162,6 +167,7 @@ STARTUP_ROSTERS = [
     ("no-break-space", _no_break_space, "ring.txt:1: bad agent name"),
     ("bidi-override", _bidi_override, "ring.txt:2: line contains an invisible format character (U+202E"),
     ("zero-width", _zero_width_in_program, "ring.txt:2: line contains an invisible format character (U+200B"),
+    ("case-duplicate", _names_differing_in_case, "ring.txt:2: duplicate agent name 'WEB' (first on line 1 as 'web'"),
 ]
 
 

@@ -25,6 +25,10 @@ def test_parses_names_commands_comments_and_quotes(tmp_path):
 @pytest.mark.parametrize("text, line, words", [
     ("good true\n-bad true\n", 2, "bad agent name"),
     ("a true\na false\n", 2, "duplicate"),
+    # logs/web and logs/Web are one folder on macOS (APFS, HFS+) and Windows shares
+    ("web true\nok true\nWeb false\n", 3, "duplicate agent name 'Web' (first on line 1 as 'web': "
+                                           "names that differ only in case share one log folder"),
+    ("a.B-c true\nA.b-C true\n", 2, "duplicate agent name 'A.b-C'"),
     ("a sh -c 'unbalanced\n", 1, "quotation"),
     ("lonely\n", 1, "no command"),
     ("# only comments\n\n", None, "no agents"),
