@@ -356,11 +356,21 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
         if problem:
             warned.append(f"agent {a.name}: {problem}")
     _warn(warned)
-    click.echo(f"ok: config {config_path or '(built-in defaults)'}, roster {roster_path} "
-               f"with {len(agents)} agent(s): {', '.join(a.name for a in agents)}"
-               + (f"; {len(warned)} warning(s)" if warned else ""))
+    click.echo(check_ok_line(config_path, roster_path, [a.name for a in agents], len(warned)))
     if strict and warned:
         raise click.exceptions.Exit(EX_FAILURE)
+
+
+def check_ok_line(config_path: Optional[Path], roster_path: Path, names: List[str], warnings: int) -> str:
+    """``ringd check``'s one line for a valid ring. The paths are shown as
+    ``status`` shows them (control characters and bidirectional controls as
+    spaces): a ``ring.roster`` or ``--config`` holding a newline printed a
+    second, forged line, and a right-to-left override showed the line's end
+    reversed."""
+    from .notify import without_controls
+    return (f"ok: config {without_controls(str(config_path or '(built-in defaults)'))}, "
+            f"roster {without_controls(str(roster_path))} with {len(names)} agent(s): {', '.join(names)}"
+            + (f"; {warnings} warning(s)" if warnings else ""))
 
 
 # --- operator commands -------------------------------------------------------------

@@ -810,3 +810,27 @@ def test_status_that_fails_says_unknown_never_dead(ring, monkeypatch, error):
     result = CliRunner().invoke(main, ["status", *ring.common()])
     assert result.exit_code == 4, (result.exit_code, result.output)
     assert "Traceback" not in result.output
+
+
+def test_check_shows_the_paths_it_names_on_one_line_in_their_order():
+    """A roster path (``ring.roster``) or config path holding a newline or a
+    right-to-left override is shown as ``status`` shows it: one line, in order."""
+    from pathlib import Path
+    from ringd.cli import check_ok_line
+    line = check_ok_line(Path("/c\nok: forged.yaml"), Path("/r\u202etxt.gnir/ring.txt"), ["a", "b"], 1)
+    assert line == "ok: config /c ok: forged.yaml, roster /r txt.gnir/ring.txt with 2 agent(s): a, b; 1 warning(s)"
+    assert check_ok_line(None, Path("/r/ring.txt"), ["a"], 0) == \
+        "ok: config (built-in defaults), roster /r/ring.txt with 1 agent(s): a"
+
+
+def test_check_of_a_roster_in_a_folder_named_with_a_newline_prints_one_line(ring):
+    folder = ring.base / "x\nok: config forged, roster forged with 9 agent(s): fake \u202e"
+    folder.mkdir(mode=0o700)
+    (folder / "ring.txt").write_text("real /bin/true\n")
+    os.chmod(folder / "ring.txt", 0o600)
+    ring.config["ring"]["roster"] = str(folder / "ring.txt")
+    ring.write_config()
+    r = ring.cli("check")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1 and "\u202e" not in r.stdout, r.stdout
+    assert r.stdout.startswith("ok: config ") and r.stdout.rstrip().endswith("with 1 agent(s): real"), r.stdout
