@@ -834,3 +834,19 @@ def test_check_of_a_roster_in_a_folder_named_with_a_newline_prints_one_line(ring
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and "\u202e" not in r.stdout, r.stdout
     assert r.stdout.startswith("ok: config ") and r.stdout.rstrip().endswith("with 1 agent(s): real"), r.stdout
+
+
+@pytest.mark.parametrize("command", ["skip", "next", "pause", "resume", "logs", "history"])
+def test_a_name_no_roster_can_hold_is_an_unknown_agent_never_a_path(ring, command):
+    """A NAME with a NUL byte, a newline, ``..`` or ``/`` (or a byte that is not
+    UTF-8) is checked against the known names before it is used for anything -
+    a log folder, a journal query - and refused in one line, exit 2."""
+    from click.testing import CliRunner
+    from ringd.cli import main
+    ring.roster("web /bin/true")
+    (ring.state / "logs" / "web").mkdir(parents=True)
+    for name in ("a\x00b", "a\nb", "..", "../web", "web/../web", "/etc/passwd", "\udcff"):
+        r = CliRunner().invoke(main, [command, *ring.common(), name])
+        assert r.exit_code == 2, (name, r.output, r.exception)
+        assert r.output.count("\n") == 1 and "unknown agent" in r.output, (name, r.output)
+    assert not ring.runs()
