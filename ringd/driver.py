@@ -839,6 +839,9 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             # its calls are bounded, and a stop signal ends one in flight (pgcall)
             journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl, tap=env.wakeups)
             journal.stop_recording()  # until this driver takes the lease
+            if journal.repaired:
+                logger(f"journal schema: {', '.join(journal.repaired)} missing (dropped by hand?); "
+                       f"made again")
             leader = Leader(journal, config.ring.lease_ttl, logger)
             config = for_leadership(config)
         else:

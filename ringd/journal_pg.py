@@ -37,6 +37,7 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
 from . import lease as leaselib
 from . import pgcall, sidethread
 from .journal import Journal, JournalError
+from . import schema_pg
 from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 from .schema_sqlite import too_new
 
@@ -354,6 +355,7 @@ class PgJournal(Journal):
         super().__init__(con, redact(dsn))  # type: ignore[arg-type]
         self.fence: Optional[Fence] = None
         self.recording = True   # False: a driver that is not (or no longer) the leader
+        self.repaired: List[str] = []   # what of the schema the last migration made again
 
     def wait_busy_unless(self, give_up) -> None:
         """(Every call is bounded already, and a stop signal ends one in flight: pgcall's tap.)"""
@@ -377,28 +379,40 @@ class PgJournal(Journal):
         j = cls(_Con(dsn, readonly, wait_limit=pgcall.call_bound(ttl), tap=tap), dsn)
         if not readonly:
             try:
-                j._migrate()
+                j._migrate(ttl)
             except JournalError:
                 j.close()
                 raise
         return j
 
-    def _migrate(self) -> None:
+    def _migrate(self, ttl: float) -> None:
         # Only when needed: the DDL (CREATE OR REPLACE TRIGGER) locks the runs
         # table, and a standby starting up must not stall the leader's writes.
         # Decided again under the migration lock: another ring may have upgraded
         # in between, and a newer ring's mark must never be overwritten with ours.
-        if self._schema_is_current():
+        if not self._schema_missing():
             return
         with self._transaction():
             self.con.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-            if not self._schema_is_current():
-                self.con.script(SCHEMA)
+            missing = self._schema_missing()
+            if not missing:
+                return
+            fresh = schema_pg.OBJECTS <= missing
+            self.con.script(SCHEMA)
+            if "lease" in missing and not fresh:
+                # The lease table dropped under a ring: whoever led may still run its
+                # agent (its renewals fail; it stops at its half-TTL switch). Made
+                # again as the deleted row is (acquire): held by nobody for one TTL.
+                self.con.execute("UPDATE lease SET holder = ?, expires_at = clock_timestamp()"
+                                 " + make_interval(secs => ?) WHERE id = 1 AND holder IS NULL",
+                                 (leaselib.NOBODY, ttl))
+        if not fresh:   # (a new journal is no news)
+            self.repaired = sorted(missing - {"version"})
 
-    def _schema_is_current(self) -> bool:
-        """Whether the journal has this ring's schema; raises for a newer ring's.
-        (Asked without an error before the schema exists: one would abort the
-        transaction it is asked in.)"""
+    def _schema_missing(self) -> frozenset:
+        """What of this ring's schema the journal lacks ("version": its mark is
+        not this ring's); raises for a newer ring's. (Asked without an error
+        before the schema exists: one would abort the transaction it is asked in.)"""
         version = None
         if self.con.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
             row = self.con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -406,7 +420,8 @@ class PgJournal(Journal):
         reason = too_new(version)
         if reason:
             raise JournalError(f"{self.path}: {reason}")
-        return version == str(SCHEMA_VERSION)
+        present = [r[0] for r in self.con.execute(schema_pg.PRESENT, schema_pg.PRESENT_PARAMS)]
+        return schema_pg.missing(present) | (frozenset() if version == str(SCHEMA_VERSION) else {"version"})
 
     def close(self) -> None:
         self.con.close()

@@ -10,6 +10,8 @@ the server's clock. One ring per database (or per schema, via ``search_path``).
 """
 from __future__ import annotations
 
+import re
+
 from .schema_sqlite import SCHEMA_VERSION, SOURCES, STATUSES
 
 _STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
@@ -130,3 +132,27 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS cpu_seconds DOUBLE PRECISION;
 INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 """
+
+# What the schema is made of, by name (tables and indexes, triggers, functions):
+# one dropped by hand (an operator's DROP, a partial restore) is made again under
+# the migration lock as SQLite's are, where a version mark alone left it missing
+# for good - a dropped lease table kept every driver standing by, a dropped
+# trigger silently stopped the counters or let a final status change.
+RELATIONS = frozenset(re.findall(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA))
+TRIGGERS = frozenset(re.findall(r"CREATE OR REPLACE TRIGGER (\w+)", SCHEMA))
+FUNCTIONS = frozenset(re.findall(r"CREATE OR REPLACE FUNCTION (\w+)", SCHEMA))
+OBJECTS = RELATIONS | TRIGGERS | FUNCTIONS
+
+# Which of them the journal has (a trigger only when enabled: ALTER TABLE ...
+# DISABLE TRIGGER drops its guarantee as surely). Names resolve on search_path,
+# as every statement of ours does.
+PRESENT = ("SELECT n FROM unnest(?::text[]) AS n WHERE to_regclass(n) IS NOT NULL"
+           " UNION SELECT tgname::text FROM pg_trigger WHERE tgrelid = to_regclass('runs')"
+           " AND NOT tgisinternal AND tgenabled <> 'D'"
+           " UNION SELECT n FROM unnest(?::text[]) AS n WHERE to_regproc(n) IS NOT NULL")
+PRESENT_PARAMS = (sorted(RELATIONS), sorted(FUNCTIONS))
+
+
+def missing(present) -> frozenset:
+    """The schema's objects a journal holding ``present`` lacks."""
+    return OBJECTS - frozenset(present)

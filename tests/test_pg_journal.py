@@ -372,3 +372,73 @@ def test_a_side_thread_is_born_with_every_signal_blocked():
     assert blocked and all(blocked[0] >> (sig - 1) & 1 for sig in
                            (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD))
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}   # the caller's mask is back
+
+
+def test_the_schema_objects_are_named_from_the_schema_itself():
+    from ringd import schema_pg
+    assert {"lease", "runs", "meta", "run_counts", "runs_one_running"} <= schema_pg.RELATIONS
+    assert schema_pg.TRIGGERS == {"runs_closed", "runs_inserted_closed", "runs_terminal_is_final"}
+    assert schema_pg.FUNCTIONS == {"ring_count_closed_run", "ring_terminal_is_final"}
+    assert schema_pg.missing(schema_pg.OBJECTS) == frozenset()
+    assert schema_pg.missing(schema_pg.OBJECTS - {"lease", "runs_closed"}) == {"lease", "runs_closed"}
+
+
+@pytest.mark.parametrize("damage, named", [
+    ("DROP TABLE lease", ["lease"]),
+    ("DROP TRIGGER runs_closed ON runs", ["runs_closed"]),
+    ("ALTER TABLE runs DISABLE TRIGGER runs_terminal_is_final", ["runs_terminal_is_final"]),
+    ("DROP FUNCTION ring_count_closed_run() CASCADE", ["ring_count_closed_run", "runs_closed",
+                                                       "runs_inserted_closed"]),
+    ("DROP TABLE run_counts", ["run_counts"]),
+    ("DROP INDEX runs_one_running", ["runs_one_running"]),
+    ("DELETE FROM meta WHERE key = 'schema_version'", []),
+])
+def test_a_schema_object_dropped_by_hand_is_made_again_at_connect(pgj, pg_dsn, damage, named):
+    """The journal's version mark alone decided whether the schema was there:
+    a lease table dropped by hand kept every driver standing by for good ("cannot
+    reach the journal"), a dropped trigger silently stopped the counters or let a
+    final status change, a dropped run_counts failed every run's end. What is
+    missing is made again under the migration lock (as SQLite's journal does),
+    and named; the guarantees hold again."""
+    import psycopg
+    first = pgj()
+    assert first.repaired == []                    # a new journal is no news
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute(damage)
+    j = pgj()
+    assert j.repaired == named
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("INSERT INTO runs (agent, status, started_at, ended_at, duration)"
+                    " VALUES ('x', 'ok', 0, 1, 1)")
+        assert con.execute("SELECT n FROM run_counts WHERE agent = 'x'").fetchone() == (1,)
+        with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+            con.execute("UPDATE runs SET status = 'failed' WHERE agent = 'x'")
+        con.execute("INSERT INTO runs (agent, status, started_at) VALUES ('y', 'running', 0)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            con.execute("INSERT INTO runs (agent, status, started_at) VALUES ('z', 'running', 0)")
+    assert pgj().repaired == []                     # made once: the next connect finds it all
+
+
+def test_a_lease_table_dropped_under_a_leader_is_made_again_held_for_one_ttl(pgj, pg_dsn):
+    """Made again free, the lease would go to the next driver at once while the
+    one that led may still run its agent (until its half-TTL switch): it is
+    held by nobody for one TTL, as a deleted row is."""
+    import psycopg
+    from ringd.journal_pg import Fenced
+    a = pgj()
+    assert a.acquire("A", 30).action == TAKE
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("DROP TABLE lease")
+    from ringd.journal_pg import PgJournal
+    b = PgJournal.connect(pg_dsn, ttl=1.0)
+    try:
+        assert b.repaired == ["lease"]
+        assert b.acquire("B", 1.0).action == WAIT       # nobody's to take yet
+        with pytest.raises(Fenced):
+            a.set_meta("k", "A after its lease went")
+        d = wait_until(lambda: (d := b.acquire("B", 5)).action == TAKE and d, timeout=5,
+                       message="the remade lease lapsing")
+        assert d.previous is not None and "nobody" in d.previous
+        b.set_meta("k", "B leads")
+    finally:
+        b.close()

@@ -789,3 +789,26 @@ def test_a_reload_while_a_database_call_hangs_is_acted_on_once_the_driver_is_rea
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=20)
         r.cleanup()
+
+
+def test_a_lease_table_dropped_by_hand_is_made_again_and_the_ring_runs(tmp_path, pg_dsn):
+    """The lease table dropped between two drivers (an operator's DROP, a
+    partial restore): the next driver stood by for good, healthy to status and
+    ringwatch, its one line blaming the network ("cannot reach the journal").
+    It makes the table again (named in one line) and, one TTL later, leads."""
+    (tmp_path / "a").mkdir()
+    r = Ring(tmp_path / "a")
+    try:
+        r.write_config(ring={"journal": pg_dsn, "lease_ttl": TTL, "heartbeat_interval": 0.2})
+        r.roster("a /bin/true")
+        first = r.cli("run", "--once", timeout=60)
+        assert first.returncode == 0, first.stderr
+        import psycopg
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            con.execute("DROP TABLE lease")
+        res = r.cli("run", "--once", timeout=TTL + 60)
+        assert res.returncode == 0, res.stderr
+        assert "journal schema: lease missing" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert len(pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok'")) == 2
+    finally:
+        r.cleanup()
