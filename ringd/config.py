@@ -370,6 +370,9 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
                 if importlib.util.find_spec("psycopg") is None:
                     raise ConfigError(f"{key}: a PostgreSQL journal needs psycopg: "
                                       f"pip install 'ring[pg]' (or psycopg[binary])")
+                problem = dsn_problem(v)
+                if problem:
+                    raise ConfigError(f"{key}: {problem}")
             values[k] = v
     ring = RingSettings(**values)
     if ring.stall_threshold <= ring.run_budget:
@@ -379,6 +382,25 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         raise ConfigError(f"ring.backoff_max: must be at least ring.backoff_initial "
                           f"({ring.backoff_max} < {ring.backoff_initial})")
     return ring
+
+
+def dsn_problem(dsn: str) -> Optional[str]:
+    """Why libpq cannot use the PostgreSQL URI ``dsn`` as written (one line, never
+    its password), or None. libpq's own parser, no connection: what it refuses
+    (an unknown or unencoded query parameter, ``options=-c a=b`` with its '='
+    and space as written) failed every start of the driver as an outage, exit 69
+    and a restart loop, where ``ringd check`` said ok."""
+    from psycopg.conninfo import conninfo_to_dict   # (the PostgreSQL path only)
+    from .journal_pg import scrub
+    try:
+        parts = conninfo_to_dict(dsn)
+    except Exception as e:   # psycopg.ProgrammingError: libpq's words, which may quote a token
+        return f"libpq cannot read it: {scrub(' '.join(str(e).split()), dsn)[:200]}"
+    if "@" in str(parts.get("host") or ""):
+        # libpq ends the user and password at the first '@': the rest became the host
+        # (and a redacted line showed the password's tail)
+        return "an '@' in its user name or password must be written %40 (libpq read the rest as the host)"
+    return None
 
 
 def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOverride]:

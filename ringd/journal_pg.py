@@ -301,7 +301,9 @@ class _Con:
 
 # Where a DSN holds a password: a URL's user:PASSWORD@ or ?password=, a key=value
 # string's password = value (quoted with '' when it holds spaces, \ escaping).
-_PASSWORDS = (re.compile(r"://[^:/@?#]*:([^@/?#]*)@"),
+# (A URL's password up to the authority's last '@': one written with an '@' unencoded,
+# which libpq cuts at the first, is still never shown in part.)
+_PASSWORDS = (re.compile(r"://[^:/@?#]*:([^/?#]*)@"),
               re.compile(r"[?&]password=([^&#]*)", re.I),
               re.compile(r"(?<!\S)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", re.I))
 

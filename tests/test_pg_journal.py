@@ -442,3 +442,52 @@ def test_a_lease_table_dropped_under_a_leader_is_made_again_held_for_one_ttl(pgj
         b.set_meta("k", "B leads")
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("dsn, fine", [
+    ("postgresql://ring:p%40ss@db.example/ring", True),                   # an '@' encoded
+    ("postgresql://ring@/ring?host=/var/run/postgresql", True),           # a unix socket
+    ("postgresql://%2Fvar%2Frun%2Fpostgresql/ring", True),
+    ("postgresql://db1:5432,db2:5433/ring?target_session_attrs=read-write", True),   # several hosts
+    ("postgresql://db/ring?options=-c%20statement_timeout%3D0", True),
+    ("postgresql://db/ring?options=-c statement_timeout=0", False),       # '=' and space as written
+    ("postgresql://db/ring?bogus=1", False),
+    ("postgresql://ring:p@ss@db.example/ring", False),                    # libpq: host 'ss@db.example'
+    ("postgresql://ring:s3cr%ZZet@db/ring", False),
+])
+def test_a_journal_uri_libpq_cannot_use_is_a_configuration_error(dsn, fine):
+    """`ringd check` said ok and every `ringd run` exited 69 (an outage: restarted
+    for ever) on a URI libpq refuses to read; now both say so, 78, one line,
+    never the password."""
+    pytest.importorskip("psycopg")
+    from ringd.config import ConfigError, dsn_problem, parse_config
+    assert (dsn_problem(dsn) is None) == fine, dsn_problem(dsn)
+    if not fine:
+        with pytest.raises(ConfigError) as e:
+            parse_config({"ring": {"journal": dsn}})
+        said = str(e.value)
+        assert said.startswith("ring.journal: ") and "\n" not in said
+        for secret in ("p@ss", "ss@", "s3cr"):
+            assert secret not in said, said
+
+
+def test_a_password_with_an_unencoded_at_is_never_shown_in_part():
+    from ringd.journal_pg import redact
+    assert redact("postgresql://ring:p@ss@db.example/ring") == "postgresql://ring:***@db.example/ring"
+    assert redact("postgresql://ring:pw@db1:5432,db2/ring") == "postgresql://ring:***@db1:5432,db2/ring"
+    assert redact("postgresql://db1:5432,db2:5433/ring") == "postgresql://db1:5432,db2:5433/ring"
+
+
+def test_check_and_run_refuse_a_journal_uri_libpq_cannot_read(tmp_path):
+    pytest.importorskip("psycopg")
+    from conftest import Ring
+    r = Ring(tmp_path)
+    try:
+        r.write_config(ring={"journal": "postgresql://db/ring?options=-c statement_timeout=0"})
+        r.roster("a /bin/true")
+        for args in (("check",), ("run", "--once")):
+            res = r.cli(*args, timeout=60)
+            assert res.returncode == 78, (args, res.returncode, res.stderr)
+            assert "ring.journal" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    finally:
+        r.cleanup()
