@@ -103,3 +103,19 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
     assert not settled.wait(0.3), "a new run could start while the watchdog still kills"
     release.set()
     assert settled.wait(5)
+
+
+def test_two_drivers_named_alike_never_both_lead():
+    """Two boxes with one host name, each driver pid 1 started at the same tick
+    (containers): one holder string for both. The epoch tells them apart: only
+    the driver that took it renews; the other waits, and once it takes over
+    the first one's epoch is stale, so it waits too (and its writes are fenced)."""
+    from ringd.lease import LeaseRow, decide
+    me = "box pid=1 start=42"
+    held = LeaseRow(me, 5, 100.0)
+    assert decide(held, me, 5, 50.0).action == RENEW        # the one that took it
+    assert decide(held, me, None, 50.0).action == WAIT       # its twin, just started
+    assert decide(held, me, 4, 50.0).action == WAIT          # its twin, with an older epoch
+    taken = decide(held, me, None, 100.0)                    # lapsed: the twin takes it
+    assert (taken.action, taken.epoch) == (TAKE, 6)
+    assert decide(LeaseRow(me, 6, 130.0), me, 5, 101.0).action == WAIT   # the first one, back
