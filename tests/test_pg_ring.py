@@ -515,16 +515,8 @@ def test_a_journal_a_newer_ring_wrote_is_a_configuration_error_never_a_restart_l
     """An outage exits 69 (restart me), but a PostgreSQL journal of a newer
     schema is no outage: restarting cannot help, so the driver exits 78 as it
     does on SQLite (ringwatch and systemd then stop), leaving the journal as it was."""
-    (tmp_path / "a").mkdir()
-    r = Ring(tmp_path / "a")
+    r = _one_lap_then(tmp_path, pg_dsn, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     try:
-        r.write_config(ring={"journal": pg_dsn, "lease_ttl": TTL, "heartbeat_interval": 0.2})
-        r.roster("a /bin/true")
-        first = r.cli("run", "--once", timeout=60)
-        assert first.returncode == 0, first.stderr
-        import psycopg
-        with psycopg.connect(pg_dsn, autocommit=True) as con:
-            con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
         res = r.cli("run", "--once", timeout=60)
         assert res.returncode == 78, (res.returncode, res.stderr)
         assert "newer ring" in res.stderr and "Traceback" not in res.stderr
@@ -627,14 +619,7 @@ def test_a_stop_while_a_database_call_hangs_ends_the_call_and_the_driver(tmp_pat
         os.kill(backend, signal.SIGSTOP)
         # beats are 0.2 s apart: a heartbeat this old means the driver is inside the hung call
         wait_until(lambda: _beat_age(r) > 1.0, timeout=10, message="the driver stuck in a database call")
-        sent = time.monotonic()
-        d.send_signal(signal.SIGTERM)
-        wait_until(lambda: d.poll() is not None, timeout=5, interval=0.01,
-                   message="the driver's exit on SIGTERM during a hung database call")
-        took = time.monotonic() - sent
-        err = d.communicate()[1].decode()
-        assert d.returncode == 0, (d.returncode, err)
-        assert took < 5 and "Traceback" not in err, err
+        err = _clean_stop_on_sigterm(d, "the driver's exit on SIGTERM during a hung database call")
         assert "driver stopped" in err, err
     finally:
         if backend is not None:
@@ -696,14 +681,7 @@ def test_a_stop_while_the_first_connection_hangs_is_a_clean_stop(tmp_path):
         d = r.start_driver()
         conn, _ = silent.accept()   # the driver is inside its first connect
         try:
-            sent = time.monotonic()
-            d.send_signal(signal.SIGTERM)
-            wait_until(lambda: d.poll() is not None, timeout=5, interval=0.01,
-                       message="the driver's exit on SIGTERM during its first connect")
-            took = time.monotonic() - sent
-            err = d.communicate()[1].decode()
-            assert d.returncode == 0, (d.returncode, err)
-            assert took < 5 and "Traceback" not in err, err
+            err = _clean_stop_on_sigterm(d, "the driver's exit on SIGTERM during its first connect")
             assert "stopped while starting" in err, err
         finally:
             conn.close()
@@ -796,6 +774,31 @@ def test_a_lease_table_dropped_by_hand_is_made_again_and_the_ring_runs(tmp_path,
     partial restore): the next driver stood by for good, healthy to status and
     ringwatch, its one line blaming the network ("cannot reach the journal").
     It makes the table again (named in one line) and, one TTL later, leads."""
+    r = _one_lap_then(tmp_path, pg_dsn, "DROP TABLE lease")
+    try:
+        res = r.cli("run", "--once", timeout=TTL + 60)
+        assert res.returncode == 0, res.stderr
+        assert "journal schema: lease missing" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert len(pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok'")) == 2
+    finally:
+        r.cleanup()
+
+
+def _clean_stop_on_sigterm(d, what):
+    """SIGTERM to driver ``d``: it exits 0 within 5 s, no traceback; its stderr."""
+    sent = time.monotonic()
+    d.send_signal(signal.SIGTERM)
+    wait_until(lambda: d.poll() is not None, timeout=5, interval=0.01, message=what)
+    took = time.monotonic() - sent
+    err = d.communicate()[1].decode()
+    assert d.returncode == 0, (d.returncode, err)
+    assert took < 5 and "Traceback" not in err, err
+    return err
+
+
+def _one_lap_then(tmp_path, pg_dsn, sql):
+    """A PostgreSQL ring that ran one lap, then ``sql`` done to its journal by hand."""
+    import psycopg
     (tmp_path / "a").mkdir()
     r = Ring(tmp_path / "a")
     try:
@@ -803,12 +806,9 @@ def test_a_lease_table_dropped_by_hand_is_made_again_and_the_ring_runs(tmp_path,
         r.roster("a /bin/true")
         first = r.cli("run", "--once", timeout=60)
         assert first.returncode == 0, first.stderr
-        import psycopg
         with psycopg.connect(pg_dsn, autocommit=True) as con:
-            con.execute("DROP TABLE lease")
-        res = r.cli("run", "--once", timeout=TTL + 60)
-        assert res.returncode == 0, res.stderr
-        assert "journal schema: lease missing" in res.stderr and "Traceback" not in res.stderr, res.stderr
-        assert len(pg_rows(pg_dsn, "SELECT 1 FROM runs WHERE status = 'ok'")) == 2
-    finally:
+            con.execute(sql)
+    except BaseException:
         r.cleanup()
+        raise
+    return r

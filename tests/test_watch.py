@@ -329,10 +329,7 @@ def test_the_give_up_alert_is_sent_before_the_watcher_exits(ring, tmp_path):
                               "timeout": 20})
     simple_ring(ring)
     watcher = ring.start_watcher()
-    pid = wait_driver(ring)["pid"]
-    os.kill(pid, signal.SIGKILL)
-    pid = wait_driver(ring, not_pid=pid)["pid"]
-    os.kill(pid, signal.SIGKILL)
+    _kill_the_driver_twice(ring)
     rc, err = finish(watcher, 30)
     assert rc == 70, err
     # at the moment the watcher is gone (systemd kills what is left), the alert is out
@@ -1143,10 +1140,7 @@ def test_a_sigterm_during_the_give_up_alert_ends_the_wait_and_keeps_the_give_up(
                               "timeout": 60})
     simple_ring(ring)
     watcher = ring.start_watcher()
-    pid = wait_driver(ring)["pid"]
-    os.kill(pid, signal.SIGKILL)
-    pid = wait_driver(ring, not_pid=pid)["pid"]
-    os.kill(pid, signal.SIGKILL)
+    _kill_the_driver_twice(ring)
     wait_until(lambda: (tmp_path / "watcher-gave-up").exists(), 20, message="the give-up alert running")
     assert watcher.poll() is None, "the watcher waits for its alert"
     watcher.send_signal(signal.SIGTERM)
@@ -1154,3 +1148,10 @@ def test_a_sigterm_during_the_give_up_alert_ends_the_wait_and_keeps_the_give_up(
     assert rc == 70, err
     assert "exiting before the alert helper" in err and "Traceback" not in err, err
     assert watch_state(ring)["gave_up"] is True
+
+
+def _kill_the_driver_twice(ring):
+    """The driver SIGKILLed, then its replacement: a start limit of one gives up."""
+    pid = wait_driver(ring)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    os.kill(wait_driver(ring, not_pid=pid)["pid"], signal.SIGKILL)
