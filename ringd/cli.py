@@ -104,7 +104,7 @@ def fail(message: str, code: int) -> "click.exceptions.Exit":
     return click.exceptions.Exit(code)
 
 
-def _drop_output() -> None:
+def drop_output() -> None:
     """Standard output is gone (its reader went away: ``ringd history | head``)
     or fails (OutputError): what is still buffered goes to /dev/null, so the
     interpreter's last flush ends quietly."""
@@ -142,11 +142,11 @@ class RingGroup(click.Group):
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
-            _drop_output()
+            drop_output()
             sys.exit(EX_FAILURE)
         except OSError as e:
             if e.errno == errno.EPIPE:
-                _drop_output()
+                drop_output()
                 sys.exit(EX_FAILURE)
             raise
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -235,7 +235,7 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR, failure: int = EX
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except OutputError as e:
-            _drop_output()
+            drop_output()
             raise fail(f"cannot write to standard output: {e.strerror or e}", output_error)
         except ConfigError as e:
             raise fail(f"configuration error: {e}", e.code)
@@ -248,7 +248,7 @@ def operator_command(fn=None, *, output_error: int = EX_IOERR, failure: int = EX
         except BrokenPipeError:
             # its reader went away (``ringd history | head``): quietly, with the
             # code of a failure of its own (for ``status`` 4, "unknown", never 1, "dead")
-            _drop_output()
+            drop_output()
             raise click.exceptions.Exit(failure)
         except OSError as e:
             if isinstance(e, PermissionError):

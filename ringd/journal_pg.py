@@ -35,9 +35,8 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
     psycopg = None
 
 from . import lease as leaselib
-from . import pgcall, sidethread
+from . import pgcall, schema_pg, sidethread
 from .journal import Journal, JournalError
-from . import schema_pg
 from .schema_pg import MIGRATION_LOCK, SCHEMA, SCHEMA_VERSION
 from .schema_sqlite import too_new
 

@@ -33,7 +33,7 @@ from .journal import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from .lock import LOCK_FILE, holder_pid
 from .notify import read_notes
 from .policy import seen_at
-from .schedule import read_round
+from . import schedule
 
 MAX_KNOWN_NAMES_CHARS = 600
 
@@ -380,7 +380,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
         controls = tx.controls()   # read as the driver reads them, in the same snapshot
-        ran_scheduled = read_round(tx)
+        ran_scheduled = schedule.read_round(tx)
     ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
     states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
@@ -421,8 +421,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                     warnings.append(warning)
                 view = read_journal_view(reader, time.time() if now is None else now, config.ring,
                                          dict(roster) if roster is not None else None)
-                from .schedule import last_turn
-                turn_from = last_turn(reader, config, view["running"] or view["last_run"])
+                turn_from = schedule.last_turn(reader, config, view["running"] or view["last_run"])
                 if config.ring.journal:
                     lease_view = reader.read_lease()
                     lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
@@ -476,7 +475,6 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
     now (``every`` at once, a cron at its next matching minute)."""
     if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
         return {}
-    from . import schedule
     _, roster, _ = roster_view(config, state_dir)
     names = [n for n, _ in roster] if roster is not None else list(config.agents)
     hb = read_heartbeat(state_dir) or {}

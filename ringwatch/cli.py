@@ -18,7 +18,7 @@ from typing import Optional
 import click
 
 from ringd import __version__, logline
-from ringd.cli import RingGroup, _drop_output
+from ringd.cli import RingGroup, drop_output
 from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
 from ringd.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, RingError
 
@@ -106,7 +106,7 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     except BrokenPipeError:
         raise   # its reader went away: RingGroup ends quietly
     except OSError as e:
-        _drop_output()
+        drop_output()
         _fail(f"reset done, but cannot write to standard output: {e.strerror or e}", EX_IOERR)
 
 
