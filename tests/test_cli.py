@@ -299,7 +299,7 @@ def test_skip_current_run_lands_within_a_second(ring):
     t0 = time.monotonic()
     res = ring.cli("skip")
     t_cli = time.monotonic() - t0
-    wait_until(lambda: running_of(ring, "next"), timeout=5, message="next agent started")
+    wait_until(lambda: running_of(ring, "next"), timeout=30, message="next agent started")
     t_next = time.monotonic() - t0
     final = ring.rows("SELECT * FROM runs WHERE id = ?", row["id"])[0]
     print(f"\nskip: driver closed the run {res.stdout.strip()!r}; CLI round trip {t_cli:.3f}s "
@@ -310,8 +310,8 @@ def test_skip_current_run_lands_within_a_second(ring):
     assert final["ended_at"] - final["started_at"] >= 0
     reported = float(res.stdout.split(" after ")[1].split("s;")[0])
     assert reported < 1.0, res.stdout  # the driver acted within 1 s of the request
-    assert t_next < 5.0                 # generous bound for a loaded 2-core box
-    wait_until(lambda: not pid_alive(child), timeout=3, message="escaped grandchild killed")
+    assert t_next < 10.0                # two interpreter starts on a loaded 2-core box (a budget: 20 s)
+    wait_until(lambda: not pid_alive(child), timeout=10, message="escaped grandchild killed")
     # the request was used up: slow's next turn is not skipped again
     state = ring.rows("SELECT skip_requested FROM agents WHERE name = 'slow'")[0]
     assert state["skip_requested"] == 0

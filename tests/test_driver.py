@@ -474,7 +474,7 @@ def test_a_write_lock_held_by_another_process_never_holds_up_the_agents_budget(r
     finally:
         holder.close()   # (rolls back: the run's end can be recorded)
         reader.close()
-    assert 0.9 < term_after < 3.5, f"SIGTERM {term_after:.2f}s into a run with a 1 s budget"
+    assert 0.9 < term_after < 6.0, f"SIGTERM {term_after:.2f}s into a run with a 1 s budget"
     wait_until(lambda: [r for r in ring.runs() if r["id"] == run_id and r["status"] == "timeout"], 20,
                message="the run closed as timeout")
     drv.send_signal(signal.SIGTERM)

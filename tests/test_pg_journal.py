@@ -325,24 +325,27 @@ def test_a_new_connection_is_bounded_by_one_call_bound_whatever_the_hosts_tried(
     assert took < 5.0, took   # (one bound, 2 s: three were 6)
 
 
-def test_a_connection_made_after_the_first_connect_gave_up_is_closed(pg_dsn, monkeypatch):
+def test_a_connection_made_after_the_first_connect_gave_up_is_closed(pg_dsn, monkeypatch, request):
     """A driver's first connect that outlasts its bound raises; the connect goes
     on on its thread. Nobody would ever take up what it makes: it is closed as
     soon as it is made, not held open against the server's connection limit."""
     import psycopg
     from ringd import journal_pg
     go, made = threading.Event(), []
+    request.addfinalizer(lambda: [c.close() for c in made])   # (after go.set: finalisers run last first)
+    request.addfinalizer(go.set)   # a _Con that did not raise: its thread ends all the same
 
     def slow_connect(dsn, **kwargs):
         go.wait(20)
         made.append(psycopg.connect(pg_dsn))
         return made[-1]
     monkeypatch.setattr(journal_pg._BoundConnection, "connect", slow_connect)
-    with pytest.raises(journal_pg.PgJournalError, match="cannot connect: no answer") as failed:
+    # (pytest.raises keeps the failed _Con referenced, through the traceback: no
+    # garbage collection closes the late connection for it)
+    with pytest.raises(journal_pg.PgJournalError, match="cannot connect: no answer"):
         journal_pg._Con(pg_dsn, False, wait_limit=0.1)
     go.set()
     wait_until(lambda: made and made[0].closed, 20, message="the late connection closed")
-    assert failed.value   # (the failed _Con is still referenced: its thread closed it all the same)
 
 
 def test_no_thread_to_connect_on_is_a_journal_error_and_leaks_no_descriptor(pg_dsn, monkeypatch):
@@ -430,13 +433,13 @@ def test_a_lease_table_dropped_under_a_leader_is_made_again_held_for_one_ttl(pgj
     with psycopg.connect(pg_dsn, autocommit=True) as con:
         con.execute("DROP TABLE lease")
     from ringd.journal_pg import PgJournal
-    b = PgJournal.connect(pg_dsn, ttl=1.0)
+    b = PgJournal.connect(pg_dsn, ttl=5.0)   # (held by nobody 5 s: room for a loaded box to ask)
     try:
         assert b.repaired == ["lease"]
-        assert b.acquire("B", 1.0).action == WAIT       # nobody's to take yet
+        assert b.acquire("B", 5.0).action == WAIT       # nobody's to take yet
         with pytest.raises(Fenced):
             a.set_meta("k", "A after its lease went")
-        d = wait_until(lambda: (d := b.acquire("B", 5)).action == TAKE and d, timeout=5,
+        d = wait_until(lambda: (d := b.acquire("B", 5)).action == TAKE and d, timeout=20,
                        message="the remade lease lapsing")
         assert d.previous is not None and "nobody" in d.previous
         b.set_meta("k", "B leads")

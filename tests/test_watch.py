@@ -365,7 +365,7 @@ def test_the_wait_for_the_give_up_alert_is_bounded_by_alerts_timeout_plus_10s(ri
     finally:
         helper.kill()
         helper.wait()
-    assert 1.0 <= took < 2.5, took   # 0.5 + 0.2 + 0.3
+    assert 1.0 <= took < 5.0, took   # 0.5 + 0.2 + 0.3 (the alert's own wait: 60 s)
     assert f"alert helper (pid {helper.pid}) still running; exiting without it" in capsys.readouterr().err
 
 
