@@ -13,7 +13,6 @@ still hears signals and roster edits.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import socket
@@ -571,7 +570,7 @@ class Driver:
         pending, closed = self.pending, None
         unconfirmed, lost = list(self.unconfirmed.items()), []
         # the last run's end, the operator's controls, the choice and the next start commit together
-        with contextlib.ExitStack() as undo:
+        try:
             with self.journal.transaction() as tx:
                 if pending is not None:
                     closed = pending.write(tx)
@@ -616,12 +615,13 @@ class Driver:
                             if plan.scheduled:
                                 schedule.record_start(tx, agent.name, now)
                             hop = Hop(self, agent, plan.index, started, now)
-                            # not committed - or was it? (the next turn closes it if so)
-                            undo.callback(self.unconfirmed.__setitem__, started, (agent.name, plan.index))
                 if scheduled and (after := round_after(ran, plan, view.names, ring_paused=controls.ring_paused,
                                                        once=self.once)) != ran:
                     schedule.write_round(tx, after)
-            undo.pop_all()   # committed
+        except BaseException:
+            if started is not None:   # not committed - or was it? (the next turn closes it if so)
+                self.unconfirmed[started] = (agent.name, plan.index)
+            raise
         self.unconfirmed = {}
         for run_id, name in lost:
             self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}")

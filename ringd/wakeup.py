@@ -19,6 +19,7 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.
 # epoll/select time-outs overflow past 2**31 ms (~24.8 days); a longer wait is cut
 # to this and the caller, which loops until its deadline, simply waits again.
 MAX_WAIT = 86400.0
+WAKE_READ = 512   # bytes of the signal pipe read at once: one byte per signal delivered
 
 
 class Wakeups:
@@ -79,12 +80,12 @@ class Wakeups:
         got: Set[int] = set()
         while True:
             try:
-                data = os.read(self._r, 512)
+                data = os.read(self._r, WAKE_READ)
             except BlockingIOError:
                 break
-            if not data:
-                break
             got.update(data)
+            if len(data) < WAKE_READ:
+                break   # the pipe is empty now: no second read to hear EAGAIN (a hop reads it twice)
         heard, self._heard = self._heard, set()   # (a handler run meanwhile adds to one of them)
         return got | heard   # (a signal heard twice is one request: callers take a set)
 
