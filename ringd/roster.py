@@ -250,6 +250,8 @@ def _exec_header(prog: str) -> Optional[bytes]:
 def _resume_at(names: Sequence[str], last_name: Optional[str], last_position: Optional[int],
                last_roster: Optional[Sequence[str]]) -> int:
     """Where the ring goes on, unwrapped: ``len(names)`` when the lap is over."""
+    if last_position is not None and 0 <= last_position < len(names) and names[last_position] == last_name:
+        return last_position + 1   # still where it was (every turn of an unedited roster): no search
     if last_name is not None and last_name in names:
         return list(names).index(last_name) + 1
     if (last_roster is not None and last_position is not None and 0 <= last_position < len(last_roster)

@@ -341,3 +341,37 @@ def test_an_agent_gone_with_agents_before_it_is_followed_by_its_follower():
     assert next_index(["a", "b", "x", "d"], "c", 2, old) == 2          # renamed: x takes its place
     assert next_index(["a", "b", "c"], "d", 3, old) == 0 and wraps(["a", "b", "c"], "d", 3, 0, old)
     assert next_index(["b", "d"], "c", 2) == 0                         # (the roster unknown: its old position)
+
+
+def test_where_the_ring_goes_on_is_the_rule_whether_or_not_the_agent_is_where_it_was():
+    """``next_index`` and ``wraps`` skip the search by name when the last agent
+    is still at its position (every turn of an unedited roster): over random
+    edits, their answers are the rule's - after the agent by name when it is on
+    the roster, else by the roster of its turn, else by its old position."""
+    import random
+    from ringd.roster import wraps
+
+    def rule(names, last_name, last_position, last_roster):
+        if last_name is not None and last_name in names:
+            return names.index(last_name) + 1
+        if (last_roster is not None and last_position is not None and 0 <= last_position < len(last_roster)
+                and last_roster[last_position] == last_name):
+            kept = [names.index(n) for n in last_roster[:last_position] if n in names]
+            return max(kept) + 1 if kept else 0
+        if last_position is not None and 0 <= last_position < len(names):
+            return last_position
+        return len(names)
+
+    rng = random.Random(20261203)
+    pool = [f"a{i}" for i in range(12)]
+    for _ in range(5000):
+        old = rng.sample(pool, rng.randint(1, 8))
+        names = rng.sample(pool, rng.randint(1, 8))
+        last_position = rng.choice([None, -1, len(old), *range(len(old))])
+        last_name = rng.choice([None, "gone", *old, *names]) if rng.random() < 0.5 else \
+            (old[last_position] if last_position is not None and 0 <= last_position < len(old) else None)
+        last_roster = old if rng.random() < 0.7 else None
+        at = rule(names, last_name, last_position, last_roster)
+        assert next_index(names, last_name, last_position, last_roster) == (at if at < len(names) else 0)
+        index = rng.randrange(len(names))
+        assert wraps(names, last_name, last_position, index, last_roster) == (index < at)
