@@ -49,6 +49,9 @@ class RunCgroup:
         self._procs: Optional[int] = None
         self._events: Optional[int] = None
         self._stat: Optional[int] = None
+        # still populated when its run ended (a process SIGKILL cannot end): the
+        # driver's exit does not wait for it to empty (Containment.finish)
+        self.stuck = False
 
     def open_ahead(self) -> None:
         """Open the three files a run's start and end touch (``cgroup.procs``
@@ -307,11 +310,12 @@ class Containment:
                 self.parent, self.reason = None, self.stranded
         return result, (None if self.stranded else cg)
 
-    def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None, remove: bool = True) -> Optional[float]:
-        """End of a run: kill everything in its cgroup, read its CPU time,
-        remove it (``remove=False``: the caller removes it later, empty).
-        Returns cpu_seconds (None if unknown)."""
-        cg.kill(reap=reap)
+    def finish(self, cg: RunCgroup, reap: Callable[[], object] = lambda: None, remove: bool = True,
+               wait: float = KILL_WAIT) -> Optional[float]:
+        """End of a run: kill everything in its cgroup (waiting up to ``wait`` for
+        it to empty), read its CPU time, remove it (``remove=False``: the caller
+        removes it later, empty). Returns cpu_seconds (None if unknown)."""
+        cg.stuck = not cg.kill(timeout=wait, reap=reap)
         cpu = cg.cpu_seconds()
         if remove:
             cg.remove()

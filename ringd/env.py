@@ -38,6 +38,9 @@ class Child:
     cpu_seconds: Optional[float] = None          # that cgroup's CPU time, read as the run ends
     start_time: Optional[int] = None     # boot-relative start ticks (procid), read when first needed
     exited: bool = False                 # seen exited (a zombie until reaped)
+    # its leader or a descendant outlived SIGKILL (kill_tree): its cgroup will not
+    # empty soon, so the run's end does not wait for it to
+    unkillable: bool = False
 
     def close(self) -> None:
         if self.pidfd is not None:
@@ -213,6 +216,7 @@ class RealEnv:
         unkillable: Dict[int, int] = {}
         killed = proctree.kill_run(state_key, run_id, child.pid, keep_unreaped=[child.pid, *self._stuck_pids()],
                                    dead=[child.pid] if dead else [], unkillable=unkillable)
+        child.unkillable = not dead or bool(unkillable)
         if unkillable:
             # spared by every later kill (as a stuck leader is): a later run must
             # not spend its kill's whole bound on them, nor count them as its own
@@ -224,10 +228,13 @@ class RealEnv:
     def reap(self, child: Child) -> None:
         """The run's end: empty its cgroup (reading its CPU time) while the leader
         still holds its pid, then collect the leader. The empty cgroup is removed
-        at the driver's next wait - on a turning ring, while the next agent execs."""
+        at the driver's next wait - on a turning ring, while the next agent execs.
+        A run whose processes outlived SIGKILL (kill_tree) has its cgroup killed
+        once, not waited on: its tree kill has spent its bounds on them already."""
         if child.cgroup is not None:
             child.cpu_seconds = self.containment.finish(
-                child.cgroup, reap=lambda: proctree.reap_zombie_children(keep=[child.pid]), remove=False)
+                child.cgroup, reap=lambda: proctree.reap_zombie_children(keep=[child.pid]), remove=False,
+                wait=0.0 if child.unkillable else cgroup.KILL_WAIT)
             self._spent_cgroups.append(child.cgroup)
             child.cgroup = None
         try:
@@ -375,9 +382,11 @@ class RealEnv:
         the one that supervises the next agent, so a cgroup the kernel still
         holds is tried again at the next wait (the newest SPENT_KEPT at most; an
         older one is left as a failed rmdir always was). ``patient`` (at close):
-        retried for up to cgroup.KILL_WAIT each."""
-        timeout = cgroup.KILL_WAIT if patient else 0.0
-        self._spent_cgroups = [cg for cg in self._spent_cgroups if not cg.remove(timeout)][-SPENT_KEPT:]
+        retried for up to cgroup.KILL_WAIT each - but one its run left populated
+        (``stuck``: processes that outlived SIGKILL), which a stop would wait
+        out in vain; the next driver's sweep removes it."""
+        self._spent_cgroups = [cg for cg in self._spent_cgroups
+                               if not cg.remove(cgroup.KILL_WAIT if patient and not cg.stuck else 0.0)][-SPENT_KEPT:]
 
     def close(self) -> None:
         ahead, self._ahead = self._ahead, None

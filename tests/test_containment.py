@@ -15,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from conftest import line_written, wait_until
-from ringd import cgroup, procid, proctree
+from ringd import cgroup, procid, proctree, runstate
 from ringd.env import RealEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
@@ -399,6 +400,17 @@ def test_the_reaper_never_kills_a_new_session_that_got_a_dead_leaders_pid_as_its
 _FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
 
 
+def _thaw(ice: Path) -> None:
+    """Thaw a test's freezer cgroup until it is empty and remove it: what it
+    held dies of the SIGKILL it holds, or runs on to its exit. Thawed again at
+    each look: an agent between its two echos freezes it after a thaw."""
+    def thawed_and_empty():
+        (ice / "freezer.state").write_text("THAWED")
+        return not (ice / "cgroup.procs").read_text().split()
+    wait_until(thawed_and_empty, 10, message="the freezer cgroup thawed and empty")
+    ice.rmdir()
+
+
 def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
     """A process in uninterruptible sleep (a hung mount; here: a frozen cgroup v1
     freezer, which holds even SIGKILL) does not die of the stall's SIGKILL. The
@@ -410,7 +422,7 @@ def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
         pytest.skip("needs root and a cgroup v1 freezer hierarchy")
     ice = _FREEZER_V1 / f"ring-test-ice-{os.getpid()}"
     ice.mkdir()
-    leader = None
+    leader = drv = None
     try:
         ring.agent("ice", f"""
             echo $$ > {ice}/cgroup.procs
@@ -429,14 +441,24 @@ def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
         first = ring.runs()[0]
         assert first["status"] == "stalled" and "did not die of SIGKILL" in first["reason"], dict(first)
         assert procid.start_ticks(leader) is not None, "the frozen leader still lives (the test's premise)"
+        # the slot it costs: the stall, the leader's SIGKILL wait (2 s) overlapping UNKILLABLE_WAIT
+        # (5 s), and nothing more - its cgroup, which the frozen leader keeps populated, was
+        # waited on for cgroup.KILL_WAIT (5 s) on top: 10.6 s a slot
+        assert first["duration"] < runstate.UNKILLABLE_WAIT + 3.0, dict(first)
+        # a stop: the run in flight (ice's next turn, frozen too) ends within its bounds, and
+        # the driver's exit waits on neither frozen cgroup (5 s each, 20 s in all, before)
+        t0 = time.monotonic()
         drv.send_signal(signal.SIGTERM)
         assert drv.wait(timeout=30) == 0
+        took = time.monotonic() - t0
+        assert took < runstate.STOP_GRACE + runstate.UNKILLABLE_WAIT + 4.0, f"the stop took {took:.1f}s"
     finally:
-        (ice / "freezer.state").write_text("THAWED")   # it dies of the SIGKILL it holds
+        if drv is not None and drv.poll() is None:   # (a failed assert): no further turn freezes itself
+            drv.kill()
+            drv.wait(timeout=10)
+        _thaw(ice)
         if leader is not None:
             wait_until(lambda: procid.start_ticks(leader) is None, 10, message="the thawed leader gone")
-        wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
-        ice.rmdir()
 
 
 
@@ -468,17 +490,18 @@ def test_a_descendant_that_sigkill_cannot_end_costs_its_own_run_only(ring):
         assert drv.wait(timeout=60) == 0
         rows = {r["agent"]: r for r in ring.runs()}
         assert [rows[a]["status"] for a in ("ice", "t1", "t2", "t3")] == ["ok"] * 4, [dict(r) for r in rows.values()]
+        # its own run pays the tree kill's bound (3 s) for the process SIGKILL cannot end, and no
+        # more: its cgroup, kept populated by that process, was waited on for cgroup.KILL_WAIT (5 s) too
+        assert rows["ice"]["duration"] < 3.0 + 3.0, dict(rows["ice"])
         slow = {a: rows[a]["duration"] for a in ("t1", "t2", "t3") if rows[a]["duration"] > 1.5}
         assert not slow, f"later runs paid for the unkillable process: {slow}"
         err = drv.communicate(timeout=10)[1].decode()
         assert err.count("did not die of SIGKILL") == 1, err
         assert "left 1 process(es) behind" in err and "t1 left" not in err, err
     finally:
-        (ice / "freezer.state").write_text("THAWED")   # it dies of the SIGKILL it holds
+        _thaw(ice)
         if frozen is not None:
             wait_until(lambda: procid.start_ticks(frozen) is None, 10, message="the thawed process gone")
-        wait_until(lambda: not (ice / "cgroup.procs").read_text().split(), 10, message="the freezer cgroup empty")
-        ice.rmdir()
 
 # the run cgroup's end in the driver's effects (ringd.env): emptied at once, removed at the next wait
 
