@@ -449,18 +449,24 @@ def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
     caller that holds the ring's lock with no other driver alive (the driver at
     start-up): every such cgroup is then a dead driver's, e.g. one whose row an
     operator closed before that driver was killed, or the probe of one killed
-    while it proved containment. Returns how many were removed."""
+    while it proved containment. Returns how many were removed.
+    Waits KILL_WAIT in all, not per cgroup: each is killed before any is
+    waited on, and one that processes SIGKILL cannot end (a hung mount) hold
+    on to is left as it is - the driver starts anyway."""
     prefixes = tuple(ring_prefix(state_dir) + kind for kind in ("-run-", "-probe-"))
-    gone = 0
+    found = []
     for parent in {p for p in (_recorded_parent(state_dir), also) if p is not None}:
         try:
-            names = [n for n in os.listdir(parent) if n.startswith(prefixes)]
+            found += [RunCgroup(parent / n) for n in os.listdir(parent) if n.startswith(prefixes)]
         except OSError:
             continue
-        for name in names:
-            cg = RunCgroup(parent / name)
-            cg.kill()
-            gone += cg.remove()
+    for cg in found:
+        cg.kill(timeout=0.0)
+    deadline = time.monotonic() + KILL_WAIT
+    gone = 0
+    for cg in found:
+        cg.kill(timeout=max(0.0, deadline - time.monotonic()))
+        gone += cg.remove(timeout=max(0.0, deadline - time.monotonic()))
     return gone
 
 

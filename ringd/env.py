@@ -382,11 +382,13 @@ class RealEnv:
         the one that supervises the next agent, so a cgroup the kernel still
         holds is tried again at the next wait (the newest SPENT_KEPT at most; an
         older one is left as a failed rmdir always was). ``patient`` (at close):
-        retried for up to cgroup.KILL_WAIT each - but one its run left populated
-        (``stuck``: processes that outlived SIGKILL), which a stop would wait
-        out in vain; the next driver's sweep removes it."""
+        retried for up to cgroup.KILL_WAIT in all - but not one its run left
+        populated (``stuck``: processes that outlived SIGKILL), which a stop
+        would wait out in vain; the next driver's sweep removes it."""
+        deadline = time.monotonic() + (cgroup.KILL_WAIT if patient else 0.0)
         self._spent_cgroups = [cg for cg in self._spent_cgroups
-                               if not cg.remove(cgroup.KILL_WAIT if patient and not cg.stuck else 0.0)][-SPENT_KEPT:]
+                               if not cg.remove(0.0 if cg.stuck else max(0.0, deadline - time.monotonic()))
+                               ][-SPENT_KEPT:]
 
     def close(self) -> None:
         ahead, self._ahead = self._ahead, None

@@ -320,6 +320,38 @@ def test_start_up_sweeps_a_dead_drivers_run_and_probe_cgroups_and_no_other_rings
                 d.rmdir()
 
 
+def test_the_start_up_sweep_waits_one_bound_in_all_on_cgroups_sigkill_cannot_empty(containment, tmp_path):
+    """A dead driver's run cgroups that hold processes SIGKILL cannot end (a hung
+    mount; here a frozen cgroup v1 freezer) cannot be removed. The sweep waited
+    cgroup.KILL_WAIT for each to empty and as long again for its rmdir: 10 s a
+    cgroup before the next driver started (16 of them: over 2.5 min, past a
+    watcher's patience). It now waits one bound in all and leaves them."""
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+    ice = _FREEZER_V1 / f"ring-test-ice-sweep-{os.getpid()}"
+    ice.mkdir()
+    mine = [containment.parent / f"{containment.prefix}-run-{i}" for i in (1, 2)]
+    sleepers = []
+    try:
+        for d in mine:
+            d.mkdir()
+            sleeper = subprocess.Popen(["sleep", "300"])
+            sleepers.append(sleeper)
+            (d / "cgroup.procs").write_text(str(sleeper.pid))
+            (ice / "cgroup.procs").write_text(str(sleeper.pid))
+        (ice / "freezer.state").write_text("FROZEN")
+        t0 = time.monotonic()
+        assert cgroup.sweep(tmp_path, also=containment.parent) == 0
+        took = time.monotonic() - t0
+        assert took < cgroup.KILL_WAIT + 3.0, f"the sweep took {took:.1f}s"
+        assert all(d.is_dir() for d in mine)
+    finally:
+        _thaw(ice)   # they die of the SIGKILL they hold
+        for sleeper in sleepers:
+            sleeper.kill()   # by pid: our own children
+            sleeper.wait(timeout=10)
+
+
 @pytest.mark.parametrize("pidfd", ["pidfd_open", "no pidfd_open (Linux before 5.3)"])
 def test_killing_all_but_the_driver_kills_the_rest_of_the_cgroup(containment, tmp_path, monkeypatch, pidfd):
     cg = containment.create(46)
