@@ -51,6 +51,7 @@ class RingView(NamedTuple):
     roster: list             # (name, line) pairs, in roster order
     names: list
     scheduled: list          # (name, Schedule) of the scheduled agents
+    scheduled_at: dict       # name -> roster index of each scheduled agent (policy.TurnInputs)
 
 
 def role_fields(leader) -> dict:
@@ -196,7 +197,7 @@ class Driver:
         self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
         self._runs_since_prune = 0
         self.paused_said = False
-        self._view = RingView(None, None, [], [], [])
+        self._view = RingView(None, None, [], [], [], {})
 
     @property
     def roster_dir(self) -> Path:
@@ -592,7 +593,8 @@ class Driver:
                     states = transitions.AgentStates(tx, now, self.config.ring)
                     plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
                                                 requested=tx.take_next(controls),
-                                                scheduled=scheduled, ran_scheduled=ran))
+                                                scheduled=scheduled, ran_scheduled=ran,
+                                                scheduled_at=view.scheduled_at))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
                                and self.cursor[0] is not None   # (a first turn ever begins lap 1)
                                and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
@@ -738,7 +740,8 @@ class Driver:
         if self._view.agents is not agents or self._view.config is not config:
             scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
             self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
-                                  [(name, sched) for name, sched in scheduled if sched is not None])
+                                  [(name, sched) for name, sched in scheduled if sched is not None],
+                                  {name: i for i, (name, sched) in enumerate(scheduled) if sched is not None})
         return self._view
 
     def schedules(self, tx, now: float) -> "dict[str, float]":
