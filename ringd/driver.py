@@ -582,7 +582,7 @@ class Driver:
                     if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
                                             now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
                         lost.append((run_id, name))
-                controls = tx.controls()
+                controls = tx.controls(first=roster[start][0])   # (others' pauses: as the turn walks)
                 # read paused or not: the first look at a schedule is recorded (schedule.entry),
                 # so one first seen during a pause counts from then, and a slot that passed in
                 # the pause runs on resume - not from the resume, a slot later

@@ -96,3 +96,51 @@ def test_the_driver_gives_each_turn_the_scheduled_agents_positions(tmp_path, mon
     finally:
         journal.close()
     assert seen and all(at == {"a020": 20, "a150": 150} for at in seen), seen[:3]
+
+
+def _vm_steps_of_a_lap(tmp_path, paused):
+    """SQLite virtual-machine steps of a ``--once`` lap of three agents, with
+    ``paused`` agents paused by an operator and since removed from the roster
+    (their pauses stay in the journal: legal state, as large as it likes)."""
+    tmp_path.mkdir()
+    d, journal = _driver(tmp_path, ["a", "b", "c"])
+    with journal.transaction() as tx:
+        for i in range(paused):
+            tx.set_meta(f"paused:gone{i:05d}", "1")
+    steps = [0]
+
+    def step():
+        steps[0] += 1
+        return 0
+    journal.con.set_progress_handler(step, 1)
+    try:
+        assert d.run() == 0
+    finally:
+        journal.close()
+    return steps[0]
+
+
+def test_a_turn_reads_no_pause_of_an_agent_it_does_not_walk(tmp_path):
+    """Every turn read every agent's pause (``ringd pause NAME``): 1 us each,
+    5 ms a turn with 5,000 paused. The turn now looks up the pauses of the
+    agents it walks; 2,000 paused agents elsewhere cost it nothing."""
+    few = _vm_steps_of_a_lap(tmp_path / "none", 0)
+    many = _vm_steps_of_a_lap(tmp_path / "many", 2000)
+    assert many <= few * 1.05, f"SQLite steps of a lap: {few} with no paused agent, {many} with 2,000"
+
+
+def test_paused_agents_are_passed_over_and_an_agent_paused_at_the_start_is_known_at_once(tmp_path):
+    """The lazy pauses keep the rule: a paused agent is passed over wherever it stands."""
+    d, journal = _driver(tmp_path, ["a", "b", "c", "d"])
+    for name in ("a", "c"):
+        journal.set_paused(name, True)
+    try:
+        with journal.transaction() as tx:
+            controls = tx.controls(first="a")
+            assert "a" in controls.paused and "b" not in controls.paused and "c" in controls.paused
+            assert sorted(controls.paused) == ["a", "c"] and len(controls.paused) == 2
+            assert controls.paused == tx.controls().paused
+        assert d.run() == 0
+        assert [r.agent for r in journal.history(limit=10)[::-1]] == ["b", "d"]
+    finally:
+        journal.close()
