@@ -25,6 +25,7 @@ from .procid import same_process, start_ticks
 from .wakeup import Wakeups
 
 SPENT_KEPT = 16      # ended runs' cgroups whose rmdir is retried at each wait
+STUCK_RETRY = 1.0    # s between two tries at those whose runs left processes SIGKILL could not end
 
 
 @dataclass
@@ -71,6 +72,7 @@ class RealEnv:
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
         self._spent_cgroups: List[cgroup.RunCgroup] = []   # ended runs' cgroups, empty, removed at the next wait
+        self._stuck_retry_at = float("-inf")   # monotonic: when those left populated (stuck) are tried again
         # The likely next run's cgroup, made (and its files opened) at a wait
         # while this run's agent runs, so the next hop does not: the next run's
         # id is this one's + 1 unless a turn is skipped, or another driver of a
@@ -384,11 +386,23 @@ class RealEnv:
         older one is left as a failed rmdir always was). ``patient`` (at close):
         retried for up to cgroup.KILL_WAIT in all - but not one its run left
         populated (``stuck``: processes that outlived SIGKILL), which a stop
-        would wait out in vain; the next driver's sweep removes it."""
-        deadline = time.monotonic() + (cgroup.KILL_WAIT if patient else 0.0)
-        self._spent_cgroups = [cg for cg in self._spent_cgroups
-                               if not cg.remove(0.0 if cg.stuck else max(0.0, deadline - time.monotonic()))
-                               ][-SPENT_KEPT:]
+        would wait out in vain; the next driver's sweep removes it. A stuck
+        one is tried at a wait once every STUCK_RETRY at most: its processes
+        outlived SIGKILL and seldom die soon, and each try (an rmdir, a stat,
+        a listing of its sub-cgroups) cost every hop 3.6-21 us, 16 of them
+        58-344 us."""
+        now = time.monotonic()
+        deadline = now + (cgroup.KILL_WAIT if patient else 0.0)
+        stuck_due = patient or now >= self._stuck_retry_at
+        kept = []
+        for cg in self._spent_cgroups:
+            if cg.stuck and not stuck_due:
+                kept.append(cg)
+            elif not cg.remove(0.0 if cg.stuck else max(0.0, deadline - time.monotonic())):
+                kept.append(cg)
+        if stuck_due:
+            self._stuck_retry_at = now + STUCK_RETRY
+        self._spent_cgroups = kept[-SPENT_KEPT:]
 
     def close(self) -> None:
         ahead, self._ahead = self._ahead, None

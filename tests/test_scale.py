@@ -144,3 +144,39 @@ def test_paused_agents_are_passed_over_and_an_agent_paused_at_the_start_is_known
         assert [r.agent for r in journal.history(limit=10)[::-1]] == ["b", "d"]
     finally:
         journal.close()
+
+
+class _SpentCgroup:
+    """Stands in for an ended run's cgroup that cannot be removed: counts the tries."""
+
+    def __init__(self, stuck):
+        self.stuck, self.tries = stuck, 0
+
+    def remove(self, timeout=0.0):
+        self.tries += 1
+        return False
+
+
+def test_cgroups_left_populated_by_processes_sigkill_could_not_end_are_not_retried_at_every_wait(tmp_path,
+                                                                                                monkeypatch):
+    """Each wait tried to remove every such cgroup (an rmdir, a stat, a listing
+    of its sub-cgroups): 16 of them cost every hop 58 us, 344 us with a
+    sub-cgroup each. They are tried once every env.STUCK_RETRY now; a cgroup
+    the kernel is still releasing is still tried at every wait."""
+    from ringd import env as env_mod
+    monkeypatch.setattr(env_mod, "STUCK_RETRY", 60.0, raising=False)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = env_mod.RealEnv(state, lambda m: None, prove_containment=False)
+    stuck = [_SpentCgroup(True) for _ in range(env_mod.SPENT_KEPT - 1)]
+    busy = _SpentCgroup(False)
+    env._spent_cgroups.extend([*stuck, busy])
+    try:
+        for _ in range(50):
+            env.wait(0)
+        assert [cg.tries for cg in stuck] == [1] * len(stuck), "each stuck cgroup tried once in 50 waits"
+        assert busy.tries == 50
+        assert env._spent_cgroups == [*stuck, busy], "none given up on"
+    finally:
+        env._spent_cgroups = []
+        env.close()
