@@ -1,6 +1,6 @@
 """The cost of one hop does not grow with legal-but-large state: the roster's
 length, agents paused or scheduled, stuck state earlier runs left behind.
-Counted operations, never timings (benchmarks/bench_scale.py times them)."""
+Counted operations, never timings (the commits that brought each test give theirs)."""
 from collections.abc import Sequence
 
 from ringd.policy import Action, TurnInputs, plan_turn
