@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import AbstractSet, Any, Callable, Dict, Mapping, Optional
 
 from .heartbeat import epoch
 
@@ -152,5 +152,6 @@ assert set(_RUN_TYPES) == set(_RUN_FIELDS) and set(_AGENT_TYPES) == set(_AGENT_F
 class Controls:
     """The operator's controls as the journal holds them (``ringd pause``/``next``)."""
     ring_paused: bool = False
-    paused: "frozenset[str]" = frozenset()   # agents paused one by one
+    # agents paused one by one (in a turn: looked up as it walks them, journal.PausedAgents)
+    paused: "AbstractSet[str]" = frozenset()
     next: Optional[str] = None               # the agent asked to take the very next turn
