@@ -15,11 +15,12 @@ a daily job once).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from .heartbeat import epoch
 
@@ -85,15 +86,42 @@ def local_zone(tz: object = _OWN_TZ) -> tzinfo:
         return _zone_file(key, key) or timezone.utc
     from zoneinfo import ZoneInfo
     try:
-        return ZoneInfo(key)
+        return ZoneInfo(key)   # (zoneinfo keeps it: one object per key)
     except (ValueError, OSError, KeyError):   # KeyError: ZoneInfoNotFoundError
         pass
     return _posix_rule(key) or timezone.utc
 
 
+# A zone file read, by path: the file's identity then, and the zone (None: unusable).
+# The driver asks for its zone at every turn a scheduled agent is on the roster:
+# reading /etc/localtime cost 16 us a turn; a stat tells a file replaced or retargeted
+# (timedatectl set-timezone) from the one read, and keeps the zone's object the
+# same, so due times computed in it are reused (_cron_due).
+_ZONE_FILES: Dict[str, Tuple[Tuple[int, int, int, int], Optional[tzinfo]]] = {}
+
+
 def _zone_file(path: str, key: str) -> Optional[tzinfo]:
-    """The TZif file at ``path`` as a zone; None when it is missing, not a regular
-    file (never a blocking read of a FIFO) or not TZif."""
+    """The TZif file at ``path`` as a zone (read again only once the file at
+    ``path`` is another or has changed); None when it is missing, not a regular
+    file or not TZif."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _ZONE_FILES.get(path)
+    if known is not None and known[0] == ident:
+        return known[1]
+    zone = _read_zone_file(path, key)
+    if len(_ZONE_FILES) >= 8:   # ($TZ names a file: one per TZ an operator's status passes)
+        _ZONE_FILES.clear()
+    _ZONE_FILES[path] = (ident, zone)
+    return zone
+
+
+def _read_zone_file(path: str, key: str) -> Optional[tzinfo]:
+    """Read the TZif file at ``path`` as a zone; None when it is missing, not a
+    regular file (never a blocking read of a FIFO) or not TZif."""
     from zoneinfo import ZoneInfo
     from .safefile import open_regular
     try:
@@ -107,6 +135,7 @@ def _zone_file(path: str, key: str) -> Optional[tzinfo]:
             return None
 
 
+@functools.lru_cache(maxsize=8)
 def _posix_rule(rule: str) -> Optional[tzinfo]:
     """A POSIX TZ rule as a zone: a TZif file (RFC 8536, version 2) with no
     transitions, whose footer rule then holds for every instant. None when
@@ -152,13 +181,21 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
     year ahead for a minute silenced a daily job for a year."""
     if schedule.every is not None:
         return since if last_start is None else last_start + schedule.every
-    zone = tz if tz is not None else local_zone()
-    due = _cron_next(schedule.cron, last_start, since, zone, last_wall)
+    return _cron_due(schedule.cron, last_start, since, tz if tz is not None else local_zone(), last_wall, set_back)
+
+
+@functools.lru_cache(maxsize=512)
+def _cron_due(cron: str, last_start: Optional[float], since: float, zone: tzinfo,
+              last_wall: Optional[datetime], set_back: Optional[float]) -> float:
+    """:func:`next_due` of a cron schedule. A pure function of its arguments,
+    kept for the ones seen last: the driver asks at every turn, and a cron
+    agent's due time changes only when it runs (20 us a cron agent a turn)."""
+    due = _cron_next(cron, last_start, since, zone, last_wall)
     if set_back is not None and last_start is not None:
         # (no due time a date can show after a start the clock is behind: a clock that was set too)
-        spacing = _cron_next(schedule.cron, due, due, zone, None) - due if math.isfinite(due) else 0.0
+        spacing = _cron_next(cron, due, due, zone, None) - due if math.isfinite(due) else 0.0
         if last_start - set_back > spacing:
-            return _cron_next(schedule.cron, set_back, min(since, set_back), zone, None)
+            return _cron_next(cron, set_back, min(since, set_back), zone, None)
     return due
 
 

@@ -167,6 +167,55 @@ def test_local_zone_follows_tz(monkeypatch):
     assert next_due(s, None, since) == ts(BERLIN, 2026, 1, 5, 12, 0)   # zone taken from TZ
 
 
+def test_the_zone_file_is_read_again_only_once_it_has_changed(monkeypatch, tmp_path):
+    """The driver asks for its zone at every turn a scheduled agent is on the
+    roster: each ask read and parsed the zone file (16 us a turn). It is read
+    once while the file is the same, and again once it is replaced (as
+    timedatectl set-timezone retargets /etc/localtime) - never stale."""
+    import shutil
+    from ringd import schedule as sched
+    reads = Counter()
+    real = sched._read_zone_file
+
+    def counted(path, key):
+        reads[path] += 1
+        return real(path, key)
+    monkeypatch.setattr(sched, "_read_zone_file", counted)
+    zone_file = tmp_path / "localtime"
+    shutil.copyfile("/usr/share/zoneinfo/Europe/Paris", zone_file)
+    monkeypatch.setenv("TZ", f":{zone_file}")
+    july = datetime(2026, 7, 5, 12, 0)
+    first = local_zone()
+    assert first.utcoffset(july) == timedelta(hours=2)
+    assert all(local_zone() is first for _ in range(50)) and reads[str(zone_file)] == 1, reads
+    replacement = tmp_path / "localtime.new"
+    shutil.copyfile("/usr/share/zoneinfo/America/New_York", replacement)
+    replacement.replace(zone_file)
+    assert local_zone().utcoffset(july) == timedelta(hours=-4) and reads[str(zone_file)] == 2, reads
+
+
+def test_a_cron_agents_due_time_is_worked_out_once_for_the_same_inputs(monkeypatch):
+    """At every turn the driver asks when each scheduled agent is due; a cron
+    agent's answer changes only when it runs (or its zone or the clock's step
+    does), and working it out cost 20 us an agent a turn. The same question is
+    answered once; another last start, zone or step is worked out afresh."""
+    import cronsim
+    made = Counter()
+    real = cronsim.CronSim
+
+    class Counted(real):
+        def __init__(self, *a, **kw):
+            made["CronSim"] += 1
+            super().__init__(*a, **kw)
+    monkeypatch.setattr(cronsim, "CronSim", Counted)
+    s = Schedule(cron="*/7 3 * * *")   # an expression no other test asks about
+    ran = ts(BERLIN, 2026, 3, 1, 3, 7)
+    answers = {next_due(s, ran, ran - 86400, BERLIN) for _ in range(50)}
+    assert answers == {ts(BERLIN, 2026, 3, 1, 3, 14)} and made["CronSim"] == 1, made
+    assert next_due(s, ran + 420, ran - 86400, BERLIN) == ts(BERLIN, 2026, 3, 1, 3, 21) and made["CronSim"] == 2
+    assert next_due(s, ran, ran - 86400, NEW_YORK) != ts(BERLIN, 2026, 3, 1, 3, 14) and made["CronSim"] == 3
+
+
 def test_local_zone_reads_tz_as_libc_does_and_never_raises(monkeypatch):
     """A POSIX rule is a zone with its DST; an empty or unusable TZ is UTC (as
     libc takes it) - never ZoneInfoNotFoundError out of every turn of the driver."""
