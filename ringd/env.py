@@ -25,6 +25,10 @@ from .procid import same_process, start_ticks
 from .wakeup import Wakeups
 
 SPENT_KEPT = 16      # ended runs' cgroups whose rmdir is retried at each wait
+# Run logs an agent's run end prunes at most (keep_logs lowered below a full folder:
+# the excess goes over its next runs; all 100,000 at once took one hop 5 s, the
+# driver deaf to its signals meanwhile). An ordinary run end prunes one.
+PRUNE_LOGS_AT_ONCE = 64
 STUCK_RETRY = 1.0    # s between two tries at those whose runs left processes SIGKILL could not end
 
 
@@ -329,12 +333,13 @@ class RealEnv:
 
     def keep_logs(self, agent: str, run_id: int, keep: int) -> None:
         """Keep the newest ``keep`` run logs of an agent. The directory is listed
-        once per agent; after that each run costs at most one unlink."""
+        once per agent; after that each run costs at most one unlink (an excess
+        over ``keep``: PRUNE_LOGS_AT_ONCE)."""
         index = self._log_index(agent)
         if not index.ids or index.ids[-1] != run_id:
             index.ids.append(run_id)
         old = []
-        while len(index.ids) > max(keep, 0):
+        while len(index.ids) > max(keep, 0) and len(old) < PRUNE_LOGS_AT_ONCE:
             old.append(index.ids.popleft())
         if old:
             self._remove_logs(agent, old)

@@ -1,6 +1,7 @@
 """The cost of one hop does not grow with legal-but-large state: the roster's
 length, agents paused or scheduled, stuck state earlier runs left behind.
 Counted operations, never timings (the commits that brought each test give theirs)."""
+import math
 from collections.abc import Sequence
 
 from ringd.policy import Action, TurnInputs, plan_turn
@@ -179,4 +180,35 @@ def test_cgroups_left_populated_by_processes_sigkill_could_not_end_are_not_retri
         assert env._spent_cgroups == [*stuck, busy], "none given up on"
     finally:
         env._spent_cgroups = []
+        env.close()
+
+
+def test_a_lowered_keep_logs_prunes_a_full_folder_over_several_runs_not_in_one_hop(tmp_path):
+    """keep_logs lowered below an agent's full log folder: the next run's end
+    unlinked the whole excess at once - 100,000 logs took one hop 5 s, the
+    driver deaf to its signals. Each run end now prunes env.PRUNE_LOGS_AT_ONCE
+    at most, oldest first, until the folder is down to keep_logs."""
+    from ringd import env as env_mod
+    state = tmp_path / "state"
+    (state / "logs" / "a").mkdir(parents=True, mode=0o700)
+    for run_id in range(1, 1001):
+        (state / "logs" / "a" / f"{run_id}.log").touch()
+    env = env_mod.RealEnv(state, lambda m: None, prove_containment=False)
+    try:
+        def left():
+            return sorted(int(p.stem) for p in (state / "logs" / "a").iterdir())
+        (state / "logs" / "a" / "1001.log").touch()
+        env.keep_logs("a", 1001, keep=5)
+        assert left() == list(range(env_mod.PRUNE_LOGS_AT_ONCE + 1, 1002)), "the oldest, at most the cap"
+        runs = 1
+        while len(left()) > 5:
+            run_id = 1001 + runs
+            (state / "logs" / "a" / f"{run_id}.log").touch()
+            env.keep_logs("a", run_id, keep=5)
+            runs += 1
+            assert runs < 100
+        cap = env_mod.PRUNE_LOGS_AT_ONCE   # each later run adds its log and prunes up to cap
+        assert left() == list(range(1001 + runs - 5, 1001 + runs)), left()[:3]
+        assert runs == 1 + math.ceil((1001 - cap - 5) / (cap - 1)), runs
+    finally:
         env.close()
