@@ -443,16 +443,24 @@ def _recorded_parent(state_dir: Path) -> Optional[Path]:
     return parent if parent.is_absolute() else None
 
 
-def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
+def left(deadline: float) -> float:
+    """Seconds until the monotonic ``deadline`` (0 once it has passed): what a
+    wait that shares a bound with the waits before it may still take."""
+    return max(0.0, deadline - time.monotonic())
+
+
+def sweep(state_dir: Path, also: Optional[Path] = None, deadline: Optional[float] = None) -> int:
     """Kill and remove every run (and probe) cgroup of this ring: where the record
     says they live, and under ``also`` (the driver's own cgroup). Only for a
     caller that holds the ring's lock with no other driver alive (the driver at
     start-up): every such cgroup is then a dead driver's, e.g. one whose row an
     operator closed before that driver was killed, or the probe of one killed
     while it proved containment. Returns how many were removed.
-    Waits KILL_WAIT in all, not per cgroup: each is killed before any is
-    waited on, and one that processes SIGKILL cannot end (a hung mount) hold
-    on to is left as it is - the driver starts anyway."""
+    Waits until ``deadline`` (monotonic; default KILL_WAIT from now) in all,
+    not per cgroup: each is killed before any is waited on, and one that
+    processes SIGKILL cannot end (a hung mount) hold on to is left as it is -
+    the driver starts anyway."""
+    deadline = time.monotonic() + KILL_WAIT if deadline is None else deadline
     prefixes = tuple(ring_prefix(state_dir) + kind for kind in ("-run-", "-probe-"))
     found = []
     for parent in {p for p in (_recorded_parent(state_dir), also) if p is not None}:
@@ -462,15 +470,15 @@ def sweep(state_dir: Path, also: Optional[Path] = None) -> int:
             continue
     for cg in found:
         cg.kill(timeout=0.0)
-    deadline = time.monotonic() + KILL_WAIT
     gone = 0
     for cg in found:
-        cg.kill(timeout=max(0.0, deadline - time.monotonic()))
-        gone += cg.remove(timeout=max(0.0, deadline - time.monotonic()))
+        cg.kill(timeout=left(deadline))
+        gone += cg.remove(timeout=left(deadline))
     return gone
 
 
-def kill_recorded(state_dir: Path, run_id: int, driver: Optional[Tuple[int, int]] = None) -> int:
+def kill_recorded(state_dir: Path, run_id: int, driver: Optional[Tuple[int, int]] = None,
+                  deadline: Optional[float] = None) -> int:
     """Kill everything in ``run_id``'s cgroup, found where the record says this
     ring's run cgroups live: a dead driver's run (the reaper), or an operator's
     force-fail. Returns how many processes were in it.
@@ -480,7 +488,11 @@ def kill_recorded(state_dir: Path, run_id: int, driver: Optional[Tuple[int, int]
     agent is born there), and for good if it could not step back out. A
     ``cgroup.kill`` would then kill the driver too, so every other process is
     killed one by one instead, and the cgroup is left for the driver to remove
-    (it does at the run's end). A dead driver's run cgroup is killed and removed."""
+    (it does at the run's end). A dead driver's run cgroup is killed and removed.
+    Its emptying and its removal wait until ``deadline`` (monotonic; default
+    KILL_WAIT from now) in all: a cgroup that processes SIGKILL cannot end hold
+    on to waited a bound for each."""
+    deadline = time.monotonic() + KILL_WAIT if deadline is None else deadline
     parent = _recorded_parent(state_dir)
     if parent is None:
         return 0
@@ -489,9 +501,9 @@ def kill_recorded(state_dir: Path, run_id: int, driver: Optional[Tuple[int, int]
         return 0
     if driver is not None and same_process(*driver):
         n = len([pid for pid in cg.pids() if pid != driver[0]])
-        cg.kill(spare=driver)
+        cg.kill(spare=driver, timeout=left(deadline))
         return n
     n = len(cg.pids())
-    cg.kill()
-    cg.remove()
+    cg.kill(timeout=left(deadline))
+    cg.remove(timeout=left(deadline))
     return n

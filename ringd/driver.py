@@ -389,11 +389,13 @@ class Driver:
                                          self.config.alerts.failures_in_a_row):
             self.alert(kind, closed.agent, detail, run_id=closed.run_id)
 
-    def reap_orphans(self, journal: Journal) -> None:
+    def reap_orphans(self, journal: Journal, kill_by: Optional[float] = None) -> None:
         """Close the run a dead driver left ``running`` in ``journal`` (at start-up, and
-        in a journal taken up under us); this driver's own live run is never one."""
+        in a journal taken up under us); this driver's own live run is never one.
+        ``kill_by``: the deadline of its leftovers' kill (reaper.kill_orphan)."""
         reap(journal, self.state_dir, self.config, me=(self.env.pid, self.env.pid_start), log=self.log,
-             line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped)
+             line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped,
+             kill_by=kill_by)
 
     def on_reaped(self, row, closed: transitions.Closed) -> None:
         self.alert(events.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running "
@@ -867,7 +869,13 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         env.close()
         return EX_TEMPFAIL
     proctree.set_child_subreaper()
-    swept = cgroup.sweep(state_dir, also=env.containment.parent)   # we hold the lock and no other driver lives
+    # One bound for the start-up's kills: the sweep and the reaper below kill the
+    # same dead driver's run (its cgroup is one of the sweep's), and processes
+    # SIGKILL cannot end (a hung mount) held each of their waits to its bound
+    # (18 s before the first beat, deaf to a stop meanwhile).
+    kill_by = env.monotonic() + cgroup.KILL_WAIT
+    # (we hold the lock and no other driver lives)
+    swept = cgroup.sweep(state_dir, also=env.containment.parent, deadline=kill_by)
     if swept:
         logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
     driver = None
@@ -879,7 +887,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             # whatever pid it had: its running row is reaped (only a live driver's
             # is not). With PostgreSQL the lease decides instead (Driver.stand_by).
             try:
-                driver.reap_orphans(journal)
+                driver.reap_orphans(journal, kill_by=kill_by)
             except JournalError as e:
                 return startup_journal_exit(e, env, logger)
         return driver.run()

@@ -403,7 +403,7 @@ class RealEnv:
         for cg in self._spent_cgroups:
             if cg.stuck and not stuck_due:
                 kept.append(cg)
-            elif not cg.remove(0.0 if cg.stuck else max(0.0, deadline - time.monotonic())):
+            elif not cg.remove(0.0 if cg.stuck else cgroup.left(deadline)):
                 kept.append(cg)
         if stuck_due:
             self._stuck_retry_at = now + STUCK_RETRY

@@ -453,8 +453,11 @@ def child_pids() -> List[int]:
         return []
 
 
+KILL_RUN_WAIT = 3.0   # s: bound on waiting for a run's SIGKILLed processes to be gone
+
+
 def kill_run(state_key: str, run_id: int, pgid: Optional[int], *, scope: str = "descendants",
-             keep_unreaped: Iterable[int] = (), dead: Iterable[int] = (), timeout: float = 3.0,
+             keep_unreaped: Iterable[int] = (), dead: Iterable[int] = (), timeout: float = KILL_RUN_WAIT,
              unkillable: Optional[Dict[int, int]] = None) -> int:
     """SIGKILL every process of a run and wait (bounded) until none is left.
 

@@ -41,8 +41,13 @@ def orphan_cause(row: RunRow, me: Optional[tuple] = None) -> str:
     return f"driver (pid {row.driver_pid}) died while it ran"
 
 
-def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int:
+def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False,
+                deadline: Optional[float] = None) -> int:
     """Kill what is left of an orphaned run anywhere on the host. Returns count.
+    Waits for it until ``deadline`` (monotonic; default cgroup.KILL_WAIT from
+    now) in all: its cgroup's emptying and removal and the walk for its key
+    share one bound, as processes SIGKILL cannot end (a hung mount) would hold
+    each for its whole bound (13 s in all).
 
     With the privileges of the ring's owner (the state dir's): whoever owns it
     can write every row and record the kill trusts (pids, start ticks, the run
@@ -51,9 +56,10 @@ def kill_orphan(state_dir: Path, row: RunRow, *, by_driver: bool = False) -> int
     never one of root's named by a forged row. ``by_driver``: the ring's own
     driver, which runs whatever the ring's files say with its own privileges
     anyway, kills with them (a root driver's orphans are root's)."""
+    deadline = time.monotonic() + cgroup.KILL_WAIT if deadline is None else deadline
     if by_driver:
-        return _kill_orphan(state_dir, row)
-    return as_ring_owner(state_dir, lambda: _kill_orphan(state_dir, row))
+        return _kill_orphan(state_dir, row, deadline)
+    return as_ring_owner(state_dir, lambda: _kill_orphan(state_dir, row, deadline))
 
 
 def as_ring_owner(state_dir: Path, fn: Callable[[], int]) -> int:
@@ -84,7 +90,7 @@ def _other_owner(state_dir: Path) -> Optional[tuple]:
     return None
 
 
-def _kill_orphan(state_dir: Path, row: RunRow) -> int:
+def _kill_orphan(state_dir: Path, row: RunRow, deadline: float) -> int:
     # (pids of an earlier boot name nobody now; its run cgroups are gone with it)
     if bool(row.pid) and recorded_alive(row.pid, row.pid_start, state_dir):
         # The group now, while its leader (just identified) holds the group id,
@@ -94,22 +100,25 @@ def _kill_orphan(state_dir: Path, row: RunRow) -> int:
         proctree.signal_group(row.pid, signal.SIGKILL)
         proctree.signal_process(row.pid, row.pid_start, signal.SIGKILL)   # should it have left its group
     # the run's cgroup, escapees included (never its driver, should it be alive and inside)
-    killed = cgroup.kill_recorded(state_dir, row.id, driver=(row.driver_pid, row.driver_start))
-    return killed + proctree.kill_run(str(state_dir), row.id, None, scope="host")
+    killed = cgroup.kill_recorded(state_dir, row.id, driver=(row.driver_pid, row.driver_start), deadline=deadline)
+    return killed + proctree.kill_run(str(state_dir), row.id, None, scope="host",
+                                      timeout=min(proctree.KILL_RUN_WAIT, cgroup.left(deadline)))
 
 
 def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,
          line_of: Callable[[str], Optional[str]] = lambda _n: None,
          log: Callable[[str], None] = lambda _m: None,
-         on_reaped: Optional[Callable[[RunRow, Closed], None]] = None) -> List[int]:
+         on_reaped: Optional[Callable[[RunRow, Closed], None]] = None,
+         kill_by: Optional[float] = None) -> List[int]:
     """Close the orphaned ``running`` row, if any, as ``interrupted`` (source
     ``reaper``). ``me``: the calling driver's (pid, start), which holds the lock.
     ``line_of``: the agent's roster line, recorded so that an edit of the line
-    lifts a quarantine decided here. Returns the ids reaped."""
+    lifts a quarantine decided here. ``kill_by``: the deadline of the orphan's
+    kill (:func:`kill_orphan`). Returns the ids reaped."""
     row = journal.running_row()
     if row is None or driver_alive(row, state_dir, me):
         return []
-    killed = kill_orphan(state_dir, row, by_driver=me is not None)
+    killed = kill_orphan(state_dir, row, by_driver=me is not None, deadline=kill_by)
     reason = orphan_cause(row, me)
     if killed:
         reason += f"; killed {killed} leftover process(es)"

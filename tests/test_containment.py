@@ -766,3 +766,61 @@ def _in_a_private_pid_namespace(script, text: str) -> dict:
         pytest.skip(f"no private pid namespace here: {r.stderr.strip()[:200]}")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("reaper", ["the next driver", "ringd status"])
+def test_a_dead_drivers_run_that_sigkill_cannot_end_is_reaped_within_one_bound(ring, reaper):
+    """A driver SIGKILLed while its agent is in uninterruptible sleep (here: a
+    frozen cgroup v1 freezer) leaves a run cgroup SIGKILL cannot empty. Its
+    reaper waited for that cgroup to empty (cgroup.KILL_WAIT), for its rmdir
+    (KILL_WAIT again) and for the agent's key walk (3 s): `ringd status` took
+    13 s; the next driver, whose start-up sweep had waited KILL_WAIT for the same
+    cgroup already, beat 18 s after its start, deaf to a stop meanwhile (a
+    watcher's SIGTERM, 10 s, then SIGKILL). Now the orphan's kill waits one
+    bound in all, and shares it with the sweep."""
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+    ice = _FREEZER_V1 / f"ring-test-ice-reap-{os.getpid()}"
+    ice.mkdir()
+    leader = None
+    drivers = []
+    try:
+        ring.agent("ice", f"""
+            echo $$ > {ice}/cgroup.procs
+            echo FROZEN > {ice}/freezer.state
+            exit 0
+            """)
+        ring.write_config(ring={"run_budget": 60, "stall_threshold": 120})
+        ring.roster(f"ice {ring.agents_dir}/ice.sh")
+        first = ring.start_driver()
+        drivers.append(first)
+        leader = int(wait_until(lambda: (ice / "cgroup.procs").read_text().split(), 20,
+                                message="the agent froze itself")[0])
+        wait_until(lambda: [r for r in ring.runs() if r["pid"] == leader], 20, message="the agent's pid recorded")
+        first.kill()   # by pid: the test's own child
+        first.wait(timeout=10)
+        t0 = time.monotonic()
+        if reaper == "ringd status":
+            ring.cli("status", "--json", timeout=60)
+        else:
+            second = ring.start_driver()
+            drivers.append(second)
+            wait_until(lambda: (ring.heartbeat() or {}).get("pid") == second.pid, 60,
+                       message="the next driver's first beat")
+        took = time.monotonic() - t0
+        row = ring.runs()[0]
+        assert row["status"] == "interrupted", dict(row)
+        assert procid.start_ticks(leader) is not None, "the frozen leader still lives (the test's premise)"
+        # one cgroup.KILL_WAIT for what SIGKILL cannot end, an interpreter's start and headroom
+        assert took < cgroup.KILL_WAIT + 4.0, f"{reaper} took {took:.1f}s to reap it"
+        if reaper == "the next driver":
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=30) == 0
+    finally:
+        for drv in drivers:
+            if drv.poll() is None:
+                drv.kill()   # by pid: the test's own child
+                drv.wait(timeout=10)
+        _thaw(ice)
+        if leader is not None:
+            wait_until(lambda: procid.start_ticks(leader) is None, 10, message="the thawed leader gone")
