@@ -27,7 +27,7 @@ import threading
 import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 try:
     import psycopg
@@ -132,9 +132,11 @@ if psycopg is not None:
         ``pgcall.wait``: bounded, and ended by a stop signal of the driver's."""
         ring_bound = float(MAX_WAIT_MS // 1000)   # (set by _Con.connect)
         ring_tap: Optional[pgcall.SignalTap] = None
+        ring_stopping: Callable[[], bool] = staticmethod(lambda: False)
 
         def wait(self, gen, *args, **kwargs):   # (psycopg's own takes a poll interval and a timeout)
-            return pgcall.wait(gen, self.pgconn.socket, self.ring_bound, self.ring_tap)
+            return pgcall.wait(gen, self.pgconn.socket, self.ring_bound, self.ring_tap,
+                               stopping=self.ring_stopping())
 
 
 def _readable():
@@ -215,6 +217,7 @@ class _Con:
         self.wait_ms = min(max(100, int(wait_limit * 1000)), MAX_WAIT_MS)
         self.pg = None
         self._connecting: Optional[_Connecting] = None   # a new connection still being made
+        self.stopping: Callable[[], bool] = lambda: False   # is the driver stopping? (PgJournal.wait_busy_unless)
         try:
             self.connect()
         except BaseException:
@@ -232,10 +235,11 @@ class _Con:
                     **CONNECT_ARGS))
             # waited for like any call (bound, stop signal); one not made yet
             # goes on, and the next call takes it up
-            pgcall.wait(_readable(), self._connecting.fileno(), self.wait_ms / 1000, self.tap)
+            pgcall.wait(_readable(), self._connecting.fileno(), self.wait_ms / 1000, self.tap,
+                        stopping=self.stopping())
             connecting, self._connecting = self._connecting, None
             self.pg = connecting.take()
-            self.pg.ring_bound, self.pg.ring_tap = self.wait_ms / 1000, self.tap
+            self.pg.ring_bound, self.pg.ring_tap, self.pg.ring_stopping = self.wait_ms / 1000, self.tap, self.stopping
             # idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP,
             # paused VM) holds the lease row's lock; the server ends its session,
             # rolling the write back, so a hand-over is never held up past the TTL
@@ -359,7 +363,12 @@ class PgJournal(Journal):
         self.repaired: List[str] = []   # what of the schema the last migration made again
 
     def wait_busy_unless(self, give_up) -> None:
-        """(Every call is bounded already, and a stop signal ends one in flight: pgcall's tap.)"""
+        """Every call is bounded already, and a stop signal ends one in flight
+        (pgcall's tap); once ``give_up()`` says the driver is stopping, each call
+        has the stop's grace only (``pgcall.wait``'s ``stopping``)."""
+        self.con.stopping = give_up
+        if self.con.pg is not None:
+            self.con.pg.ring_stopping = give_up
 
     def stop_recording(self) -> None:
         """Refuse every write from now on, before even asking the server, until

@@ -94,12 +94,17 @@ class SignalTap(Protocol):
 
 
 def wait(gen, fileno: int, bound: float, tap: Optional[SignalTap] = None,
-         clock: Callable[[], float] = time.monotonic):
+         clock: Callable[[], float] = time.monotonic, stopping: bool = False):
     """Drive psycopg's generator ``gen`` on socket ``fileno`` to its end (its
     return value), as ``psycopg.waiting.wait`` does, within ``bound`` seconds
-    and, with a ``tap``, until a stop signal; raises :class:`Abandoned`."""
+    and, with a ``tap``, until a stop signal; raises :class:`Abandoned`.
+    ``stopping``: the driver is stopping already (its stop signal heard before
+    the call): the call has the stop's grace from its start, as one in flight
+    when the signal came has. Each call of a stop (its run's end, the lease's
+    release, the last metrics) waited out its whole bound on a server that
+    does not answer: 30 s in all at a TTL of 40 s, past the watcher's patience."""
     deadline = clock() + bound
-    stop_at: Optional[float] = None
+    stop_at: Optional[float] = clock() if stopping else None
     heard: Set[int] = set()
     poll = select.poll()
     if tap is not None:
@@ -126,7 +131,7 @@ def wait(gen, fileno: int, bound: float, tap: Optional[SignalTap] = None,
             if why == OVERDUE:
                 raise Abandoned(f"no answer within {bound:g}s (a quarter of ring.lease_ttl); connection dropped")
             if why == STOPPING:
-                what = "is stopping" if heard & STOP_SIGNALS else "has a signal to act on"
+                what = "is stopping" if stopping or heard & STOP_SIGNALS else "has a signal to act on"
                 raise Abandoned(f"call ended: the driver {what}; connection dropped")
     except StopIteration as done:
         return done.value

@@ -630,6 +630,41 @@ def test_a_stop_while_a_database_call_hangs_ends_the_call_and_the_driver(tmp_pat
     assert [x["status"] for x in rows] == ["interrupted"], rows
 
 
+def test_a_stop_while_the_whole_server_hangs_waits_no_call_out_to_its_bound(tmp_path, pg_cluster, pg_dsn):
+    """The whole server stopped (the process serving the driver and the one that
+    accepts connections): a SIGTERM ends the call in flight at once, but the
+    stop's own calls - the run's end, the lease's release, the last metrics,
+    each on a new connection that is never answered - waited out the full
+    bound each (a quarter of the TTL: 10 s here, 7.5 s at the default TTL),
+    30 s in all, past the watcher's 10 s before SIGKILL and systemd's
+    TimeoutStopSec. A stopping driver gives each call the stop's grace only."""
+    ttl = 40.0   # the bound on a call (ttl/4 = 10 s) is far beyond what the test allows
+    r = _one_pg_ring(tmp_path, pg_dsn, ttl)
+    backend = postmaster = None
+    try:
+        d = r.start_driver()
+        wait_until(lambda: role(r) == "leader" and agent_pid(pg_dsn), timeout=20, message="the driver leads and runs")
+        backend = _backend_of(pg_dsn, d.pid)
+        postmaster = int((pg_cluster.data / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGSTOP)
+        os.kill(backend, signal.SIGSTOP)
+        # beats are 0.2 s apart: a heartbeat this old means the driver is inside the hung call
+        wait_until(lambda: _beat_age(r) > 1.0, timeout=10, message="the driver stuck in a database call")
+        sent = time.monotonic()
+        d.send_signal(signal.SIGTERM)
+        wait_until(lambda: d.poll() is not None, timeout=60, interval=0.01, message="the driver's exit")
+        took = time.monotonic() - sent
+        err = d.communicate()[1].decode()
+        assert d.returncode == 0 and "Traceback" not in err, (d.returncode, err)
+        # its agent's SIGTERM (a sleep: it dies at once), a few calls' grace, and headroom
+        assert took < 4.0, f"the stop took {took:.1f}s: {err[-2000:]}"
+    finally:
+        for pid in (backend, postmaster):
+            if pid is not None:
+                _continue(pid)
+        r.cleanup()
+
+
 def test_a_database_call_that_never_answers_fails_within_its_bound_and_the_driver_beats_on(tmp_path, pg_dsn):
     """The server process serving the driver is stopped: without a client-side
     bound the driver hung in the call (no heartbeat, no lease renewal). The

@@ -129,6 +129,20 @@ def test_a_stop_signal_ends_a_hung_call_after_the_grace_and_is_put_back(pair):
     assert tap.drain() == {signal.SIGCHLD, signal.SIGTERM}   # the driver hears them next
 
 
+def test_a_call_of_a_stopping_driver_has_the_stops_grace_only(pair):
+    """Its stop signal heard before the call (a stop's own calls: the run's end,
+    the lease's release): each waited out its whole bound on a server that
+    never answers. One that answers within the grace is answered."""
+    a, b, tap = pair
+    t0 = time.monotonic()
+    with pytest.raises(Abandoned, match="the driver is stopping"):
+        wait(query(a, []), a.fileno(), 30.0, tap, stopping=True)
+    took = time.monotonic() - t0
+    assert STOP_GRACE <= took < 1.0, took
+    b.send(b"answer")
+    assert wait(query(a, []), a.fileno(), 30.0, tap, stopping=True) == b"answer"
+
+
 def test_a_call_answered_within_the_grace_is_not_ended(pair):
     a, b, tap = pair
     tap.send(signal.SIGINT)
