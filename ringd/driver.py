@@ -473,8 +473,7 @@ class Driver:
         # a new journal there would otherwise take up as its own (Journal.close).
         # Should the new one not open (a full disk), the next turn tries again.
         self.journal.close()
-        new = Journal.open(self.state_dir, verify=True)
-        new.wait_busy_unless(self.stop_pending)
+        new = Journal.open(self.state_dir, verify=True, give_up=self.stop_pending)
         try:
             new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
             # Reaped as at start-up: a backup restored there holds the run going when it
@@ -850,7 +849,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             leader = Leader(journal, config.ring.lease_ttl, logger)
             config = for_leadership(config)
         else:
-            journal = Journal.open(state_dir, verify=True)
+            journal = Journal.open(state_dir, verify=True, give_up=env.stop_pending)   # a stop heard at once
             journal.start_ids_after(safefile.highest_run_log_id(state_dir))  # a reset journal: no old log reused
             journal.preallocate_wal()   # the first ~150 commits no longer grow the file
     except JournalError as e:

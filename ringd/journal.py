@@ -488,10 +488,13 @@ class Journal:
     # --- opening -------------------------------------------------------------
     @classmethod
     def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = 10.0,
-             verify: bool = False) -> "Journal":
+             verify: bool = False, give_up: Optional[Callable[[], bool]] = None) -> "Journal":
         """Open for writing (the driver, the reaper, operator commands). ``verify``
         (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)
-        before writing anything to it."""
+        before writing anything to it. ``give_up``: from the open's own writes on,
+        waits for another process's write lock as :meth:`wait_busy_unless` - a
+        driver starting on a journal an operator's ``sqlite3`` shell holds heard
+        its SIGTERM only once the busy timeout (10 s) ran out."""
         path = journal_path(state_dir)
         _check_companions(path)
         if path.exists() or path.is_symlink():
@@ -519,6 +522,8 @@ class Journal:
             con.execute("PRAGMA foreign_keys=ON")
             j = cls(con, path)
             j._busy_timeout = busy_timeout
+            if give_up is not None:
+                j.wait_busy_unless(give_up)
             with suppress(OSError):   # (see moved)
                 st = os.stat(path, follow_symlinks=False)
                 j._identity = (st.st_dev, st.st_ino)

@@ -489,3 +489,30 @@ def _try_lock(con) -> bool:
         return True
     except sqlite3.OperationalError:
         return False
+
+
+def test_a_stop_while_the_journal_is_held_at_start_up_is_heard_at_once(ring):
+    """An operator's ``sqlite3`` shell holds the journal's write lock
+    (``BEGIN EXCLUSIVE``) while a driver starts: its first write waited for
+    the lock for the whole busy timeout (10 s), deaf to the SIGTERM that came
+    meanwhile - as long as a watcher allows a driver to stop before SIGKILL.
+    The wait now looks for a stop between its steps: a clean stop (exit 0)."""
+    from ringd.lock import holder_pid
+    ring.roster("a /bin/true")
+    first = ring.cli("run", "--once")
+    assert first.returncode == 0, first.stderr   # a journal to hold
+    holder = sqlite3.connect(str(ring.journal_path), isolation_level=None, timeout=0)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        drv = ring.start_driver()
+        # the lock is taken just before the journal is opened
+        wait_until(lambda: holder_pid(ring.state / "ringd.lock") == drv.pid, 20, message="the driver's lock")
+        sent = time.monotonic()
+        drv.send_signal(signal.SIGTERM)
+        wait_until(lambda: drv.poll() is not None, 30, interval=0.01, message="the driver's exit")
+        took = time.monotonic() - sent
+        err = drv.communicate(timeout=10)[1].decode()
+        assert drv.returncode == 0 and "stopped while starting" in err, (drv.returncode, err)
+        assert took < 3.0, f"the stop took {took:.1f}s: {err}"
+    finally:
+        holder.close()   # (rolls back)
