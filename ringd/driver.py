@@ -739,6 +739,8 @@ class Driver:
         config is reloaded, not at every hop."""
         agents, config = self.roster.agents, self.config
         if self._view.agents is not agents or self._view.config is not config:
+            if self._view.agents is not agents:
+                self.env.roster_is(a.name for a in agents)   # (what it keeps of agents is theirs only)
             scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
             self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
                                   [(name, sched) for name, sched in scheduled if sched is not None],

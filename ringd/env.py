@@ -72,6 +72,9 @@ class RealEnv:
         self.started_at = self.heartbeat.started_at
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
+        # the roster's names (roster_is): the log indexes kept are theirs only, so
+        # a ring whose agents are renamed or replaced keeps none of the old ones'
+        self._roster: Optional[frozenset] = None
         self._sweep_sockets = True   # a dead driver's notify sockets go before our first run's
         self._parked_notify = None   # the last run's notify socket, kept bound for the next run
         self._notes_written = True   # and its notes file with our first run's end
@@ -343,6 +346,17 @@ class RealEnv:
             old.append(index.ids.popleft())
         if old:
             self._remove_logs(agent, old)
+        if self._roster is not None and agent not in self._roster:
+            del self._logs[agent]   # (the last run of an agent since removed: listed again if it returns)
+
+    def roster_is(self, agents: Iterable[str]) -> None:
+        """The roster now (at each reload): forget the log index of every agent
+        not on it. Kept, one index an agent ever run (its ids, up to keep_logs)
+        grew with every rename or replacement for the driver's life; an agent
+        put back is listed again at its next run, as at a driver's first."""
+        self._roster = frozenset(agents)
+        for gone in [a for a in self._logs if a not in self._roster]:
+            del self._logs[gone]
 
     def index_run_logs(self, agents: Iterable[str]) -> None:
         """List the log dirs of ``agents`` now, in one pass at start-up, instead of

@@ -174,6 +174,9 @@ class FakeEnv:
     def keep_logs(self, agent, run_id, keep):
         pass
 
+    def roster_is(self, agents):
+        pass
+
     @staticmethod
     def errno_reason(e):
         return e.strerror or str(e)

@@ -872,3 +872,41 @@ def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_
     assert status.gather_status(tmp_path, d.config, now=env.wall())["next"]["agent"] == "job"
     Driver(env, tmp_path, None, d.config, d.roster, j).resume_from_journal()
     assert j.meta(ROUND_KEY) is None
+
+
+def test_a_driver_keeps_the_log_index_of_the_rosters_agents_only(tmp_path):
+    """RealEnv keeps each agent's run-log ids (keep_logs' index). A roster whose
+    agents are renamed at every edit left one index per agent ever run, for the
+    driver's life: 200 renames, 200 indexes. Only the roster's are kept now -
+    and the renamed agents' logs are still pruned by the run that ends them."""
+    from ringd.env import RealEnv
+
+    roster = tmp_path / "ring.txt"
+
+    def write(gen):
+        roster.write_text(f"a{gen} /bin/true\nb{gen} /bin/true\n")
+        roster.chmod(0o600)
+    write(0)
+    src = RosterSource(roster)
+    src.refresh(force=True)
+    journal = Journal.open(tmp_path)
+    env = RealEnv(tmp_path, lambda m: None)
+    d = Driver(env, tmp_path, None, Config(ring=RingSettings(**{**RING, "keep_logs": 1})), src, journal)
+    runs, kept = [], []
+    real_keep_logs = env.keep_logs
+
+    def keep_logs(agent, run_id, keep):
+        real_keep_logs(agent, run_id, keep)
+        runs.append(agent)
+        kept.append(len(env._logs))
+        write(len(runs))   # every agent renamed: read before the next turn
+        if len(runs) >= 200:
+            d.stop_requested = True
+    env.keep_logs = keep_logs
+    try:
+        assert d.run() == 0
+    finally:
+        env.close()
+    assert len(set(runs)) >= 190   # (each run was a new agent's)
+    assert max(kept) <= 2, f"log indexes kept: {kept[-1]} after {len(runs)} runs"
+    assert sum(len(files) for _, _, files in os.walk(tmp_path / "logs")) == len(set(runs))
