@@ -421,13 +421,25 @@ class Driver:
         self._runs_since_prune = 0
         if not self.config.ring.keep_runs:
             return
+        logged: "list[tuple[int, str]]" = []
         try:
-            self.journal.prune(self.config.ring.keep_runs)
+            self.journal.prune(self.config.ring.keep_runs, logged=logged)
             self._prune_failing = False
         except JournalError as e:   # never allowed to hurt the ring; say so once
             if not self._prune_failing:
                 self.log(f"cannot prune the journal (ring.keep_runs): {e}")
             self._prune_failing = True
+            return   # (nothing was deleted: the transaction rolled back)
+        # The logs of the runs that went, of agents no longer on the roster: no
+        # command reaches them now, and nothing else would ever prune them (keep_logs
+        # prunes an agent's logs as it runs). An agent on the roster keeps its newest.
+        names = set(self.view().names)
+        gone: "dict[str, list[int]]" = {}
+        for run_id, agent in logged:
+            if agent not in names:
+                gone.setdefault(agent, []).append(run_id)
+        for agent, run_ids in gone.items():
+            self.env.drop_logs(agent, run_ids)
 
     # --- leadership (a many-host ring) --------------------------------------------------
     def stand_by(self) -> bool:

@@ -349,6 +349,24 @@ class RealEnv:
         if self._roster is not None and agent not in self._roster:
             del self._logs[agent]   # (the last run of an agent since removed: listed again if it returns)
 
+    def drop_logs(self, agent: str, run_ids: List[int]) -> None:
+        """Unlink these logs of an agent no longer on the roster (their runs were
+        pruned from the journal), and its log dir once empty (a file an agent
+        left there that is not a run log keeps it: never ours to remove)."""
+        if self._roster is not None and agent in self._roster:
+            return   # (put back meanwhile: keep_logs keeps its newest)
+        self._remove_logs(agent, run_ids)
+        try:
+            dfd = safefile.open_dir(self.state_dir, ("logs",), create=False)
+        except OSError:
+            return
+        try:
+            os.rmdir(agent, dir_fd=dfd)   # (a symlink there is not removed: ENOTDIR)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
     def roster_is(self, agents: Iterable[str]) -> None:
         """The roster now (at each reload): forget the log index of every agent
         not on it. Kept, one index an agent ever run (its ids, up to keep_logs)

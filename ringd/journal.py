@@ -795,12 +795,13 @@ class Journal:
         return before
 
     # --- retention ----------------------------------------------------------------------
-    def prune(self, keep: int, batch: int = PRUNE_BATCH) -> int:
+    def prune(self, keep: int, batch: int = PRUNE_BATCH, logged: Optional[List[Tuple[int, str]]] = None) -> int:
         """Delete up to ``batch`` of the oldest runs beyond the newest ``keep``
         (and their events) in one short transaction; returns how many runs went.
         Called after each hop, so a large backlog goes in small steps as the ring
         turns. The counters (``agents.runs``, ``run_counts``) are kept by triggers
-        on insert and update, so deleting history never changes them."""
+        on insert and update, so deleting history never changes them.
+        ``logged``: gets (run id, agent) of each run deleted that had a log."""
         if keep <= 0:
             return 0
         with self.transaction() as tx:
@@ -808,6 +809,11 @@ class Journal:
             if top is None:
                 return 0
             first_kept = top - keep + 1   # ids only grow: the newest ``keep`` ids (or fewer rows)
+            if logged is not None:
+                logged.extend((r["id"], r["agent"]) for r in tx._x(
+                    "SELECT id, agent FROM runs WHERE id IN (SELECT id FROM runs WHERE id < ? "
+                    "AND status <> 'running' ORDER BY id LIMIT ?) AND log_path IS NOT NULL",
+                    (first_kept, batch)).fetchall())
             tx._x("DELETE FROM events WHERE run_id IN (SELECT id FROM runs WHERE id < ? ORDER BY id LIMIT ?)",
                   (first_kept, batch))
             gone = tx._x("DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE id < ? "

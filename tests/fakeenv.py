@@ -177,6 +177,9 @@ class FakeEnv:
     def roster_is(self, agents):
         pass
 
+    def drop_logs(self, agent, run_ids):
+        pass
+
     @staticmethod
     def errno_reason(e):
         return e.strerror or str(e)

@@ -910,3 +910,53 @@ def test_a_driver_keeps_the_log_index_of_the_rosters_agents_only(tmp_path):
     assert len(set(runs)) >= 190   # (each run was a new agent's)
     assert max(kept) <= 2, f"log indexes kept: {kept[-1]} after {len(runs)} runs"
     assert sum(len(files) for _, _, files in os.walk(tmp_path / "logs")) == len(set(runs))
+
+
+def test_the_logs_of_pruned_runs_of_agents_since_removed_go_with_their_runs(tmp_path):
+    """``ringd logs`` reaches a log through its run's row; keep_logs prunes an
+    agent's logs only as it runs. So the logs of a removed agent stayed for good,
+    its runs long pruned (ring.keep_runs): a roster renamed at every edit left a
+    log dir and a log per agent ever run (200 runs: 200 dirs, 200 logs). They go
+    with their runs now: the state dir holds at most keep_runs' logs (and the
+    roster's agents' newest) - an agent on the roster keeps its own."""
+    from ringd.env import RealEnv
+
+    roster = tmp_path / "ring.txt"
+
+    def write(gen):
+        roster.write_text(f"a{gen} /bin/true\nstay /bin/true\n")
+        roster.chmod(0o600)
+    write(0)
+    src = RosterSource(roster)
+    src.refresh(force=True)
+    journal = Journal.open(tmp_path)
+    env = RealEnv(tmp_path, lambda m: None)
+    cfg = Config(ring=RingSettings(**{**RING, "keep_logs": 3, "keep_runs": 20, "heartbeat_interval": 0.05}))
+    d = Driver(env, tmp_path, None, cfg, src, journal)
+    runs = []
+    real_keep_logs = env.keep_logs
+
+    def keep_logs(agent, run_id, keep):
+        real_keep_logs(agent, run_id, keep)
+        runs.append(agent)
+        if agent == "stay":
+            write(len(runs))   # the other renamed: each a* runs once
+        if len(runs) >= 400:
+            d.stop_requested = True
+    env.keep_logs = keep_logs
+    (tmp_path / "logs" / "a0").mkdir(parents=True)
+    (tmp_path / "logs" / "a0" / "notes.txt").write_text("an agent's own file\n")   # never ours
+    try:
+        assert d.run() == 0
+    finally:
+        env.close()
+    logs = tmp_path / "logs"
+    dirs = sorted(p.name for p in logs.iterdir() if p.is_dir())
+    files = [p for p in logs.rglob("*.log")]
+    assert len(set(runs)) >= 150
+    assert len(dirs) <= 20 + 3, f"{len(dirs)} log dirs, {len(files)} logs after {len(set(runs))} agents"
+    assert len(files) <= 20 + 3 + 1, f"{len(files)} logs kept at keep_runs 20"
+    assert "a0" in dirs and (logs / "a0" / "notes.txt").exists() and not list((logs / "a0").glob("*.log"))
+    assert len(list((logs / "stay").glob("*.log"))) == 3   # the roster's agent: its newest, keep_logs
+    kept = {r.id for r in journal.history(limit=1000)}
+    assert all(int(f.stem) in kept or f.parent.name == "stay" for f in files)   # none reached by no run
