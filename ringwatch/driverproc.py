@@ -13,13 +13,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from ringd import proctree, safefile
 from ringd.procid import same_process
 
+from . import policy
+
 DRIVER_LOG = "ringd.log"
 ROTATE_BYTES = safefile.LOG_ROTATE_BYTES   # ringd.log is rotated (one old copy) past this size
+KILL_WAIT = 5.0   # s; a driver SIGKILL has not ended by then is left (uninterruptible sleep)
 
 
 def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
@@ -135,36 +138,50 @@ def adopt(pid: int, start_time: Optional[float]) -> Optional[DriverProc]:
     return DriverProc(pid=pid, start_time=start_time, pidfd=fd)
 
 
-def _wait_exit(proc: DriverProc, timeout: float) -> bool:
-    """Bounded wait for the process to exit: on its pidfd when we have one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.child is not None and proc.poll_exit() is not None:
-            return True
-        if not proc.alive():
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if proc.pidfd is not None:
-            select.select([proc.pidfd], [], [], left)
-        else:
-            time.sleep(min(left, 0.05))
+def _exited(proc: DriverProc) -> bool:
+    if proc.child is not None and proc.poll_exit() is not None:
+        return True
+    return not proc.alive()
 
 
-def stop(proc: DriverProc, grace: float, kill_wait: float = 5.0) -> str:
-    """SIGTERM + SIGCONT, wait ``grace``, then SIGKILL. Returns how it ended:
-    ``gone`` (already), ``terminated`` or ``killed``; ``survived`` if even SIGKILL
-    did not end it within ``kill_wait`` (a process in uninterruptible sleep)."""
+def _pause(until: float, fds: List[int]) -> None:
+    """Wait until ``until``, or one of ``fds`` (the driver's pidfd) is readable."""
+    left = until - time.monotonic()
+    if left <= 0:
+        return
+    if fds:
+        select.select(fds, [], [], left)
+    else:
+        time.sleep(min(left, 0.05))
+
+
+def stop(proc: DriverProc, plan: Callable[[], policy.StopPlan], kill_wait: float = KILL_WAIT,
+         pause: Callable[[float, List[int]], None] = _pause) -> str:
+    """SIGTERM + SIGCONT, SIGKILL at ``plan().kill_at``, then wait up to
+    ``kill_wait``, all within ``plan().end`` (policy.stop_step). ``plan`` is
+    asked again after each ``pause`` - the caller's wait, which hears its
+    signals: a second SIGTERM hurries the plan (policy.stop_heard). Returns
+    how it ended: ``gone`` (already), ``terminated`` or ``killed``;
+    ``survived`` if even SIGKILL did not end it (a process in uninterruptible
+    sleep)."""
     if not proc.alive():
         proc.poll_exit()
         return "gone"
     _signal(proc, signal.SIGTERM)
     _signal(proc, signal.SIGCONT)  # a SIGSTOPped driver must run to handle SIGTERM
-    if _wait_exit(proc, grace):
-        return "terminated"
-    _signal(proc, signal.SIGKILL)
-    return "killed" if _wait_exit(proc, kill_wait) else "survived"
+    killed_at: Optional[float] = None
+    while True:
+        if _exited(proc):
+            return "terminated" if killed_at is None else "killed"
+        now = time.monotonic()
+        what, until = policy.stop_step(plan(), now, killed_at, kill_wait)
+        if what == "kill":
+            _signal(proc, signal.SIGKILL)
+            killed_at = now
+        elif what == "give up":
+            return "survived"
+        else:
+            pause(until, [proc.pidfd] if proc.pidfd is not None else [])
 
 
 def forward(proc: DriverProc, sig: int) -> None:

@@ -197,3 +197,48 @@ def record_restart(restarts: Sequence[Any], now: float, interval: float) -> List
 
 def _s(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds < 100 else f"{seconds:.0f}s"
+
+
+# --- the watcher's stop of its driver: one deadline in all -------------------------
+
+@dataclass(frozen=True)
+class StopPlan:
+    """When each step of a stop of the driver ends (monotonic seconds). ``kill_at``:
+    SIGKILL the driver then if it still lives. ``end``: everything the stop does
+    - the wait after the SIGKILL, the orphaned run's reap, the state's save - is
+    over by then, whatever each step's own bound: one deadline in all, so the
+    stop never outlasts its service manager's (TimeoutStopSec)."""
+    kill_at: float
+    end: float
+
+
+def stop_plan(now: float, *, grace: float, budget: float) -> StopPlan:
+    """A stop begun at ``now``: the driver's ``grace`` after SIGTERM, all of it
+    within ``budget``."""
+    return StopPlan(kill_at=now + min(grace, budget), end=now + budget)
+
+
+def stop_heard(plan: StopPlan, now: float, *, stopping: bool) -> StopPlan:
+    """SIGTERM/SIGINT heard during a stop. ``stopping``: the watcher is already
+    on its way out (this is a second signal): hurry - SIGKILL the driver now.
+    Else (a stop to replace an unhealthy driver) the stop goes on as planned
+    and the watcher exits after it."""
+    return replace(plan, kill_at=min(plan.kill_at, now)) if stopping else plan
+
+
+def stop_step(plan: StopPlan, now: float, killed_at: Optional[float], kill_wait: float) -> Tuple[str, float]:
+    """What a stop does next, with the driver still alive: ``("kill", now)``,
+    ``("wait", until)`` (for its exit, or a signal) or ``("give up", now)`` (it
+    survived SIGKILL for ``kill_wait``, or the plan ran out)."""
+    if killed_at is None:
+        return ("kill", now) if now >= plan.kill_at else ("wait", plan.kill_at)
+    until = min(killed_at + kill_wait, plan.end)
+    return ("give up", now) if now >= until else ("wait", until)
+
+
+def left(plan: Optional[StopPlan], now: float, bound: float, least: float = 0.0) -> float:
+    """A wait's own ``bound``, cut to what is left of the stop's plan (no plan:
+    the bound), never below ``least``."""
+    if plan is None:
+        return bound
+    return max(least, min(bound, plan.end - now))

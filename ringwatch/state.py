@@ -27,7 +27,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ringd.errors import EX_CONFIG, EX_FAILURE, EX_TEMPFAIL, ConfigError, RingError, exit_for
 from ringd.heartbeat import GAVE_UP_FILE, WATCHER_FILE, iso, parse_iso, read_own, watcher_alive, write_json_atomic
@@ -104,13 +104,15 @@ WRITE_LOCK_WAIT = 10.0   # s; a holder only reads and writes one small file
 
 
 @contextlib.contextmanager
-def write_lock(state_dir: Path, wait: float = WRITE_LOCK_WAIT) -> Iterator[None]:
+def write_lock(state_dir: Path, wait: float = WRITE_LOCK_WAIT,
+               give_up: Optional[Callable[[], bool]] = None) -> Iterator[None]:
     """Hold the lock for one read-modify-write of ringwatch.json (the watcher's
     and ``ringwatch reset``'s): a flock on the state dir itself, not on a file,
     so taking it needs no disk space (a full disk is when a reset matters) and
     leaves nothing behind. Never held for long; a holder that does not let go
     within ``wait`` (a stopped process) raises RingError (75) rather than hang
-    the watcher's loop."""
+    the watcher's loop; so does one still held when ``give_up()`` says so (the
+    watcher, told to stop: this wait must hear its signals)."""
     fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         deadline = time.monotonic() + wait
@@ -119,9 +121,11 @@ def write_lock(state_dir: Path, wait: float = WRITE_LOCK_WAIT) -> Iterator[None]
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline or (give_up is not None and give_up()):
+                    waited = f"{wait:g}s" if now >= deadline else f"{now - deadline + wait:.1f}s"
                     raise RingError(f"{state_path(state_dir)}: still being written by another process "
-                                    f"after {wait:g}s", EX_TEMPFAIL) from None
+                                    f"after {waited}", EX_TEMPFAIL) from None
                 time.sleep(0.01)
         yield
     finally:

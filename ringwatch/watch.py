@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Set
 
-from ringd import alerts, events, logline, proctree
+from ringd import alerts, cgroup, events, logline, proctree
 from ringd.config import Config, ConfigError, load_config
 from ringd.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.errors import EX_OK as EXIT_OK
@@ -40,7 +41,21 @@ from .driverproc import DriverProc
 
 
 STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
+# The whole of a stop of the driver - its grace, the wait after the SIGKILL, the
+# reap of the run it left, ringwatch.json's save - shares this one deadline
+# (policy.StopPlan): each step had a bound of its own (10 + 5 + the orphan's kill
+# 5 + the journal's busy timeout 10 + the write lock 10 s), past the unit's
+# TimeoutStopSec (ringd.service.STOP_GRACE_WATCHER, 30 s): systemd's SIGKILL landed mid-reap.
+STOP_BUDGET = 20.0
+# At the watcher's own stop the orphan's reap waits this long for the journal's
+# write lock (the orphan's kill comes first, without it): the next driver and
+# `ringd status` close an orphaned row anyway.
+REAP_BUSY_AT_STOP = 1.0  # s
+SAVE_LOCK_AT_STOP = 1.0  # s; ringwatch.json's write lock, at the stop's end (a live holder lets go in ms)
+JOURNAL_BUSY = 10.0      # s; the journal's busy timeout otherwise (Journal.open's default)
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
+COMMAND_KILL_WAIT = 3.0  # s; a restart_command SIGKILL has not ended by then is left behind
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 # SIGUSR1 (the driver's "look at the journal now") is handled too: earlysig
 # releases it with the others, and its default action killed the watcher
 # without a word, leaving its driver unwatched. Here it means "check now".
@@ -73,6 +88,9 @@ class Watcher:
         self.next_ping = 0.0
         self.lock: Optional[state.WatchLock] = None
         self.lock_lost = False
+        self.plan: Optional[policy.StopPlan] = None   # the stop of the driver under way
+        self.stops_heard = 0                          # SIGTERM/SIGINT deliveries heard
+        self._deferred: Set[int] = set()              # other signals heard outside _wait
 
     @property
     def w(self):
@@ -292,13 +310,23 @@ class Watcher:
             return driverproc.adopt(view.pid, view.pid_start)
         return None
 
-    def _stop(self, proc: DriverProc, why: str) -> str:
-        log(f"stopping driver (pid {proc.pid}, {why}): SIGTERM, SIGKILL after {STOP_GRACE}s")
+    def _stop(self, proc: DriverProc, why: str, plan: Optional[policy.StopPlan] = None) -> str:
+        """Stop ``proc`` within ``plan`` (the shutdown's; else one of its own),
+        hearing the watcher's signals all along: a SIGTERM/SIGINT while the
+        watcher is already stopping SIGKILLs the driver at once."""
+        own = plan is None
+        self.plan = plan or policy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
+        log(f"stopping driver (pid {proc.pid}, {why}): SIGTERM, SIGKILL after {STOP_GRACE}s "
+            f"(or at a second SIGTERM)")
         self._status(f"stopping driver pid {proc.pid}")
-        how = driverproc.stop(proc, STOP_GRACE)
-        log(f"driver (pid {proc.pid}) {how}")
-        if how in ("killed", "survived"):
-            self._reap_orphan()
+        try:
+            how = driverproc.stop(proc, lambda: self.plan, pause=self._stop_pause)
+            log(f"driver (pid {proc.pid}) {how}")
+            if how in ("killed", "survived"):
+                self._reap_orphan()
+        finally:
+            if own:
+                self.plan = None
         proc.close()
         if proc is self.proc:
             self.proc = None
@@ -348,19 +376,32 @@ class Watcher:
                 try:
                     self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
                 except Stop:
-                    proctree.signal_group(p.pid, signal.SIGKILL)
-                    p.wait()
+                    self._kill_command(p, fd)
                     raise
             if p.poll() is None:
                 log(f"restart command {argv} still running after {COMMAND_TIMEOUT}s; killing it")
-                proctree.signal_group(p.pid, signal.SIGKILL)
-                p.wait()
+                self._kill_command(p, fd)
                 return
         finally:
             if fd is not None:
                 os.close(fd)
         if p.returncode != 0:
             log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway")
+
+    def _kill_command(self, p: subprocess.Popen, fd: Optional[int]) -> None:
+        """SIGKILL the restart command's group and wait for it COMMAND_KILL_WAIT
+        at most: one in uninterruptible sleep (a hung mount, a frozen cgroup)
+        was waited for without end, the watcher deaf to everything."""
+        proctree.signal_group(p.pid, signal.SIGKILL)
+        end = time.monotonic() + COMMAND_KILL_WAIT
+        while p.poll() is None and time.monotonic() < end:
+            if fd is not None:
+                select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            else:
+                time.sleep(0.02)
+        if p.poll() is None:
+            log(f"restart command (pid {p.pid}) did not die of SIGKILL within {COMMAND_KILL_WAIT}s; "
+                f"leaving it behind")
 
     # --- giving up, shutting down ---------------------------------------------------
     def _give_up(self, reason: str) -> int:
@@ -410,34 +451,43 @@ class Watcher:
     def _shutdown(self) -> int:
         name = signal.Signals(self.stop_signal).name if self.stop_signal else "signal"
         self.notifier.notify("STOPPING=1")
+        # one deadline for all of it: the driver's stop, its run's reap, the save below
+        self.plan = policy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
         if self.command_mode:
             log(f"{name}: exiting; the driver belongs to the service manager and keeps running")
         else:
             proc = self._old_proc() if self.view is not None else None
             if proc is not None and proc.alive():
                 log(f"{name}: stopping the driver (pid {proc.pid}) and exiting")
-                self._stop(proc, name)
+                self._stop(proc, name, self.plan)
             else:
                 log(f"{name}: exiting (no driver running)")
                 if proc is not None:
                     proc.poll_exit()
-        self._save(stopped=True)
+        self._save(stopped=True, lock_wait=policy.left(self.plan, time.monotonic(), SAVE_LOCK_AT_STOP, 0.2))
         return EXIT_OK
 
     def _reap_orphan(self) -> None:
         """The driver died without stopping its agent and no driver will follow
         soon: close the orphaned run as ``interrupted`` and kill what is left of it
-        (the same reaper ``ringd status`` runs)."""
+        (the same reaper ``ringd status`` runs). Within the stop's plan, if one is
+        under way; the journal's write lock waited for briefly at the watcher's
+        own stop (REAP_BUSY_AT_STOP), and never past a SIGTERM/SIGINT heard
+        meanwhile - that row is closed by the next driver or ``ringd status``."""
+        now = time.monotonic()
+        busy = policy.left(self.plan, now, REAP_BUSY_AT_STOP if self.stop_signal else JOURNAL_BUSY, 0.1)
+        kill_by = None if self.plan is None else min(now + cgroup.KILL_WAIT, self.plan.end)
         try:
             from ringd.journal import Journal
             from ringd.reaper import reap
-            journal = Journal.open(self.state_dir, create=False)
+            journal = Journal.open(self.state_dir, create=False, busy_timeout=busy,
+                                   give_up=self._told_to_stop())
         except Exception as e:  # noqa: BLE001 - no journal yet, or unusable: nothing to reap
             if "no journal" not in str(e):
                 log(f"cannot reap the driver's last run: {e}")
             return
         try:
-            reap(journal, self.state_dir, self.config, log=log)
+            reap(journal, self.state_dir, self.config, log=log, kill_by=kill_by)
         except Exception as e:  # noqa: BLE001 - best effort; `ringd status` reaps too
             log(f"cannot reap the driver's last run: {e}")
         finally:
@@ -450,6 +500,11 @@ class Watcher:
         reloads the configuration; SIGUSR1 (like SIGHUP) ends the wait, so the
         loop checks the driver at once. Returns the ready fds (empty on timeout)."""
         while True:
+            if self.stop_signal:
+                raise Stop()   # heard outside a wait (a stop, a lock's wait)
+            if self._deferred:
+                self.wake.put_back(self._deferred)   # heard outside a wait: handled now
+                self._deferred = set()
             now = time.monotonic()
             self._ping(now)
             left = until - now
@@ -466,6 +521,47 @@ class Watcher:
         """Wait until ``until`` whatever wakes us (SIGTERM still interrupts)."""
         while time.monotonic() < until:
             self._wait(until)
+
+    def _stop_pause(self, until: float, fds: Iterable[int]) -> None:
+        """driverproc.stop's wait: until ``until``, the driver's exit or a signal,
+        pinging the watchdog; the signals go to :meth:`_take`."""
+        now = time.monotonic()
+        self._ping(now)
+        left = until - now
+        if self.watchdog_every:
+            left = min(left, self.next_ping - now)
+        fds = list(fds)
+        if not fds:
+            left = min(left, 0.05)   # no pidfd (an adopted driver, an old kernel): look again soon
+        sigs, _ = self.wake.wait(max(0.0, left), fds)
+        self._take(sigs)
+
+    def _take(self, sigs: Set[int]) -> None:
+        """Signals heard outside :meth:`_wait` (a stop of the driver, a lock's
+        wait). SIGTERM/SIGINT are counted and recorded - the watcher exits once
+        it is through - and hurry a stop already on its way out
+        (policy.stop_heard); the others are handled at the next wait."""
+        stop = sigs & STOP_SIGNALS
+        if stop:
+            if self.plan is not None:
+                hurried = policy.stop_heard(self.plan, time.monotonic(), stopping=self.stop_signal is not None)
+                if hurried != self.plan:
+                    log(f"{signal.Signals(min(stop)).name} again: killing the driver now")
+                self.plan = hurried
+            self.stop_signal = self.stop_signal or min(stop)
+            self.stops_heard += 1
+        self._deferred |= sigs - stop
+
+    def _told_to_stop(self):
+        """A ``give_up`` for a lock's wait: true once a SIGTERM/SIGINT arrives
+        after now (looked for without waiting)."""
+        heard = self.stops_heard
+
+        def give_up() -> bool:
+            if self.wake is not None:
+                self._take(self.wake.wait(0, ())[0])
+            return self.stops_heard > heard
+        return give_up
 
     def _child_exited(self) -> bool:
         return self.proc is not None and self.proc.ours and self.proc.poll_exit() is not None
@@ -507,13 +603,13 @@ class Watcher:
             self.notifier.notify(f"STATUS={text}")
 
     @contextlib.contextmanager
-    def _write_lock(self):
+    def _write_lock(self, wait: float = state.WRITE_LOCK_WAIT):
         """state.write_lock around one read-modify-write of ringwatch.json. One we
         cannot take (a stopped reset holding it) must not stop the watching: go
-        on without it, and say so."""
+        on without it, and say so. A SIGTERM/SIGINT ends the wait too."""
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(state.write_lock(self.state_dir))
+                stack.enter_context(state.write_lock(self.state_dir, wait, give_up=self._told_to_stop()))
             except (RingError, OSError) as e:
                 log(f"writing {state.state_path(self.state_dir)} without its lock: {e}")
             yield
@@ -532,10 +628,10 @@ class Watcher:
             mem.update(state.reset_fields(gen))
         return mem
 
-    def _save(self, **fields: Any) -> None:
+    def _save(self, *, lock_wait: float = state.WRITE_LOCK_WAIT, **fields: Any) -> None:
         """Read-modify-write ringwatch.json under its write lock, so a concurrent
         ``ringwatch reset`` of the history is not overwritten by our next poll."""
-        with self._write_lock():
+        with self._write_lock(lock_wait):
             self._write(self._load(), **fields)
 
     def _write(self, data: Dict[str, Any], **fields: Any) -> None:

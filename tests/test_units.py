@@ -90,8 +90,9 @@ def test_unit_commands(units):
         assert one(u, "Service", "ExecStart") == f"/opt/ring/bin/ringwatch {common}"
         # a watcher that gave up (70) must stay down until `ringwatch reset`
         assert "70" in one(u, "Service", "RestartPreventExitStatus").split()
-        # it may take STOP_GRACE + a SIGKILL wait to stop the driver
-        assert seconds(one(u, "Service", "TimeoutStopSec")) > watch.STOP_GRACE + 5
+        # the watcher's whole stop (the driver's grace, its SIGKILL, the orphan's reap) shares
+        # one deadline, with room to spare for an interpreter's exit on a loaded box
+        assert seconds(one(u, "Service", "TimeoutStopSec")) >= watch.STOP_BUDGET + 5
 
 
 def test_mode_two_wiring(units):
@@ -157,7 +158,7 @@ def test_launchd_plist(path):
     assert p["RunAtLoad"] is True
     assert p["KeepAlive"] in (True, {"SuccessfulExit": False})
     assert p["ThrottleInterval"] == DEFAULTS.watch.restart_sec
-    assert isinstance(p["ExitTimeOut"], int) and p["ExitTimeOut"] > watch.STOP_GRACE + 5
+    assert isinstance(p["ExitTimeOut"], int) and p["ExitTimeOut"] >= watch.STOP_BUDGET + 5
     for key in ("StandardOutPath", "StandardErrorPath"):
         assert p[key].startswith("/")
     assert p.get("Umask", 0o077) & 0o077 == 0o077

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fill_up, mounted_tmpfs, processes_of, wait_until, watch_cmd
+from conftest import fill_up, line_written, mounted_tmpfs, processes_of, wait_until, watch_cmd
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -1155,3 +1155,218 @@ def _kill_the_driver_twice(ring):
     pid = wait_driver(ring)["pid"]
     os.kill(pid, signal.SIGKILL)
     os.kill(wait_driver(ring, not_pid=pid)["pid"], signal.SIGKILL)
+
+
+# --- the watcher's own stop: one bound in all (processes SIGKILL cannot end) ---------------
+
+_FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
+
+
+def _needs_freezer():
+    if os.geteuid() != 0 or not (_FREEZER_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and a cgroup v1 freezer hierarchy")
+
+
+def _ice(name: str) -> Path:
+    ice = _FREEZER_V1 / f"ring-test-{name}-{os.getpid()}"
+    ice.mkdir()
+    return ice
+
+
+def _freeze(ice: Path, pid: int) -> None:
+    (ice / "cgroup.procs").write_text(str(pid))
+    (ice / "freezer.state").write_text("FROZEN")
+    wait_until(lambda: (ice / "freezer.state").read_text().strip() == "FROZEN", 10, message=f"{ice} frozen")
+
+
+def _thaw(ice: Path) -> None:
+    """Thaw a test's freezer cgroup until it is empty and remove it: what it held
+    dies of the SIGKILL it holds, or runs on to its exit."""
+    if not ice.exists():
+        return
+    def thawed_and_empty():
+        (ice / "freezer.state").write_text("THAWED")
+        return not (ice / "cgroup.procs").read_text().split()
+    wait_until(thawed_and_empty, 10, message="the freezer cgroup thawed and empty")
+    ice.rmdir()
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """SIGKILL sent to ``pid`` and not yet acted on (it is frozen)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m & (1 << (signal.SIGKILL - 1)) for m in masks)
+
+
+def _exit_thawing_on_sigkill(watcher, drv_ice: Path, driver: int, timeout: float):
+    """Wait (bounded) for the watcher to exit; the frozen driver is thawed the
+    moment its SIGKILL is pending, so it is deaf to SIGTERM and dies of SIGKILL.
+    Returns (seconds until the watcher exited, seconds until the SIGKILL)."""
+    t0 = time.monotonic()
+    killed_at = []
+
+    def done():
+        if not killed_at and _sigkill_pending(driver):
+            killed_at.append(time.monotonic() - t0)
+            _thaw(drv_ice)
+        return watcher.poll() is not None
+    wait_until(done, timeout, interval=0.01, message="the watcher exited")
+    return time.monotonic() - t0, (killed_at[0] if killed_at else None)
+
+
+def _deaf_driver_with_unkillable_agent(ring):
+    """A watcher whose driver runs an agent SIGKILL cannot end (frozen in a v1
+    freezer), the driver then frozen too (deaf to SIGTERM; the test thaws it
+    once its SIGKILL is pending). Returns (watcher, driver pid, agent pid,
+    the agent's freezer, the driver's freezer)."""
+    ice = _ice("agent")
+    drv_ice = _ice("driver")
+    ring.agent("ice", f"""
+        echo $$ > {ice}/cgroup.procs
+        echo FROZEN > {ice}/freezer.state
+        exit 0
+        """)
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 120})
+    ring.roster(f"ice {ring.agents_dir}/ice.sh")
+    watcher = ring.start_watcher()
+    hb = wait_driver(ring, timeout=20)
+    leader = int(wait_until(lambda: (ice / "cgroup.procs").read_text().split(), 20,
+                            message="the agent froze itself")[0])
+    wait_until(lambda: [r for r in ring.runs() if r["pid"] == leader], 20, message="the agent's pid recorded")
+    _freeze(drv_ice, hb["pid"])
+    return watcher, hb["pid"], leader, ice, drv_ice
+
+
+def test_the_watchers_whole_stop_ends_well_within_the_units_stop_timeout(ring):
+    """SIGTERM to ringwatch with everything in its stop at its worst: a driver
+    deaf to SIGTERM (it dies of the SIGKILL after the grace), its agent a
+    process SIGKILL cannot end (the orphan's kill waits cgroup.KILL_WAIT), the
+    journal's write lock held (an operator's `sqlite3` shell: BEGIN EXCLUSIVE)
+    and ringwatch.json's write lock held (a stopped `ringwatch reset`). Each
+    wait had its own bound, deaf to signals: grace 10 s + the orphan's kill 5 s
+    + the journal's busy timeout 10 s + the write lock 10 s = 35 s, past the
+    unit's TimeoutStopSec (30 s), so systemd's SIGKILL landed mid-reap. Now the
+    whole stop shares one deadline (watch.STOP_BUDGET) well below it."""
+    import fcntl
+    import sqlite3
+    from ringd.service import STOP_GRACE_WATCHER
+    _needs_freezer()
+    ice = drv_ice = None
+    con = None
+    dir_fd = None
+    leader = None
+    try:
+        watcher, driver, leader, ice, drv_ice = _deaf_driver_with_unkillable_agent(ring)
+        con = sqlite3.connect(str(ring.journal_path), timeout=5, isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        watcher.send_signal(signal.SIGTERM)
+        line_written(watcher.err_path, 10, "the watcher's first line")
+        wait_until(lambda: "stopping driver" in watcher.err_path.read_text(), 10,
+                   message="the watcher stopping its driver")
+        dir_fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a stopped `ringwatch reset`
+        took, killed = _exit_thawing_on_sigkill(watcher, drv_ice, driver, 60)
+        print(f"the stop took {took:.1f}s, SIGKILL after {killed}s")
+        rc, err = finish(watcher, 10)
+        assert rc == 0, err
+        assert killed is not None and killed > 8.0, f"the driver had its grace: SIGKILL after {killed}"
+        assert "Traceback" not in err, err
+        # 20 s (the budget) measured from the test's SIGTERM; the unit allows 30 s
+        assert took < STOP_GRACE_WATCHER - 5.0, f"the watcher's stop took {took:.1f}s\n{err}"
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+        if con is not None:
+            con.close()
+        for c in (drv_ice, ice):
+            if c is not None:
+                _thaw(c)
+        if leader is not None:
+            wait_until(lambda: not alive(leader), 10, message="the thawed agent gone")
+
+
+def test_a_second_sigterm_during_the_watchers_stop_kills_the_driver_at_once(ring):
+    """A second SIGTERM (or Ctrl-C) while ringwatch waits out its driver's grace
+    hurries the stop: SIGKILL at once. It was not even heard: the wait was on
+    the driver's pidfd alone, the whole 10 s grace."""
+    _needs_freezer()
+    drv_ice = _ice("driver")
+    try:
+        simple_ring(ring, "exec sleep 30")
+        ring.write_config(ring={"run_budget": 60, "stall_threshold": 120})
+        watcher = ring.start_watcher()
+        driver = wait_driver(ring, timeout=20)["pid"]
+        _freeze(drv_ice, driver)   # deaf to SIGTERM
+        watcher.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping driver" in watcher.err_path.read_text(), 10,
+                   message="the watcher stopping its driver")
+        watcher.send_signal(signal.SIGINT)   # Ctrl-C again
+        took, killed = _exit_thawing_on_sigkill(watcher, drv_ice, driver, 30)
+        print(f"exit {took:.1f}s, SIGKILL {killed}s after the second signal")
+        rc, err = finish(watcher, 10)
+        assert rc == 0, err
+        assert killed is not None and killed < 3.0, f"SIGKILL {killed}s after the second signal\n{err}"
+        assert took < 5.0, f"the watcher exited {took:.1f}s after the second signal\n{err}"
+        assert f"driver (pid {driver}) killed" in err, err
+    finally:
+        _thaw(drv_ice)
+
+
+def test_a_restart_command_sigkill_cannot_end_never_holds_the_watchers_stop(ring):
+    """restart_command mode: SIGTERM while the restart command runs kills the
+    command's group, then waited for it unbounded (``Popen.wait()``): a command
+    SIGKILL cannot end (hung in the kernel; here a frozen v1 freezer) kept
+    the watcher from exiting for good, until systemd's SIGKILL."""
+    _needs_freezer()
+    ice = _ice("command")
+    try:
+        script = ring.base / "restart.sh"
+        started = ring.base / "command-started"
+        script.write_text(f"#!/bin/sh\necho $$ > {ice}/cgroup.procs\necho $$ > {started}\n"
+                          f"echo FROZEN > {ice}/freezer.state\nexit 0\n")
+        script.chmod(0o700)
+        ring.write_config(watch={"restart_command": [str(script)]})
+        simple_ring(ring)
+        watcher = ring.start_watcher()
+        command = int(line_written(started, 20, "the restart command started"))
+        wait_until(lambda: (ice / "freezer.state").read_text().strip() == "FROZEN", 10, message="frozen")
+        t0 = time.monotonic()
+        watcher.send_signal(signal.SIGTERM)
+        wait_until(lambda: watcher.poll() is not None, 15, message="the watcher exited")
+        took = time.monotonic() - t0
+        print(f"the watcher exited {took:.1f}s after its SIGTERM")
+        rc, err = finish(watcher, 10)
+        assert rc == 0, err
+        assert took < 8.0, f"the watcher exited {took:.1f}s after its SIGTERM\n{err}"
+        assert str(command) in err, err   # it names the command it leaves behind
+    finally:
+        _thaw(ice)
+
+
+def test_a_sigterm_while_the_watcher_waits_for_its_state_files_lock_is_heard_at_once(ring):
+    """ringwatch.json's write lock held (a stopped `ringwatch reset`): each poll
+    waits for it, up to 10 s, then writes without it. That wait was deaf: a
+    SIGTERM during it was heard only once the 10 s were out, on top of the stop."""
+    import fcntl
+    simple_ring(ring)
+    watcher = ring.start_watcher()
+    wait_driver(ring, timeout=20)
+    dir_fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a stopped `ringwatch reset`
+        # the watcher's next poll (every 0.2 s) is waiting for the lock
+        wait_until(lambda: holds_open(watcher.pid, ring.state), 10, message="the watcher waiting for the lock")
+        t0 = time.monotonic()
+        watcher.send_signal(signal.SIGTERM)
+        wait_until(lambda: watcher.poll() is not None, 20, message="the watcher exited")
+        took = time.monotonic() - t0
+        print(f"the watcher exited {took:.1f}s after its SIGTERM")
+        rc, err = finish(watcher, 10)
+        assert rc == 0, err
+        # the driver's clean stop and a 1 s wait for the lock at the end; it was 10 s more
+        assert took < 6.0, f"the watcher exited {took:.1f}s after its SIGTERM\n{err}"
+    finally:
+        os.close(dir_fd)

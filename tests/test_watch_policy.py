@@ -275,3 +275,47 @@ def test_a_driver_that_could_not_be_started_is_judged_dead_at_once():
     assert policy.next_check(v, last_poll=50.0, poll_interval=300, stale_after=300) == 50.0
     assert policy.judge(v, alive=False, now=50.0, stale_after=300).health == DEAD
     assert policy.judge(v, alive=False, now=50.0, stale_after=300).unhealthy
+
+
+# --- the watcher's stop of its driver: one deadline -------------------------------------
+
+def test_a_stop_kills_after_the_grace_and_waits_for_the_kill_within_one_deadline():
+    plan = policy.stop_plan(100.0, grace=10, budget=20)
+    assert plan == policy.StopPlan(kill_at=110.0, end=120.0)
+    assert policy.stop_step(plan, 100.0, None, 5) == ("wait", 110.0)
+    assert policy.stop_step(plan, 110.0, None, 5) == ("kill", 110.0)
+    assert policy.stop_step(plan, 110.0, 110.0, 5) == ("wait", 115.0)
+    assert policy.stop_step(plan, 115.0, 110.0, 5) == ("give up", 115.0)
+    # a SIGKILL late in the plan waits only for what is left of it
+    assert policy.stop_step(plan, 118.0, 118.0, 5) == ("wait", 120.0)
+    assert policy.stop_step(plan, 120.0, 118.0, 5) == ("give up", 120.0)
+    # a grace longer than the budget never outlasts it
+    assert policy.stop_plan(0.0, grace=30, budget=20).kill_at == 20.0
+
+
+def test_a_second_stop_signal_hurries_a_stop_a_first_one_during_a_replace_does_not():
+    plan = policy.stop_plan(100.0, grace=10, budget=20)
+    hurried = policy.stop_heard(plan, 101.0, stopping=True)
+    assert hurried == policy.StopPlan(kill_at=101.0, end=120.0)
+    assert policy.stop_step(hurried, 101.0, None, 5) == ("kill", 101.0)
+    assert policy.stop_heard(plan, 101.0, stopping=False) == plan   # replacing: the stop goes on
+    assert policy.stop_heard(hurried, 105.0, stopping=True) == hurried   # never later
+
+
+def test_a_wait_within_a_stop_gets_what_is_left_of_it():
+    plan = policy.stop_plan(100.0, grace=10, budget=20)
+    assert policy.left(None, 119.0, 10.0) == 10.0            # no stop under way: its own bound
+    assert policy.left(plan, 101.0, 10.0) == 10.0
+    assert policy.left(plan, 115.0, 10.0) == 5.0
+    assert policy.left(plan, 125.0, 10.0, 0.2) == 0.2          # past the plan: the least
+
+
+def test_the_watchers_stop_budget_fits_its_steps_and_the_units_stop_timeout():
+    """The whole stop (grace, the SIGKILL's wait, the orphan's kill) fits the budget,
+    and the budget fits the unit's TimeoutStopSec / launchd's ExitTimeOut with room
+    for the rest (the short journal and lock waits, an interpreter's exit)."""
+    from ringd import cgroup
+    from ringd.service import STOP_GRACE_WATCHER
+    from ringwatch import driverproc, watch
+    assert watch.STOP_GRACE + driverproc.KILL_WAIT + cgroup.KILL_WAIT <= watch.STOP_BUDGET
+    assert watch.STOP_BUDGET + watch.REAP_BUSY_AT_STOP + watch.SAVE_LOCK_AT_STOP + 5 <= STOP_GRACE_WATCHER
