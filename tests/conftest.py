@@ -128,6 +128,17 @@ def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def freezing_agent(ring, name: str, ice) -> None:
+    """Agent ``name``: it moves itself into the cgroup v1 freezer ``ice`` and
+    freezes it - a process SIGKILL cannot end until the test thaws it (as a
+    hung mount's would be)."""
+    ring.agent(name, f"""
+        echo $$ > {ice}/cgroup.procs
+        echo FROZEN > {ice}/freezer.state
+        exit 0
+        """)
+
+
 def line_written(path: Path, timeout: float = 20.0, message: str = "a line written") -> str:
     """The first line a process writes to ``path``, once it is whole. A file
     exists as soon as the shell opens it for ``>``, before its write: reading

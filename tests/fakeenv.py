@@ -189,3 +189,28 @@ class FakeEnv:
 
     def close(self):
         pass
+
+
+# A ring's settings for fake-env drivers: short bounds, quick quarantine.
+RING = dict(run_budget=10.0, stall_threshold=15.0, heartbeat_interval=1.0, backoff_initial=5.0,
+            backoff_max=8.0, quarantine_after=3, quarantine_cooloff=1000.0)
+
+
+def make_driver(tmp_path, names, behaviours=None, once=False, default=Behaviour(), agents=None,
+                env_class=None, env_args=None, **ring):
+    """A Driver on a real journal and roster in ``tmp_path`` (agents ``names``,
+    each running /bin/NAME), with a FakeEnv (or ``env_class``). Returns
+    (driver, env, journal)."""
+    from ringd.config import Config, RingSettings
+    from ringd.driver import Driver
+    from ringd.journal import Journal
+    from ringd.roster import RosterSource
+    roster = tmp_path / "ring.txt"
+    roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
+    roster.chmod(0o600)
+    src = RosterSource(roster)
+    src.refresh(force=True)
+    journal = Journal.open(tmp_path)
+    env = (env_class or FakeEnv)(behaviours, default=default, **(env_args or {}))
+    cfg = Config(ring=RingSettings(**{**RING, **ring}), agents=agents or {})
+    return Driver(env, tmp_path, None, cfg, src, journal, once=once), env, journal

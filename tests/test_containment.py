@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import line_written, wait_until
+from conftest import freezing_agent, line_written, wait_until
 from ringd import cgroup, procid, proctree, runstate
 from ringd.env import RealEnv
 
@@ -456,11 +456,7 @@ def test_a_leader_that_sigkill_cannot_end_costs_one_slot_never_the_ring(ring):
     ice.mkdir()
     leader = drv = None
     try:
-        ring.agent("ice", f"""
-            echo $$ > {ice}/cgroup.procs
-            echo FROZEN > {ice}/freezer.state
-            exit 0
-            """)
+        freezing_agent(ring, "ice", ice)
         ring.agent("next", "exit 0")
         ring.write_config(ring={"run_budget": 0.3, "stall_threshold": 0.6})
         ring.roster(f"ice {ring.agents_dir}/ice.sh", f"next {ring.agents_dir}/next.sh")
@@ -785,11 +781,7 @@ def test_a_dead_drivers_run_that_sigkill_cannot_end_is_reaped_within_one_bound(r
     leader = None
     drivers = []
     try:
-        ring.agent("ice", f"""
-            echo $$ > {ice}/cgroup.procs
-            echo FROZEN > {ice}/freezer.state
-            exit 0
-            """)
+        freezing_agent(ring, "ice", ice)
         ring.write_config(ring={"run_budget": 60, "stall_threshold": 120})
         ring.roster(f"ice {ring.agents_dir}/ice.sh")
         first = ring.start_driver()

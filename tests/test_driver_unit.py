@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from fakeenv import WALL0, Behaviour, FakeEnv
+from fakeenv import RING, WALL0, Behaviour, FakeEnv, make_driver
 from ringd.config import AgentOverride, Config, RingSettings
 from ringd.driver import Driver
 from ringd.errors import EX_CONFIG
@@ -16,21 +16,7 @@ from ringd.roster import RosterSource
 from ringd import notify
 from ringd.notify import IDLE_SOCKET, Heard
 
-RING = dict(run_budget=10.0, stall_threshold=15.0, heartbeat_interval=1.0, backoff_initial=5.0,
-            backoff_max=8.0, quarantine_after=3, quarantine_cooloff=1000.0)
-
-
-def make(tmp_path, names, behaviours=None, once=False, default=Behaviour(), agents=None, env_class=FakeEnv,
-         env_args=None, **ring):
-    roster = tmp_path / "ring.txt"
-    roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
-    roster.chmod(0o600)
-    src = RosterSource(roster)
-    src.refresh(force=True)
-    journal = Journal.open(tmp_path)
-    env = env_class(behaviours, default=default, **(env_args or {}))
-    cfg = Config(ring=RingSettings(**{**RING, **ring}), agents=agents or {})
-    return Driver(env, tmp_path, None, cfg, src, journal, once=once), env, journal
+make = make_driver
 
 
 def rows(journal):
@@ -874,24 +860,32 @@ def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_
     assert j.meta(ROUND_KEY) is None
 
 
-def test_a_driver_keeps_the_log_index_of_the_rosters_agents_only(tmp_path):
-    """RealEnv keeps each agent's run-log ids (keep_logs' index). A roster whose
-    agents are renamed at every edit left one index per agent ever run, for the
-    driver's life: 200 renames, 200 indexes. Only the roster's are kept now -
-    and the renamed agents' logs are still pruned by the run that ends them."""
+def _renaming_ring(tmp_path, lines, **ring):
+    """A real-env driver (RealEnv, /bin/true agents) on a roster that ``write(gen)``
+    rewrites with ``lines(gen)``, the test's way to rename agents between runs.
+    Returns (driver, env, journal, write)."""
     from ringd.env import RealEnv
-
     roster = tmp_path / "ring.txt"
 
     def write(gen):
-        roster.write_text(f"a{gen} /bin/true\nb{gen} /bin/true\n")
+        roster.write_text(lines(gen))
         roster.chmod(0o600)
     write(0)
     src = RosterSource(roster)
     src.refresh(force=True)
     journal = Journal.open(tmp_path)
     env = RealEnv(tmp_path, lambda m: None)
-    d = Driver(env, tmp_path, None, Config(ring=RingSettings(**{**RING, "keep_logs": 1})), src, journal)
+    d = Driver(env, tmp_path, None, Config(ring=RingSettings(**{**RING, **ring})), src, journal)
+    return d, env, journal, write
+
+
+def test_a_driver_keeps_the_log_index_of_the_rosters_agents_only(tmp_path):
+    """RealEnv keeps each agent's run-log ids (keep_logs' index). A roster whose
+    agents are renamed at every edit left one index per agent ever run, for the
+    driver's life: 200 renames, 200 indexes. Only the roster's are kept now -
+    and the renamed agents' logs are still pruned by the run that ends them."""
+    d, env, journal, write = _renaming_ring(tmp_path, lambda gen: f"a{gen} /bin/true\nb{gen} /bin/true\n",
+                                            keep_logs=1)
     runs, kept = [], []
     real_keep_logs = env.keep_logs
 
@@ -919,20 +913,8 @@ def test_the_logs_of_pruned_runs_of_agents_since_removed_go_with_their_runs(tmp_
     log dir and a log per agent ever run (200 runs: 200 dirs, 200 logs). They go
     with their runs now: the state dir holds at most keep_runs' logs (and the
     roster's agents' newest) - an agent on the roster keeps its own."""
-    from ringd.env import RealEnv
-
-    roster = tmp_path / "ring.txt"
-
-    def write(gen):
-        roster.write_text(f"a{gen} /bin/true\nstay /bin/true\n")
-        roster.chmod(0o600)
-    write(0)
-    src = RosterSource(roster)
-    src.refresh(force=True)
-    journal = Journal.open(tmp_path)
-    env = RealEnv(tmp_path, lambda m: None)
-    cfg = Config(ring=RingSettings(**{**RING, "keep_logs": 3, "keep_runs": 20, "heartbeat_interval": 0.05}))
-    d = Driver(env, tmp_path, None, cfg, src, journal)
+    d, env, journal, write = _renaming_ring(tmp_path, lambda gen: f"a{gen} /bin/true\nstay /bin/true\n",
+                                            keep_logs=3, keep_runs=20, heartbeat_interval=0.05)
     runs = []
     real_keep_logs = env.keep_logs
 

@@ -62,19 +62,9 @@ def test_scheduled_positions_given_or_not_choose_the_same_turns():
 
 
 def _driver(tmp_path, names, agents=None, **ring):
-    from fakeenv import FakeEnv
-    from ringd.config import Config, RingSettings
-    from ringd.driver import Driver
-    from ringd.journal import Journal
-    from ringd.roster import RosterSource
-    roster = tmp_path / "ring.txt"
-    roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
-    roster.chmod(0o600)
-    src = RosterSource(roster)
-    src.refresh(force=True)
-    journal = Journal.open(tmp_path)
-    cfg = Config(ring=RingSettings(**{"heartbeat_interval": 1.0, **ring}), agents=agents or {})
-    return Driver(FakeEnv(), tmp_path, None, cfg, src, journal, once=True), journal
+    from fakeenv import make_driver
+    d, _, journal = make_driver(tmp_path, names, once=True, agents=agents, **ring)
+    return d, journal
 
 
 def test_the_driver_gives_each_turn_the_scheduled_agents_positions(tmp_path, monkeypatch):

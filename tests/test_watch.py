@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fill_up, line_written, mounted_tmpfs, processes_of, wait_until, watch_cmd
+from conftest import fill_up, freezing_agent, line_written, mounted_tmpfs, processes_of, wait_until, watch_cmd
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -71,6 +71,18 @@ def finish(proc: subprocess.Popen, timeout=15.0):
     except subprocess.TimeoutExpired:
         raise AssertionError(f"pid {proc.pid} did not exit within {timeout}s")
     return proc.returncode, err.decode(errors="replace")
+
+
+def sigterm_timed(watcher: subprocess.Popen, within: float):
+    """SIGTERM the watcher and time its exit (bounded by ``within``); returns
+    (seconds it took, rc, stderr)."""
+    t0 = time.monotonic()
+    watcher.send_signal(signal.SIGTERM)
+    wait_until(lambda: watcher.poll() is not None, within, message="the watcher exited")
+    took = time.monotonic() - t0
+    print(f"the watcher exited {took:.1f}s after its SIGTERM")
+    rc, err = finish(watcher, 10)
+    return took, rc, err
 
 
 def stop_watcher(ring, watcher, timeout=15.0):
@@ -1224,11 +1236,7 @@ def _deaf_driver_with_unkillable_agent(ring):
     the agent's freezer, the driver's freezer)."""
     ice = _ice("agent")
     drv_ice = _ice("driver")
-    ring.agent("ice", f"""
-        echo $$ > {ice}/cgroup.procs
-        echo FROZEN > {ice}/freezer.state
-        exit 0
-        """)
+    freezing_agent(ring, "ice", ice)
     ring.write_config(ring={"run_budget": 60, "stall_threshold": 120})
     ring.roster(f"ice {ring.agents_dir}/ice.sh")
     watcher = ring.start_watcher()
@@ -1333,12 +1341,7 @@ def test_a_restart_command_sigkill_cannot_end_never_holds_the_watchers_stop(ring
         watcher = ring.start_watcher()
         command = int(line_written(started, 20, "the restart command started"))
         wait_until(lambda: (ice / "freezer.state").read_text().strip() == "FROZEN", 10, message="frozen")
-        t0 = time.monotonic()
-        watcher.send_signal(signal.SIGTERM)
-        wait_until(lambda: watcher.poll() is not None, 15, message="the watcher exited")
-        took = time.monotonic() - t0
-        print(f"the watcher exited {took:.1f}s after its SIGTERM")
-        rc, err = finish(watcher, 10)
+        took, rc, err = sigterm_timed(watcher, 15)
         assert rc == 0, err
         assert took < 8.0, f"the watcher exited {took:.1f}s after its SIGTERM\n{err}"
         assert str(command) in err, err   # it names the command it leaves behind
@@ -1359,12 +1362,7 @@ def test_a_sigterm_while_the_watcher_waits_for_its_state_files_lock_is_heard_at_
         fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a stopped `ringwatch reset`
         # the watcher's next poll (every 0.2 s) is waiting for the lock
         wait_until(lambda: holds_open(watcher.pid, ring.state), 10, message="the watcher waiting for the lock")
-        t0 = time.monotonic()
-        watcher.send_signal(signal.SIGTERM)
-        wait_until(lambda: watcher.poll() is not None, 20, message="the watcher exited")
-        took = time.monotonic() - t0
-        print(f"the watcher exited {took:.1f}s after its SIGTERM")
-        rc, err = finish(watcher, 10)
+        took, rc, err = sigterm_timed(watcher, 20)
         assert rc == 0, err
         # the driver's clean stop and a 1 s wait for the lock at the end; it was 10 s more
         assert took < 6.0, f"the watcher exited {took:.1f}s after its SIGTERM\n{err}"
