@@ -35,6 +35,7 @@ NEXT_KEY = "next"          # meta: the agent an operator asked to take the next 
 EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well under SQLite's variable limit)
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
+BUSY_TIMEOUT = 10.0        # s; a writer's wait for another process's write lock (Journal.open)
 
 
 def _at_once() -> bool:
@@ -487,7 +488,7 @@ class Journal:
 
     # --- opening -------------------------------------------------------------
     @classmethod
-    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = 10.0,
+    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = BUSY_TIMEOUT,
              verify: bool = False, give_up: Optional[Callable[[], bool]] = None) -> "Journal":
         """Open for writing (the driver, the reaper, operator commands). ``verify``
         (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)

@@ -52,7 +52,6 @@ STOP_BUDGET = 20.0
 # `ringd status` close an orphaned row anyway.
 REAP_BUSY_AT_STOP = 1.0  # s
 SAVE_LOCK_AT_STOP = 1.0  # s; ringwatch.json's write lock, at the stop's end (a live holder lets go in ms)
-JOURNAL_BUSY = 10.0      # s; the journal's busy timeout otherwise (Journal.open's default)
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
 COMMAND_KILL_WAIT = 3.0  # s; a restart_command SIGKILL has not ended by then is left behind
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
@@ -474,12 +473,12 @@ class Watcher:
         under way; the journal's write lock waited for briefly at the watcher's
         own stop (REAP_BUSY_AT_STOP), and never past a SIGTERM/SIGINT heard
         meanwhile - that row is closed by the next driver or ``ringd status``."""
+        from ringd.journal import BUSY_TIMEOUT, Journal   # (sqlite3: only when there is a run to reap)
+        from ringd.reaper import reap
         now = time.monotonic()
-        busy = policy.left(self.plan, now, REAP_BUSY_AT_STOP if self.stop_signal else JOURNAL_BUSY, 0.1)
+        busy = policy.left(self.plan, now, REAP_BUSY_AT_STOP if self.stop_signal else BUSY_TIMEOUT, 0.1)
         kill_by = None if self.plan is None else min(now + cgroup.KILL_WAIT, self.plan.end)
         try:
-            from ringd.journal import Journal
-            from ringd.reaper import reap
             journal = Journal.open(self.state_dir, create=False, busy_timeout=busy,
                                    give_up=self._told_to_stop())
         except Exception as e:  # noqa: BLE001 - no journal yet, or unusable: nothing to reap
