@@ -351,10 +351,9 @@ class RealEnv:
 
     def drop_logs(self, agent: str, run_ids: List[int]) -> None:
         """Unlink these logs of an agent no longer on the roster (their runs were
-        pruned from the journal), and its log dir once empty (a file an agent
-        left there that is not a run log keeps it: never ours to remove)."""
-        if self._roster is not None and agent in self._roster:
-            return   # (put back meanwhile: keep_logs keeps its newest)
+        pruned from the journal: Driver.prune_journal), and its log dir once
+        empty (a file an agent left there that is not a run log keeps it:
+        never ours to remove)."""
         self._remove_logs(agent, run_ids)
         try:
             dfd = safefile.open_dir(self.state_dir, ("logs",), create=False)

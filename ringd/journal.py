@@ -36,6 +36,8 @@ EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well und
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
 BUSY_TIMEOUT = 10.0        # s; a writer's wait for another process's write lock (Journal.open)
+# The runs a retention batch deletes: the oldest finished ones before the first kept id
+_PRUNED = "SELECT id FROM runs WHERE id < ? AND status <> 'running' ORDER BY id LIMIT ?"
 
 
 def _at_once() -> bool:
@@ -256,6 +258,11 @@ def _identities(paths) -> Dict[str, Tuple[int, int]]:
     return out
 
 
+def pause_key(name: Optional[str]) -> str:
+    """The ``meta`` key of an operator's pause: the ring's (None) or one agent's."""
+    return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
+
+
 class PausedAgents(Set):
     """The agents an operator paused (``ringd pause NAME``), as a turn reads them
     inside its transaction: each agent looked up (one index search of ``meta``)
@@ -271,7 +278,7 @@ class PausedAgents(Set):
             return False
         found = self._known.get(name)
         if found is None:
-            found = self._known[name] = self._tx.meta(f"{PAUSE_KEY}:{name}") is not None
+            found = self._known[name] = self._tx.meta(pause_key(name)) is not None
         return found
 
     def _every(self) -> frozenset:
@@ -327,7 +334,7 @@ class Tx:
         ``first`` in this read - never every paused agent at every turn (5,000
         of them cost each turn 5 ms)."""
         if first is not None:
-            key = f"{PAUSE_KEY}:{first}"
+            key = pause_key(first)
             rows = self._x("SELECT key, value FROM meta WHERE key IN (?, ?, ?)",
                            (PAUSE_KEY, NEXT_KEY, key)).fetchall()
             keys = {r["key"]: r["value"] for r in rows}
@@ -770,14 +777,11 @@ class Journal:
 
     # --- operator controls: pause, resume, next -------------------------------------
     # Kept in ``meta`` (both backends, no schema change); every change is an event.
-    @staticmethod
-    def _pause_key(name: Optional[str]) -> str:
-        return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
 
     def set_paused(self, name: Optional[str], paused: bool, now: Optional[float] = None) -> bool:
         """Pause (or lift the pause of) the ring (``name`` None) or one agent.
         Returns True when that changed anything."""
-        key = self._pause_key(name)
+        key = pause_key(name)
         now = time.time() if now is None else now
         with self.transaction() as tx:
             if (tx.meta(key) is not None) == paused:
@@ -812,13 +816,11 @@ class Journal:
             first_kept = top - keep + 1   # ids only grow: the newest ``keep`` ids (or fewer rows)
             if logged is not None:
                 logged.extend((r["id"], r["agent"]) for r in tx._x(
-                    "SELECT id, agent FROM runs WHERE id IN (SELECT id FROM runs WHERE id < ? "
-                    "AND status <> 'running' ORDER BY id LIMIT ?) AND log_path IS NOT NULL",
+                    f"SELECT id, agent FROM runs WHERE id IN ({_PRUNED}) AND log_path IS NOT NULL",
                     (first_kept, batch)).fetchall())
             tx._x("DELETE FROM events WHERE run_id IN (SELECT id FROM runs WHERE id < ? ORDER BY id LIMIT ?)",
                   (first_kept, batch))
-            gone = tx._x("DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE id < ? "
-                         "AND status <> 'running' ORDER BY id LIMIT ?)", (first_kept, batch)).rowcount
+            gone = tx._x(f"DELETE FROM runs WHERE id IN ({_PRUNED})", (first_kept, batch)).rowcount
             if gone:
                 # operator events (no run) older than the oldest run kept go with them
                 oldest = tx._x("SELECT started_at FROM runs ORDER BY id LIMIT 1").fetchone()

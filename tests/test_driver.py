@@ -513,6 +513,6 @@ def test_a_stop_while_the_journal_is_held_at_start_up_is_heard_at_once(ring):
         took = time.monotonic() - sent
         err = drv.communicate(timeout=10)[1].decode()
         assert drv.returncode == 0 and "stopped while starting" in err, (drv.returncode, err)
-        assert took < 3.0, f"the stop took {took:.1f}s: {err}"
+        assert took < 5.0, f"the stop took {took:.1f}s: {err}"   # (10.1 s: the busy timeout)
     finally:
         holder.close()   # (rolls back)

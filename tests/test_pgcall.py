@@ -138,7 +138,7 @@ def test_a_call_of_a_stopping_driver_has_the_stops_grace_only(pair):
     with pytest.raises(Abandoned, match="the driver is stopping"):
         wait(query(a, []), a.fileno(), 30.0, tap, stopping=True)
     took = time.monotonic() - t0
-    assert STOP_GRACE <= took < 1.0, took
+    assert STOP_GRACE <= took < 5.0, took   # (its whole bound, 30 s, before)
     b.send(b"answer")
     assert wait(query(a, []), a.fileno(), 30.0, tap, stopping=True) == b"answer"
 
