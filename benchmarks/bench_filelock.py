@@ -1,6 +1,6 @@
 """What would `filelock` cost the daemons? RSS and import time of ``import
 filelock`` (and taking its lock) against ring's own kernel flock
-(``ringd.lock.KernelLock``), each in a fresh interpreter, median of N runs.
+(``ringd.host.lock.KernelLock``), each in a fresh interpreter, median of N runs.
 
     python3 benchmarks/bench_filelock.py [--runs 15]
 
@@ -39,12 +39,12 @@ print(json.dumps({{"rss_before_kib": before, "rss_after_kib": rss(), "import_s":
 
 CASES = {
     "baseline (python, nothing)": ("pass", "pass"),
-    "ringd.lock (fcntl.flock)": ("from ringd.lock import KernelLock",
+    "ringd.lock (fcntl.flock)": ("from ringd.host.lock import KernelLock",
                                  "KernelLock(__import__('pathlib').Path(sys.argv[1])).acquire()"),
     "filelock": ("import filelock", "filelock.FileLock(sys.argv[1]).acquire()"),
     # what a running driver would pay on top of what it imports anyway
-    "ringd.driver": ("import ringd.driver", "pass"),
-    "ringd.driver + filelock": ("import ringd.driver, filelock", "filelock.FileLock(sys.argv[1]).acquire()"),
+    "ringd.loops.driver": ("import ringd.loops.driver", "pass"),
+    "ringd.loops.driver + filelock": ("import ringd.loops.driver, filelock", "filelock.FileLock(sys.argv[1]).acquire()"),
 }
 
 
@@ -77,7 +77,7 @@ def main() -> int:
     print(f"{'':28} {'import (ms)':>12} {'RSS added (KiB)':>16}   median of {args.runs} fresh interpreters")
     for name, r in results.items():
         print(f"{name:28} {r['import_ms']:12.2f} {r['rss_added_kib'] - base['rss_added_kib']:16.0f}")
-    d, df = results["ringd.driver"], results["ringd.driver + filelock"]
+    d, df = results["ringd.loops.driver"], results["ringd.loops.driver + filelock"]
     print(f"filelock on top of the driver's own imports: +{df['import_ms'] - d['import_ms']:.1f} ms, "
           f"+{(df['rss_added_kib'] - d['rss_added_kib']) / 1024:.1f} MiB RSS")
     return 0

@@ -247,7 +247,7 @@ def connect(*a, **kw):
     con.set_trace_callback(log.append)
     return con
 sqlite3.connect = connect
-from ringd.driver import run_driver
+from ringd.loops.driver import run_driver
 from pathlib import Path
 code = run_driver(Path(sys.argv[1]), Path(sys.argv[2]), once=True, logger=lambda m: None)
 # the trace repeats a statement once per trigger it fires: count each once

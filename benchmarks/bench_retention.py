@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ringd.journal import PRUNE_BATCH, Journal  # noqa: E402
+from ringd.journal.sqlite import PRUNE_BATCH, Journal  # noqa: E402
 
 AGENTS = ("alpha", "beta", "gamma", "delta")
 

@@ -31,9 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ringd.heartbeat import iso, write_json_atomic  # noqa: E402
-from ringd.procid import start_ticks  # noqa: E402
-from ringd.journal import Journal, journal_path  # noqa: E402
+from ringd.host.heartbeat import iso, write_json_atomic  # noqa: E402
+from ringd.host.procid import start_ticks  # noqa: E402
+from ringd.journal.sqlite import Journal, journal_path  # noqa: E402
 
 STATUSES = ("ok",) * 16 + ("failed", "deferred", "timeout", "skipped")
 
@@ -232,8 +232,8 @@ def main() -> int:
                 results[(py_label, f"table-{label}")] = measure(ringd(state), args.repeat, env, beat)
 
         # in-process cost of gathering (no interpreter start-up), for the record
-        from ringd.config import Config
-        from ringd.status import gather_status
+        from ringd.inputs.config import Config
+        from ringd.cli.status import gather_status
         gather = {}
         for label, state in (("big", big), ("small", small)):
             ts = []

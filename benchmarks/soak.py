@@ -57,7 +57,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from ringd.procid import same_process, start_ticks  # noqa: E402  (pid + start ticks, as ring judges identity)
+from ringd.host.procid import same_process, start_ticks  # noqa: E402  (pid + start ticks, as ring judges identity)
 
 RECOVER = 25.0          # s: bound on every recovery wait (a loaded 2-core box is slow)
 FD_SLACK = 3            # descriptors a driver may legitimately vary by across hops

@@ -1,6 +1,6 @@
 """The ``ringwatch`` command line (click): run the watcher, or ``reset`` its
 restart history. Thin: resolve locations, load the config, call
-:mod:`ringwatch.watch` / :mod:`ringwatch.state`, turn every error into one
+:mod:`ringd.loops.watcher` / :mod:`ringd.loops.watchstate`, turn every error into one
 ``ringwatch: ...`` line and an exit code - never a traceback.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import sys
 
-from ringd import earlysig
+from ringd.host import earlysig
 
 if earlysig.starting("ringwatch", None):
     earlysig.hold()  # first instruction of the watcher: a signal now waits for its handler
@@ -17,12 +17,13 @@ from typing import Optional
 
 import click
 
-from ringd import __version__, logline
-from ringd.cli import RingGroup, drop_output
-from ringd.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-from ringd.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, RingError
+from ringd import __version__
+from ringd.host import logline
+from ringd.cli.commands import RingGroup, drop_output
+from ringd.inputs.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
+from ringd.core.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, RingError
 
-from . import state
+from ringd.loops import watchstate
 
 
 # An unexpected error (a bug) exits 1, never 70: 70 says the watcher gave up, and
@@ -61,7 +62,7 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
     ctx.obj.update(state=state_opt, config=config_opt)
     if ctx.invoked_subcommand is not None:
         return
-    from .watch import Watcher  # the daemon's imports only when it runs
+    from ringd.loops.watcher import Watcher  # the daemon's imports only when it runs
 
     try:
         state_dir = resolve_state_dir(state_opt)
@@ -91,7 +92,7 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     if not state_dir.is_dir():
         _fail(f"{state_dir}: no such state directory", EX_BAD_USAGE)
     try:
-        done = state.reset(state_dir)
+        done = watchstate.reset(state_dir)
     except RingError as e:   # the write lock held too long (75), a marker no unlink can take (1)
         _fail(e.message, e.code)
     except OSError as e:
@@ -99,7 +100,7 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
         # write (74 is output that cannot be written). state.reset changes
         # nothing unless it saved, so a full disk's reset can just be run again.
         hint = " (nothing was reset: free some space and run it again)" if e.errno in FULL else ""
-        _fail(f"{state.state_path(state_dir)}: cannot reset: {e.strerror or e}{hint}", EX_FAILURE)
+        _fail(f"{watchstate.state_path(state_dir)}: cannot reset: {e.strerror or e}{hint}", EX_FAILURE)
     try:   # apart: output that cannot be written (a full disk) is no failed reset
         click.echo(done)
         sys.stdout.flush()

@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Optional
 import psutil
 import pytest
 
-from ringd import cgroup
-from ringd.heartbeat import read_json
+from ringd.host import cgroup
+from ringd.host.heartbeat import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ringwatch.cli blocks SIGTERM, SIGINT, SIGHUP and SIGUSR1 as its first instruction
-# when its argv names no subcommand (a bare `ringwatch`: ringd.earlysig) - and an
+# when its argv names no subcommand (a bare `ringwatch`: ringd.host.earlysig) - and an
 # xdist worker's argv is ['-c']. A test importing it in-process (test_watch's
 # internal-error test) left them blocked in the worker, and a blocked mask is
 # inherited across fork and exec: every process that worker started afterwards
@@ -47,7 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # varied). Imported here, once, with the mask put back; the autouse fixture below
 # fails any test that leaves a signal blocked or ignored all the same.
 _mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-for _module in ("ringd.cli", "ringwatch.cli"):
+for _module in ("ringd.cli.commands", "ringwatch.cli"):
     importlib.import_module(_module)
 signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
 del _mask, _module

@@ -1,4 +1,4 @@
-"""A scripted stand-in for ringd.env.RealEnv: a clock that jumps to the next
+"""A scripted stand-in for ringd.host.env.RealEnv: a clock that jumps to the next
 event, agents whose exits are scripted by name, signals delivered at given
 times. Lets the driver loop and the hop be tested in microseconds of real time."""
 from __future__ import annotations
@@ -201,10 +201,10 @@ def make_driver(tmp_path, names, behaviours=None, once=False, default=Behaviour(
     """A Driver on a real journal and roster in ``tmp_path`` (agents ``names``,
     each running /bin/NAME), with a FakeEnv (or ``env_class``). Returns
     (driver, env, journal)."""
-    from ringd.config import Config, RingSettings
-    from ringd.driver import Driver
-    from ringd.journal import Journal
-    from ringd.roster import RosterSource
+    from ringd.inputs.config import Config, RingSettings
+    from ringd.loops.driver import Driver
+    from ringd.journal.sqlite import Journal
+    from ringd.inputs.roster import RosterSource
     roster = tmp_path / "ring.txt"
     roster.write_text("".join(f"{n} /bin/{n}\n" for n in names))
     roster.chmod(0o600)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from ringd import alerts, events
+from ringd.host import alerts
+from ringd.core import events
 
 
 def test_admit_is_a_token_bucket():

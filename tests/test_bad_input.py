@@ -377,8 +377,8 @@ def test_every_wrong_type_in_the_config_is_one_line_exit_78(ring):
     In-process (CliRunner) so the whole matrix takes well under a second."""
     import yaml
     from click.testing import CliRunner
-    from ringd.cli import main
-    from ringd.config import ConfigError, load_config
+    from ringd.cli.commands import main
+    from ringd.inputs.config import ConfigError, load_config
 
     ring.roster("a /bin/true")
     runner = CliRunner()
@@ -771,7 +771,7 @@ def test_watcher_judges_by_process_and_monotonic_view_not_the_timestamp(ring, fo
 def test_status_health_is_not_fooled_by_a_heartbeat_from_the_future():
     """``heartbeat_health`` (what ``ringd status`` shows): a beat stamped well in the
     future means the clock jumped since the driver last beat - stale, not ok."""
-    from ringd.heartbeat import heartbeat_health
+    from ringd.host.heartbeat import heartbeat_health
     now = 1_000_000.0
     fresh = {"pid": 1, "at_epoch": now - 0.1}
     future = {"pid": 1, "at_epoch": now + 3600}
@@ -860,7 +860,7 @@ def test_a_tilde_path_that_cannot_expand_is_a_configuration_error_naming_the_key
     "internal error", exit 1), and a cwd named a folder "~user" beside the roster.
     Refused where the config is read, so check, run and a SIGHUP reload agree."""
     import pwd
-    from ringd.config import ConfigError, parse_config
+    from ringd.inputs.config import ConfigError, parse_config
     with pytest.raises(KeyError):
         pwd.getpwnam(NO_SUCH_USER)
     with pytest.raises(ConfigError) as e:
@@ -885,7 +885,7 @@ def test_a_daemon_log_line_is_one_line_whatever_the_input_it_quotes():
     """The daemons' error lines quote paths from the config and the command line;
     a newline or an escape sequence there split a configuration error in two
     (the second half free for a forger) or reached the terminal."""
-    from ringd.logline import format_line
+    from ringd.host.logline import format_line
     line = format_line("ringd", "configuration error: /x\nFAKE: all is well\x1b[2J: roster file not found",
                        at=0, pid=7)
     assert line.endswith("\n") and line.count("\n") == 1, line

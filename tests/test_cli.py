@@ -227,7 +227,7 @@ def test_status_json_does_not_import_rich(ring):
     res = subprocess.run(argv, env=ring.env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 3
     imported = [line.split("|")[-1].strip() for line in res.stderr.splitlines() if "|" in line]
-    assert "ringd.status" in imported
+    assert "ringd.cli.status" in imported
     assert not [m for m in imported if m == "rich" or m.startswith("rich.")]
     # plain table output does not need rich either
     argv = [sys.executable, "-X", "importtime", "-m", "ringd", "status", *ring.common()]
@@ -534,7 +534,7 @@ def test_resume_lifts_quarantine(ring):
     res = ring.cli("resume", "wedgy")
     assert res.returncode == 0 and "nothing to do" in res.stdout
     # Put wedgy in quarantine the way the driver records it.
-    from ringd.journal import Journal
+    from ringd.journal.sqlite import Journal
     j = Journal.open(ring.state)
     try:
         with j.transaction() as tx:
@@ -772,8 +772,8 @@ def test_ringd_debug_shows_the_traceback_of_an_internal_error(ring, monkeypatch)
     """README "Operating the ring": errors are one line, but ``RINGD_DEBUG=1``
     lets an internal error's traceback through."""
     from click.testing import CliRunner
-    from ringd import status as status_module
-    from ringd.cli import main
+    from ringd.cli import status as status_module
+    from ringd.cli.commands import main
 
     def broken(*_a, **_kw):
         raise RuntimeError("a bug")
@@ -794,10 +794,10 @@ def test_status_that_fails_says_unknown_never_dead(ring, monkeypatch, error):
     error raised with the general 1 - exited 1 too, saying "dead" of a ring it
     could not read; it is 4, "unknown". Other commands keep their 1."""
     from click.testing import CliRunner
-    from ringd import status as status_module
-    from ringd.cli import main
-    from ringd.journal import JournalError
-    from ringd.status import OperatorError
+    from ringd.cli import status as status_module
+    from ringd.cli.commands import main
+    from ringd.journal.sqlite import JournalError
+    from ringd.cli.status import OperatorError
 
     raised = {"internal": RuntimeError("a bug"), "journal": JournalError("journal.db: disk I/O error"),
               "file": OSError(5, "Input/output error", "journal.db"), "general": OperatorError("cannot")}[error]
@@ -816,7 +816,7 @@ def test_check_shows_the_paths_it_names_on_one_line_in_their_order():
     """A roster path (``ring.roster``) or config path holding a newline or a
     right-to-left override is shown as ``status`` shows it: one line, in order."""
     from pathlib import Path
-    from ringd.cli import check_ok_line
+    from ringd.cli.commands import check_ok_line
     line = check_ok_line(Path("/c\nok: forged.yaml"), Path("/r\u202etxt.gnir/ring.txt"), ["a", "b"], 1)
     assert line == "ok: config /c ok: forged.yaml, roster /r txt.gnir/ring.txt with 2 agent(s): a, b; 1 warning(s)"
     assert check_ok_line(None, Path("/r/ring.txt"), ["a"], 0) == \
@@ -842,7 +842,7 @@ def test_a_name_no_roster_can_hold_is_an_unknown_agent_never_a_path(ring, comman
     UTF-8) is checked against the known names before it is used for anything -
     a log folder, a journal query - and refused in one line, exit 2."""
     from click.testing import CliRunner
-    from ringd.cli import main
+    from ringd.cli.commands import main
     ring.roster("web /bin/true")
     (ring.state / "logs" / "web").mkdir(parents=True)
     for name in ("a\x00b", "a\nb", "..", "../web", "web/../web", "/etc/passwd", "\udcff"):

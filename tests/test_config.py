@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ringd.config import Config, ConfigError, load_config, parse_config
+from ringd.inputs.config import Config, ConfigError, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -181,7 +181,7 @@ def test_a_default_config_that_exists_but_cannot_be_read_is_an_error_never_the_d
     (its target on a file system not mounted yet), a directory or a FIFO there
     exists: it was passed over as if absent, and the ring ran silently on the
     built-in defaults (another roster path, budgets, alert command)."""
-    from ringd.config import resolve_config_path
+    from ringd.inputs.config import resolve_config_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RING_CONFIG", raising=False)
     (tmp_path / "config").mkdir()
@@ -197,7 +197,7 @@ def test_a_default_config_that_exists_but_cannot_be_read_is_an_error_never_the_d
 
 
 def test_no_default_config_means_builtin_defaults(tmp_path, monkeypatch):
-    from ringd.config import resolve_config_path
+    from ringd.inputs.config import resolve_config_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RING_CONFIG", raising=False)
     assert resolve_config_path(None) is None

@@ -4,7 +4,7 @@ its session, process group or environment.
 - Subreaper rule (every driver): at the end of a run, every live descendant of
   the driver except its own helpers is killed - `setsid env -i sleep 300 &`
   included, which carries no key at all.
-- Per-run cgroup v2 (ringd.cgroup, root here): the agent joins its cgroup
+- Per-run cgroup v2 (ringd.host.cgroup, root here): the agent joins its cgroup
   before it can fork, the run ends with cgroup.kill, cpu.stat gives its CPU
   time, the cgroup is removed; a reaper kills a dead driver's run cgroup.
 Real processes throughout.
@@ -22,8 +22,11 @@ import psutil
 import pytest
 
 from conftest import freezing_agent, line_written, wait_until
-from ringd import cgroup, procid, proctree, runstate
-from ringd.env import RealEnv
+from ringd.host import cgroup
+from ringd.host import procid
+from ringd.host import proctree
+from ringd.core import runstate
+from ringd.host.env import RealEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -164,7 +167,8 @@ def test_two_rings_never_share_a_cgroup(tmp_path):
 STRANDED = r"""
 import json, os, sys
 from pathlib import Path
-from ringd import cgroup, proctree
+from ringd.host import cgroup
+from ringd.host import proctree
 c = cgroup.detect(Path(sys.argv[1]))
 cg = c.create(44)
 home = c.parent
@@ -201,7 +205,7 @@ def test_a_driver_that_cannot_step_back_out_never_kills_the_cgroup_it_is_in(cont
 STRANDED_PROBE = r"""
 import errno, json, os, sys
 from pathlib import Path
-from ringd import cgroup
+from ringd.host import cgroup
 real = cgroup._write_pid0
 
 def home_refuses(procs):
@@ -271,7 +275,7 @@ def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(con
     never the driver (a cgroup.kill would kill it too); the driver removes the
     cgroup at the run's end. Real `ringd force-fail`, real processes; the
     driver is a stand-in that holds the run's row."""
-    from ringd.journal import Journal
+    from ringd.journal.sqlite import Journal
     standin = subprocess.Popen([sys.executable, "-c", STANDIN_DRIVER], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
     try:
@@ -379,8 +383,9 @@ _RECYCLE = r'''
 once by a subreaper not ours, leaves its pid - its group id - to a new session."""
 import ctypes, json, os, subprocess, sys, tempfile, time
 from pathlib import Path
-from ringd import procid, reaper
-from ringd.records import RunRow
+from ringd.host import procid
+from ringd.loops import reaper
+from ringd.core.records import RunRow
 
 r, w = os.pipe()
 if os.fork() == 0:   # the run's old parent: reaps the leader the moment it dies
@@ -531,7 +536,7 @@ def test_a_descendant_that_sigkill_cannot_end_costs_its_own_run_only(ring):
         if frozen is not None:
             wait_until(lambda: procid.start_ticks(frozen) is None, 10, message="the thawed process gone")
 
-# the run cgroup's end in the driver's effects (ringd.env): emptied at once, removed at the next wait
+# the run cgroup's end in the driver's effects (ringd.host.env): emptied at once, removed at the next wait
 
 def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tmp_path):
     """The run's end reads its CPU time from an emptied cgroup; the rmdir waits
@@ -689,7 +694,8 @@ _RECYCLE_IN_WALK = r'''
 dies and is reaped by its parent (a run process) before the kill; a helper's
 new child takes its pid (ns_last_pid)."""
 import json, os, signal, subprocess, time
-from ringd import procid, proctree
+from ringd.host import procid
+from ringd.host import proctree
 
 hr, hw = os.pipe()
 sr, sw = os.pipe()

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from conftest import line_written, wait_until
-from ringd import cgroup
+from ringd.host import cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-run cgroups need root here")
 

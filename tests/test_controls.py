@@ -12,7 +12,7 @@ from conftest import wait_until
 def set_agent(state_dir, name, **fields):
     """Put an agent in a state the driver would record (back-off, quarantine)."""
     from dataclasses import replace
-    from ringd.journal import Journal
+    from ringd.journal.sqlite import Journal
     j = Journal.open(state_dir)
     try:
         with j.transaction() as tx:
@@ -153,9 +153,9 @@ def test_next_survives_a_restart(ring):
 # --- the next turn, as status estimates it (pure) ------------------------------------------
 
 def test_next_turn_pure():
-    from ringd.config import Config, parse_config
-    from ringd.journal import RunRow
-    from ringd.status import next_turn
+    from ringd.inputs.config import Config, parse_config
+    from ringd.journal.sqlite import RunRow
+    from ringd.cli.status import next_turn
     now = 1_800_000_000.0
     roster = [("a", "a x"), ("b", "b x"), ("c", "c x")]
 
@@ -169,7 +169,7 @@ def test_next_turn_pure():
     assert next_turn(roster, {}, last("a", 0), now, c, paused=["b"]) == ("c", now)
     assert next_turn(roster, {}, last("a", 0), now, c, requested="a") == ("a", now)
     assert next_turn(roster, {}, last("a", 0), now, c, requested="gone") == ("b", now)
-    from ringd.records import AgentState
+    from ringd.core.records import AgentState
     backing = {"b": AgentState("b", backoff_until=now + 50), "c": AgentState("c", quarantined_until=now + 20)}
     assert next_turn(roster, backing, last("a", 0), now, c) == ("a", now)
     everyone = dict(backing, a=AgentState("a", backoff_until=now + 30))
@@ -210,8 +210,8 @@ def test_history_since(ring):
 def test_plan_turn_with_operator_controls():
     """policy.plan_turn (pure): paused agents are passed over with no due time of
     their own; a ``ringd next`` request is a forced turn, whatever the agent's state."""
-    from ringd.policy import Action, TurnInputs, plan_turn
-    from ringd.records import AgentState
+    from ringd.core.policy import Action, TurnInputs, plan_turn
+    from ringd.core.records import AgentState
     now = 1_800_000_000.0
     roster = [("a", "a x"), ("b", "b x"), ("c", "c x")]
     plan = plan_turn(TurnInputs(roster, 1, {}, now, paused=frozenset({"b"})))
@@ -229,10 +229,10 @@ def test_status_reads_a_wait_set_before_a_clock_step_back_as_the_driver_does(tmp
     """A back-off and a quarantine written three days ahead of ``now`` (the wall
     clock was stepped back since; the longest waits are an hour and a day): ``ringd status`` shows neither, and the next
     turn at once - what the driver will do (policy.seen_at) - not a day's wait."""
-    from ringd.config import Config
-    from ringd.journal import Journal
-    from ringd.records import AgentState
-    from ringd.status import gather_status
+    from ringd.inputs.config import Config
+    from ringd.journal.sqlite import Journal
+    from ringd.core.records import AgentState
+    from ringd.cli.status import gather_status
     now = 1_800_000_000.0
     roster = tmp_path / "ring.txt"
     roster.write_text("a /bin/true\nb /bin/true\n")
@@ -271,10 +271,10 @@ def test_skip_of_a_run_that_ended_by_itself_meanwhile_exits_1(tmp_path, monkeypa
     ``ok``, not ``skipped``: it had already ended - exit 1 (SPEC), never
     0 with 'ended as ok; the ring moves on'."""
     import pytest
-    from ringd import control
-    from ringd.config import Config
-    from ringd.journal import Journal
-    from ringd.status import OperatorError
+    from ringd.cli import control
+    from ringd.inputs.config import Config
+    from ringd.journal.sqlite import Journal
+    from ringd.cli.status import OperatorError
     j = Journal.open(tmp_path)
     with j.transaction() as tx:
         rid = tx.start_run("a", 0, now=time.time(), run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from conftest import ring_cmd, wait_until, watch_cmd
-from ringd.config import ConfigError, parse_config
-from ringd.timespan import parse_timespan
+from ringd.inputs.config import ConfigError, parse_config
+from ringd.inputs.timespan import parse_timespan
 
 
 def run(argv, ring, **kw):

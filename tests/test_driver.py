@@ -497,7 +497,7 @@ def test_a_stop_while_the_journal_is_held_at_start_up_is_heard_at_once(ring):
     the lock for the whole busy timeout (10 s), deaf to the SIGTERM that came
     meanwhile - as long as a watcher allows a driver to stop before SIGKILL.
     The wait now looks for a stop between its steps: a clean stop (exit 0)."""
-    from ringd.lock import holder_pid
+    from ringd.host.lock import holder_pid
     ring.roster("a /bin/true")
     first = ring.cli("run", "--once")
     assert first.returncode == 0, first.stderr   # a journal to hold

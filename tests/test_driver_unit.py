@@ -8,13 +8,13 @@ import signal
 import pytest
 
 from fakeenv import RING, WALL0, Behaviour, FakeEnv, make_driver
-from ringd.config import AgentOverride, Config, RingSettings
-from ringd.driver import Driver
-from ringd.errors import EX_CONFIG
-from ringd.journal import Journal, JournalError
-from ringd.roster import RosterSource
-from ringd import notify
-from ringd.notify import IDLE_SOCKET, Heard
+from ringd.inputs.config import AgentOverride, Config, RingSettings
+from ringd.loops.driver import Driver
+from ringd.core.errors import EX_CONFIG
+from ringd.journal.sqlite import Journal, JournalError
+from ringd.inputs.roster import RosterSource
+from ringd.host import notify
+from ringd.host.notify import IDLE_SOCKET, Heard
 
 make = make_driver
 
@@ -186,7 +186,7 @@ class ScriptedLock:
 
 
 def test_a_lock_lost_for_a_moment_is_not_a_loss_but_a_lasting_one_stops_the_driver(tmp_path):
-    from ringd.errors import EX_TEMPFAIL
+    from ringd.core.errors import EX_TEMPFAIL
     d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=100.0))
     d.lock = ScriptedLock(lambda _l: "lost" if 3.0 <= env.t < 3.5 else "ok")   # a second driver backing off
     env.send(10.0, signal.SIGTERM)
@@ -252,7 +252,7 @@ def test_a_runs_files_are_made_only_once_its_row_is_committed(tmp_path):
     run id. (Made during the commit by a helper thread until 2026-12-02: each
     hop then paid more in cross-core wake-ups than the overlap saved.)"""
     from contextlib import contextmanager
-    from ringd.env import RealEnv
+    from ringd.host.env import RealEnv
 
     roster = tmp_path / "ring.txt"
     roster.write_text("a /bin/true\n")
@@ -507,7 +507,7 @@ def test_once_ends_its_lap_though_a_scheduled_agent_is_due_again(tmp_path, names
 
 class TakenOver:
     """A many-host driver's leadership just taken over from a lapsed leader
-    (the part of ringd.leader.Leader that Driver.lead uses)."""
+    (the part of ringd.loops.leader.Leader that Driver.lead uses)."""
     took_over = True
 
     @staticmethod
@@ -776,8 +776,8 @@ def test_a_notify_socket_held_by_descriptors_waiting_to_be_closed_never_makes_th
 def test_a_journal_no_restart_can_help_is_refused_even_with_a_stop_pending():
     """A stop that ends a start-up journal call is a clean stop (exit 0); a
     damaged journal is a configuration error (78) whatever signal came with it."""
-    from ringd.driver import startup_journal_exit
-    from ringd.errors import EX_OK, EX_UNAVAILABLE
+    from ringd.loops.driver import startup_journal_exit
+    from ringd.core.errors import EX_OK, EX_UNAVAILABLE
 
     class StopPending:
         def wait(self, timeout):
@@ -830,7 +830,7 @@ def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_
     the agent the driver starts next - it named the job again, having no memory
     of the round, for the last 5 s of each of its runs. (Status runs on the fake
     clock here; the driver's heartbeat is not a file, so it is taken as alive.)"""
-    from ringd import status
+    from ringd.cli import status
     monkeypatch.setattr(status, "recorded_alive", lambda *a: True)     # never reap the fake driver's run
     monkeypatch.setattr(status, "live_writer", lambda *a, **k: 4242)
     d, env, j = make(tmp_path, ["a", "b", "job"], behaviours={"job": Behaviour(runs_for=15.0)},
@@ -852,7 +852,7 @@ def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_
     assert checked > 90
     # stopped during the job's run: its round is in the journal, but no driver is alive to
     # keep it (status, told so, names the job due again), and the next one starts anew
-    from ringd.schedule import ROUND_KEY
+    from ringd.inputs.schedule import ROUND_KEY
     assert j.meta(ROUND_KEY) == '["job"]'
     monkeypatch.setattr(status, "live_writer", lambda *a, **k: None)
     assert status.gather_status(tmp_path, d.config, now=env.wall())["next"]["agent"] == "job"
@@ -864,7 +864,7 @@ def _renaming_ring(tmp_path, lines, **ring):
     """A real-env driver (RealEnv, /bin/true agents) on a roster that ``write(gen)``
     rewrites with ``lines(gen)``, the test's way to rename agents between runs.
     Returns (driver, env, journal, write)."""
-    from ringd.env import RealEnv
+    from ringd.host.env import RealEnv
     roster = tmp_path / "ring.txt"
 
     def write(gen):

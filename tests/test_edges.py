@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from conftest import line_written, ring_cmd, wait_until, watch_cmd
-from ringd.config import MAX_DURATION
-from ringd.heartbeat import read_json
+from ringd.inputs.config import MAX_DURATION
+from ringd.host.heartbeat import read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -208,8 +208,8 @@ def test_a_journal_a_newer_ring_wrote_is_refused_and_left_as_it_was(ring):
     schema version and went on writing it (an operator downgrading ring by
     mistake, or two versions on one state dir): refused in one line instead."""
     import sqlite3
-    from ringd.journal import Journal
-    from ringd.schema_sqlite import SCHEMA_VERSION
+    from ringd.journal.sqlite import Journal
+    from ringd.journal.schema_sqlite import SCHEMA_VERSION
     _simple(ring)
     Journal.open(ring.state).close()
     con = sqlite3.connect(ring.journal_path, isolation_level=None)
@@ -725,7 +725,7 @@ def test_fifos_at_the_temp_names_of_atomic_writes_never_hang_the_daemons(ring):
 
 _BURST = r"""
 import fcntl, os, signal, termios
-from ringd.wakeup import Wakeups
+from ringd.host.wakeup import Wakeups
 w = Wakeups()
 size = fcntl.fcntl(w.fileno(), 1031, 4096)    # F_SETPIPE_SZ: a page, filled sooner
 queued = lambda: int.from_bytes(fcntl.ioctl(w.fileno(), termios.FIONREAD, b"\0" * 4), "little")
@@ -741,7 +741,7 @@ burst()
 os.kill(os.getpid(), signal.SIGTERM)
 print(sorted(map(int, w.wait(0)[0])), flush=True)
 burst()
-w.put_back({signal.SIGTERM})   # heard by another reader (ringd.pgcall), put back onto a full pipe
+w.put_back({signal.SIGTERM})   # heard by another reader (ringd.journal.pgcall), put back onto a full pipe
 print(sorted(map(int, w.wait(0)[0])), flush=True)
 """
 
@@ -766,7 +766,7 @@ def test_a_wait_on_a_closed_descriptor_raises_never_spins():
     """poll(2) reports a closed descriptor at once, at every wait (POLLNVAL): taken
     as ready, a loop waiting on it would spin. (epoll refused it at registration.)"""
     import errno
-    from ringd.wakeup import Wakeups
+    from ringd.host.wakeup import Wakeups
     w = Wakeups(signals=())
     r, wr = os.pipe()
     os.close(r)

@@ -4,7 +4,7 @@ An AST scan of ringd/*.py and ringwatch/*.py: the exit-code argument of every
 call that ends a command (``fail``, ``_fail``, ``RingError``, ``OperatorError``,
 ``ConfigError``; ``sys.exit``, ``os._exit``, ``click.exceptions.Exit``) and the
 default of every ``code`` parameter must not be an integer literal other
-than 0 - it is one of ringd.errors' constants (EX_*, STATUS_*) instead.
+than 0 - it is one of ringd.core.errors' constants (EX_*, STATUS_*) instead.
 """
 import ast
 from pathlib import Path
@@ -55,13 +55,13 @@ def bare_in(root: Path = ROOT):
 
 def test_no_bare_exit_code_literals():
     bad = bare_in()
-    assert not bad, "exit codes come from ringd.errors (EX_*, STATUS_*), not bare numbers:\n" + "\n".join(bad)
+    assert not bad, "exit codes come from ringd.core.errors (EX_*, STATUS_*), not bare numbers:\n" + "\n".join(bad)
 
 
 def test_errors_py_names_its_codes_once():
     """RingError's default is a name, and no number is named twice under the EX_
     prefix (STATUS_* are the LSB's, a separate set)."""
-    from ringd import errors
+    from ringd.core import errors
     ex = {k: v for k, v in vars(errors).items() if k.startswith("EX_") and isinstance(v, int)}
     assert len(set(ex.values())) == len(ex), ex
     assert errors.RingError("x").code == errors.EX_FAILURE == 1

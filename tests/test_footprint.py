@@ -60,6 +60,6 @@ def test_the_ring_cgroup_prefix_is_the_sha256_it_always_was():
     """Computed without hashlib now; a different digest would leave a dead driver's
     cgroups (named with the old prefix) to no one."""
     import hashlib
-    from ringd.cgroup import ring_prefix
+    from ringd.host.cgroup import ring_prefix
     for path in ("/var/lib/ring", "/tmp/x y/é"):
         assert ring_prefix(Path(path)) == "ring-" + hashlib.sha256(path.encode()).hexdigest()[:12]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ringd.journal import Journal, JournalError, journal_path
+from ringd.journal.sqlite import Journal, JournalError, journal_path
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_the_version_is_decided_again_under_the_write_lock(tmp_path):
     newer ring that upgraded the journal between the two must find its mark
     kept: the upgrade is decided again under the lock, and refused."""
     import threading
-    from ringd.schema_sqlite import SCHEMA_VERSION
+    from ringd.journal.schema_sqlite import SCHEMA_VERSION
     Journal.open(tmp_path).close()
     _set_version(tmp_path, str(SCHEMA_VERSION - 1))   # older: an open upgrades it
     asking, outcome = threading.Event(), []
@@ -250,7 +250,7 @@ def test_truncated_journal_is_refused(tmp_path):
 CRASH_AFTER_COMMITS = r"""
 import os, sys, time
 from pathlib import Path
-from ringd.journal import Journal
+from ringd.journal.sqlite import Journal
 j = Journal.open(Path(sys.argv[1]))
 j.preallocate_wal()
 for i in range(int(sys.argv[2])):
@@ -297,7 +297,7 @@ def test_the_log_is_made_as_long_as_it_grows_and_sqlite_reads_past_the_zeros(tmp
 FULL_DISK = r"""
 import os, resource, sys
 from pathlib import Path
-from ringd.journal import Journal
+from ringd.journal.sqlite import Journal
 j = Journal.open(Path(sys.argv[1]))
 wal = sys.argv[1] + "/journal.db-wal"
 before = os.path.getsize(wal)

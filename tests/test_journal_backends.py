@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ringd.journal import Journal, JournalError
+from ringd.journal.sqlite import Journal, JournalError
 
 
 class Backend:
@@ -29,7 +29,7 @@ def backend(request, tmp_path):
         j.close()
     else:
         import psycopg
-        from ringd.journal_pg import PgJournal
+        from ringd.journal.pg import PgJournal
         dsn = request.getfixturevalue("pg_cluster").fresh_dsn()
         j = PgJournal.connect(dsn)
         con = psycopg.connect(dsn, autocommit=True)
@@ -131,8 +131,8 @@ def test_counters_are_kept_by_the_database_not_the_journal_code(backend):
 
 
 def test_closing_settles_the_agent_and_quarantine_writes_its_row(backend):
-    from ringd.config import RingSettings
-    from ringd.transitions import close_in
+    from ringd.inputs.config import RingSettings
+    from ringd.journal.transitions import close_in
     j = backend.journal
     ring = RingSettings(quarantine_after=1, quarantine_cooloff=100)
     rid = start(j)
@@ -154,7 +154,7 @@ def test_process_skip_request_and_meta(backend):
         tx.set_process(rid, 4242, 12.5, "/x/1.log")
     row = j.running_row()
     assert (row.pid, row.pid_start, row.log_path) == (4242, 12.5, "/x/1.log")
-    from ringd.transitions import request_skip, skip_requested_for
+    from ringd.journal.transitions import request_skip, skip_requested_for
     assert request_skip(j, None, rid, time.time()).run_id == rid and skip_requested_for(j, rid)
     assert request_skip(j, "b", None, time.time()).run_id is None
     assert j.agent_state("b").skip_requested
@@ -188,7 +188,7 @@ def test_an_older_journal_is_upgraded_and_a_newer_one_is_refused_untouched(backe
     """A journal a newer ring wrote is never marked with our older version (nor
     written at all): the writer's open refuses it in one line; an older one is
     brought up to ours."""
-    from ringd.schema_sqlite import SCHEMA_VERSION
+    from ringd.journal.schema_sqlite import SCHEMA_VERSION
     version = "SELECT value FROM meta WHERE key = 'schema_version'"
     backend.raw_exec("UPDATE meta SET value = ? WHERE key = 'schema_version'", ("1",))
     backend.reopen().close()
@@ -206,7 +206,7 @@ def test_both_schemas_have_the_same_tables_and_columns(tmp_path, pg_cluster):
     """A column added to one backend only would break the other at its first
     use: the schemas must describe the same journal (the lease is PostgreSQL's own)."""
     import psycopg
-    from ringd.journal_pg import PgJournal
+    from ringd.journal.pg import PgJournal
     sq = Journal.open(tmp_path)
     try:
         tables = [r[0] for r in sq.con.execute(

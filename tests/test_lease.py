@@ -1,6 +1,6 @@
 """The lease's decisions, pure: no database, no processes, microseconds each;
 and the leader's watchdog hand-over, with a stand-in journal."""
-from ringd.lease import (RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host, holder_name,
+from ringd.core.lease import (RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host, holder_name,
                          must_stop)
 
 ME = holder_name("box-a", 100, 555)
@@ -74,8 +74,8 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
     run's agent too (seen under load: the next run `failed (signal 9)` after 20 ms)."""
     import threading
 
-    from ringd import lease as leaselib
-    from ringd.leader import Leader
+    from ringd.core import lease as leaselib
+    from ringd.loops.leader import Leader
 
     class NoRunning:
         def running_row(self):
@@ -110,7 +110,7 @@ def test_two_drivers_named_alike_never_both_lead():
     (containers): one holder string for both. The epoch tells them apart: only
     the driver that took it renews; the other waits, and once it takes over
     the first one's epoch is stale, so it waits too (and its writes are fenced)."""
-    from ringd.lease import LeaseRow, decide
+    from ringd.core.lease import LeaseRow, decide
     me = "box pid=1 start=42"
     held = LeaseRow(me, 5, 100.0)
     assert decide(held, me, 5, 50.0).action == RENEW        # the one that took it

@@ -7,7 +7,7 @@ import os
 import re
 
 from conftest import wait_until
-from ringd.logline import ERR, INFO, WARNING, format_line, priority, stream_is_journal
+from ringd.host.logline import ERR, INFO, WARNING, format_line, priority, stream_is_journal
 
 LINE = re.compile(r"^(<[346]>)?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (ringd|ringwatch)\[\d+\]: \S")
 
@@ -78,7 +78,7 @@ def test_driver_and_watcher_lines_with_and_without_journal(ring):
 def test_a_forked_child_logs_its_own_pid(tmp_path):
     """The pid in a line is asked of the kernel once per process, and again after a fork."""
     import io
-    from ringd import logline
+    from ringd.host import logline
     logline.emit("ringd", "parent line", stream=io.StringIO())   # the parent's pid, now remembered
     r, w = os.pipe()
     pid = os.fork()
@@ -100,7 +100,7 @@ def test_a_forked_child_logs_its_own_pid(tmp_path):
 
 def test_a_line_the_disk_cannot_take_is_lost_not_raised():
     """/dev/full answers every write with ENOSPC, as ringd.log on a full disk."""
-    from ringd import logline
+    from ringd.host import logline
     if not os.path.exists("/dev/full"):
         import pytest
         pytest.skip("no /dev/full")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ringd import logs
-from ringd.config import Config
-from ringd.records import RunRow
+from ringd.cli import logs
+from ringd.inputs.config import Config
+from ringd.core.records import RunRow
 
 
 def tail_bytes(data: bytes, lines: int) -> bytes:

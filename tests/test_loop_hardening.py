@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import wait_until
-from ringd.lock import holder_pid
+from ringd.host.lock import holder_pid
 
 
 def running_row(ring):
@@ -99,14 +99,14 @@ def test_lock_file_and_heartbeat_deleted_together_a_second_driver_still_sees_the
     row = wait_until(lambda: running_row(ring), timeout=20, message="run started")
     agent = wait_until(lambda: ring.rows("SELECT pid FROM runs WHERE id = ?", row["id"])[0]["pid"], timeout=20,
                        message="the agent's pid recorded")
-    ticks = __import__("ringd.procid", fromlist=["start_ticks"]).start_ticks(agent)
+    ticks = __import__("ringd.host.procid", fromlist=["start_ticks"]).start_ticks(agent)
     (ring.state / "ringd.lock").unlink()
     (ring.state / "ringd.heartbeat").unlink()
     b = ring.start_driver()
     assert b.wait(timeout=20) == 75, stderr_of(b)
     assert f"another driver (pid {a.pid}) is alive" in stderr_of(b)
     assert running_row(ring)["id"] == row["id"] and a.poll() is None
-    from ringd.procid import same_process
+    from ringd.host.procid import same_process
     assert same_process(agent, ticks), "the live driver's agent was killed by the second driver's start-up"
 
 
@@ -156,8 +156,8 @@ def test_a_skip_stays_skipped_when_the_driver_stops_during_its_grace(ring):
 
 
 def test_skip_without_a_name_is_keyed_by_the_run_it_saw(tmp_path):
-    from ringd import transitions
-    from ringd.journal import Journal
+    from ringd.journal import transitions
+    from ringd.journal.sqlite import Journal
     j = Journal.open(tmp_path)
     with j.transaction() as tx:
         rid = tx.start_run("a", 0, now=time.time(), run_budget=1, stall_threshold=2, driver_pid=1, driver_start=1.0)

@@ -16,8 +16,8 @@ from typing import Tuple
 
 import pytest
 
-from ringd import notify
-from ringd.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
+from ringd.host import notify
+from ringd.host.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
                           clean_phase, meaning, parse_datagram, read_notes, send, watchdog_usec, write_notes)
 
 from conftest import REPO, wait_until
@@ -636,7 +636,7 @@ def test_ringd_notify_imports_no_rich_journal_or_psutil():
                        capture_output=True, text=True, timeout=30)
     modules = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
     heavy = {m for m in modules if m.split(".")[0] in ("rich", "psutil", "sqlite3", "yaml")
-             or m in ("ringd.journal", "ringd.status", "ringd.render")}
+             or m in ("ringd.journal.sqlite", "ringd.cli.status", "ringd.cli.render")}
     assert not heavy, heavy
 
 

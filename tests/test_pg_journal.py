@@ -10,12 +10,12 @@ import pytest
 
 from conftest import REPO, wait_until
 
-from ringd.lease import RENEW, TAKE, WAIT
+from ringd.core.lease import RENEW, TAKE, WAIT
 
 
 @pytest.fixture
 def pgj(pg_dsn):
-    from ringd.journal_pg import PgJournal
+    from ringd.journal.pg import PgJournal
     opened = []
 
     def open_():
@@ -41,7 +41,7 @@ def test_one_leader_then_takeover_after_expiry_with_a_new_epoch(pgj):
 
 
 def test_a_write_of_the_old_epoch_never_commits_after_the_hand_over(pgj):
-    from ringd.journal_pg import Fenced
+    from ringd.journal.pg import Fenced
     a, b = pgj(), pgj()
     a.acquire("A", 0.5)
     a.set_meta("k", "A leads")
@@ -73,7 +73,7 @@ def test_the_hand_over_waits_for_a_fenced_write_in_flight(pgj):
 
 
 def test_a_leader_frozen_inside_a_write_neither_holds_up_the_hand_over_nor_commits(pg_dsn):
-    from ringd.journal_pg import PgJournal, PgJournalError
+    from ringd.journal.pg import PgJournal, PgJournalError
     a, b = PgJournal.connect(pg_dsn, ttl=1.0), PgJournal.connect(pg_dsn, ttl=1.0)
     try:
         a.acquire("A", 1.0)
@@ -102,7 +102,7 @@ def test_a_clean_release_hands_over_at_once(pgj):
 
 
 def test_an_outage_is_one_clear_error_and_the_journal_reconnects(pg_cluster, pgj):
-    from ringd.journal_pg import PgJournalError
+    from ringd.journal.pg import PgJournalError
     j = pgj()
     j.set_meta("before", "1")
     pg_cluster.stop("immediate")
@@ -125,15 +125,15 @@ def _ok(fn):
 
 
 def test_the_dsn_password_never_reaches_a_message():
-    from ringd.journal_pg import redact
+    from ringd.journal.pg import redact
     assert "s3cret" not in redact("postgresql://ring:s3cret@db.example/ring")
     assert "s3cret" not in redact("host=db password=s3cret dbname=ring")
 
 
 def test_ring_and_its_sqlite_path_never_import_psycopg(tmp_path):
-    code = ("import sys, ringd, ringd.cli, ringd.driver, ringd.status, ringd.journal, ringd.lease, "
-            "ringwatch.watch\n"
-            "from ringd.journal import Journal\n"
+    code = ("import sys, ringd, ringd.cli.commands, ringd.loops.driver, ringd.cli.status, ringd.journal.sqlite, ringd.core.lease, "
+            "ringd.loops.watcher\n"
+            "from ringd.journal.sqlite import Journal\n"
             "Journal.open(__import__('pathlib').Path(sys.argv[1])).close()\n"
             "assert not [m for m in sys.modules if m.startswith('psycopg')], 'psycopg imported'\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
@@ -148,14 +148,14 @@ def test_ring_and_its_sqlite_path_never_import_psycopg(tmp_path):
     ({"ring": {"lease_ttl": 0.001}}, "ring.lease_ttl"),   # a beat every 0.25 ms: a spinning driver
 ])
 def test_bad_journal_or_lease_ttl_names_the_key(doc, key):
-    from ringd.config import ConfigError, parse_config
+    from ringd.inputs.config import ConfigError, parse_config
     with pytest.raises(ConfigError) as e:
         parse_config(doc)
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
 def test_journal_and_lease_ttl_defaults_and_values():
-    from ringd.config import parse_config
+    from ringd.inputs.config import parse_config
     c = parse_config({"ring": {"journal": "postgresql://ring@db/ring", "lease_ttl": 3}})
     assert (c.ring.journal, c.ring.lease_ttl) == ("postgresql://ring@db/ring", 3)
     d = parse_config(None)
@@ -167,9 +167,9 @@ def test_the_version_is_decided_again_under_the_migration_lock(pgj, pg_dsn):
     migration lock. A newer ring that upgraded the journal between the two
     must find its mark kept: decided again under the lock, and refused."""
     import psycopg
-    from ringd.journal import JournalError
-    from ringd.journal_pg import PgJournal
-    from ringd.schema_pg import MIGRATION_LOCK, SCHEMA_VERSION
+    from ringd.journal.sqlite import JournalError
+    from ringd.journal.pg import PgJournal
+    from ringd.journal.schema_pg import MIGRATION_LOCK, SCHEMA_VERSION
     pgj()   # the schema, current
     newer = psycopg.connect(pg_dsn, autocommit=True)
     watcher = psycopg.connect(pg_dsn, autocommit=True)
@@ -212,7 +212,7 @@ def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn)
     must come back - held by nobody for one TTL, so that whoever led notices it
     lost its lease and kills its agent before anyone else can take it."""
     import psycopg
-    from ringd.journal_pg import Fenced
+    from ringd.journal.pg import Fenced
     a, b = pgj(), pgj()
     assert a.acquire("A", 30).action == TAKE
     with psycopg.connect(pg_dsn, autocommit=True) as con:
@@ -238,8 +238,8 @@ def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn)
 ])
 def test_a_journal_url_that_cannot_be_used_never_prints_its_password(dsn, secret):
     pytest.importorskip("psycopg")
-    from ringd.journal import JournalError
-    from ringd.journal_pg import PgJournal, redact
+    from ringd.journal.sqlite import JournalError
+    from ringd.journal.pg import PgJournal, redact
     assert secret not in redact(dsn)
     with pytest.raises(JournalError) as e:
         PgJournal.connect(dsn)
@@ -250,8 +250,8 @@ def test_the_longest_lease_ttl_the_config_allows_still_connects(pg_dsn):
     """ring.lease_ttl is accepted up to 10 years, and a quarter of it bounds every
     wait on the server: past ~99 days that is no int of milliseconds, and every
     connect failed ("Value exceeds integer range") - a driver exiting 69 forever."""
-    from ringd.config import MAX_DURATION, parse_config
-    from ringd.journal_pg import PgJournal
+    from ringd.inputs.config import MAX_DURATION, parse_config
+    from ringd.journal.pg import PgJournal
     ttl = parse_config({"ring": {"journal": pg_dsn, "lease_ttl": MAX_DURATION}}).ring.lease_ttl
     j = PgJournal.connect(pg_dsn, ttl=ttl)
     try:
@@ -269,7 +269,7 @@ def test_a_lease_expiry_edited_beyond_any_date_still_reads(pgj, pg_dsn, expires,
     (and a standby wrote Infinity into its heartbeat's JSON)."""
     import math
     import psycopg
-    from ringd.heartbeat import iso
+    from ringd.host.heartbeat import iso
     a = pgj()
     with psycopg.connect(pg_dsn, autocommit=True) as con:
         con.execute("UPDATE lease SET holder = 'X pid=1 start=1', epoch = 7, expires_at = %s", (expires,))
@@ -297,7 +297,7 @@ def test_a_new_connection_to_a_server_that_never_answers_ends_on_a_stop_signal(s
     import signal
     pytest.importorskip("psycopg")
     from test_pgcall import Tap
-    from ringd.journal_pg import PgJournalError, _Con
+    from ringd.journal.pg import PgJournalError, _Con
     tap = Tap()
     try:
         tap.send(signal.SIGTERM)
@@ -315,7 +315,7 @@ def test_a_new_connection_is_bounded_by_one_call_bound_whatever_the_hosts_tried(
     """psycopg gives each host (and each address of one) its own connect_timeout:
     a DSN naming three was three bounds - a driver silent past its lease's switch."""
     pytest.importorskip("psycopg")
-    from ringd.journal_pg import PgJournalError, _Con
+    from ringd.journal.pg import PgJournalError, _Con
     hosts = ",".join(["127.0.0.1"] * 3)
     ports = ",".join([str(silent_server)] * 3)
     t0 = time.monotonic()
@@ -330,7 +330,7 @@ def test_a_connection_made_after_the_first_connect_gave_up_is_closed(pg_dsn, mon
     on on its thread. Nobody would ever take up what it makes: it is closed as
     soon as it is made, not held open against the server's connection limit."""
     import psycopg
-    from ringd import journal_pg
+    from ringd.journal import pg as journal_pg
     go, made = threading.Event(), []
     request.addfinalizer(lambda: [c.close() for c in made])   # (after go.set: finalisers run last first)
     request.addfinalizer(go.set)   # a _Con that did not raise: its thread ends all the same
@@ -350,7 +350,7 @@ def test_a_connection_made_after_the_first_connect_gave_up_is_closed(pg_dsn, mon
 
 def test_no_thread_to_connect_on_is_a_journal_error_and_leaks_no_descriptor(pg_dsn, monkeypatch):
     import os
-    from ringd import journal_pg
+    from ringd.journal import pg as journal_pg
 
     def no_thread(*args, **kwargs):
         raise RuntimeError("can't start new thread")
@@ -365,7 +365,7 @@ def test_a_side_thread_is_born_with_every_signal_blocked():
     """The driver's signals are its main thread's to hear: a side thread (a
     new connection's) got them too, its system calls cut short (EINTR)."""
     import signal
-    from ringd import sidethread
+    from ringd.host import sidethread
     blocked = []
 
     def record():
@@ -378,7 +378,7 @@ def test_a_side_thread_is_born_with_every_signal_blocked():
 
 
 def test_the_schema_objects_are_named_from_the_schema_itself():
-    from ringd import schema_pg
+    from ringd.journal import schema_pg
     assert {"lease", "runs", "meta", "run_counts", "runs_one_running"} <= schema_pg.RELATIONS
     assert schema_pg.TRIGGERS == {"runs_closed", "runs_inserted_closed", "runs_terminal_is_final"}
     assert schema_pg.FUNCTIONS == {"ring_count_closed_run", "ring_terminal_is_final"}
@@ -427,12 +427,12 @@ def test_a_lease_table_dropped_under_a_leader_is_made_again_held_for_one_ttl(pgj
     one that led may still run its agent (until its half-TTL switch): it is
     held by nobody for one TTL, as a deleted row is."""
     import psycopg
-    from ringd.journal_pg import Fenced
+    from ringd.journal.pg import Fenced
     a = pgj()
     assert a.acquire("A", 30).action == TAKE
     with psycopg.connect(pg_dsn, autocommit=True) as con:
         con.execute("DROP TABLE lease")
-    from ringd.journal_pg import PgJournal
+    from ringd.journal.pg import PgJournal
     b = PgJournal.connect(pg_dsn, ttl=5.0)   # (held by nobody 5 s: room for a loaded box to ask)
     try:
         assert b.repaired == ["lease"]
@@ -463,7 +463,7 @@ def test_a_journal_uri_libpq_cannot_use_is_a_configuration_error(dsn, fine):
     for ever) on a URI libpq refuses to read; now both say so, 78, one line,
     never the password."""
     pytest.importorskip("psycopg")
-    from ringd.config import ConfigError, dsn_problem, parse_config
+    from ringd.inputs.config import ConfigError, dsn_problem, parse_config
     assert (dsn_problem(dsn) is None) == fine, dsn_problem(dsn)
     if not fine:
         with pytest.raises(ConfigError) as e:
@@ -475,7 +475,7 @@ def test_a_journal_uri_libpq_cannot_use_is_a_configuration_error(dsn, fine):
 
 
 def test_a_password_with_an_unencoded_at_is_never_shown_in_part():
-    from ringd.journal_pg import redact
+    from ringd.journal.pg import redact
     assert redact("postgresql://ring:p@ss@db.example/ring") == "postgresql://ring:***@db.example/ring"
     assert redact("postgresql://ring:pw@db1:5432,db2/ring") == "postgresql://ring:***@db1:5432,db2/ring"
     assert redact("postgresql://db1:5432,db2:5433/ring") == "postgresql://db1:5432,db2:5433/ring"

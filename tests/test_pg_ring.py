@@ -732,7 +732,7 @@ def test_a_reload_while_a_start_up_call_waits_is_honoured_once_ready(tmp_path, p
     driver exited 69 ("journal unreachable"). Now only a stop ends a start-up
     call; the reload waits for the loop and is done there."""
     import psycopg
-    from ringd.schema_pg import MIGRATION_LOCK
+    from ringd.journal.schema_pg import MIGRATION_LOCK
     holder = psycopg.connect(pg_dsn, autocommit=True)
     watcher = psycopg.connect(pg_dsn, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))

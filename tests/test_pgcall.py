@@ -1,4 +1,4 @@
-"""The client-side bound on a PostgreSQL call (ringd.pgcall): its decisions,
+"""The client-side bound on a PostgreSQL call (ringd.journal.pgcall): its decisions,
 pure, and its wait loop driven on a socket pair with a stand-in for psycopg's
 generator (no server, no psycopg)."""
 import os
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from ringd.lease import beat_every, must_stop
-from ringd.pgcall import (OVERDUE, STOP_GRACE, STOPPING, Abandoned, call_bound, ends_call, poll_ms, verdict,
+from ringd.core.lease import beat_every, must_stop
+from ringd.journal.pgcall import (OVERDUE, STOP_GRACE, STOPPING, Abandoned, call_bound, ends_call, poll_ms, verdict,
                           wait)
 
 

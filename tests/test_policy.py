@@ -3,11 +3,11 @@ import signal
 
 import pytest
 
-from ringd.config import RingSettings
-from ringd.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
+from ringd.inputs.config import RingSettings
+from ringd.core.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
                           decide, plan_turn, requests_from, seen_at, spin_after_run, spin_at_lap_end,
                           wait_timeout)
-from ringd.records import AgentState
+from ringd.core.records import AgentState
 
 RING = RingSettings(backoff_initial=60, backoff_max=3600, quarantine_after=3, quarantine_cooloff=100)
 A = AgentState(name="a")
@@ -171,7 +171,7 @@ def test_a_wait_set_before_the_wall_clock_stepped_back_ends_now():
 
 def test_the_spec_defaults_of_quarantine_back_off_and_alerts():
     """SPEC "Configuration" and "Quarantine, alerts and metrics": the numbers."""
-    from ringd.config import AlertSettings
+    from ringd.inputs.config import AlertSettings
     ring, alerts = RingSettings(), AlertSettings()
     assert (ring.quarantine_after, ring.quarantine_cooloff) == (3, 86400)
     assert (ring.tempfail_exit_code, ring.backoff_initial, ring.backoff_max) == (75, 60, 3600)

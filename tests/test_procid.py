@@ -1,4 +1,4 @@
-"""Process identity (ringd.procid): pid + boot-relative start ticks, never the
+"""Process identity (ringd.host.procid): pid + boot-relative start ticks, never the
 wall clock.
 
 A step of the wall clock reaches process identity through one channel only:
@@ -26,7 +26,7 @@ import time
 import pytest
 
 from conftest import line_written, ring_cmd, wait_until, watch_cmd
-from ringd import procid
+from ringd.host import procid
 
 
 def test_start_ticks_are_field_22_of_proc_stat():
@@ -173,8 +173,8 @@ def test_the_journals_boot_is_this_one_while_another_process_holds_the_drivers_l
     reaped the older ones at its start), though it could not write its
     heartbeat yet. The caller's own lock (a driver reaping at its start) is no
     such proof."""
-    from ringd.heartbeat import journal_boot
-    from ringd.lock import KernelLock
+    from ringd.host.heartbeat import journal_boot
+    from ringd.host.lock import KernelLock
     (tmp_path / "ringd.heartbeat").write_text(json.dumps({"pid": 1, "pid_start": 1, "boot_id": "an-earlier-boot"}))
     (tmp_path / "ringd.lock").touch()
     assert journal_boot(tmp_path) == "an-earlier-boot"

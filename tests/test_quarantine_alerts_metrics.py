@@ -197,7 +197,7 @@ def test_metrics_are_never_half_written_when_the_disk_fills(tmp_path):
     code = textwrap.dedent(f"""
         import resource
         from pathlib import Path
-        from ringd.metrics import write_metrics
+        from ringd.loops.metrics import write_metrics
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         try:
             write_metrics(Path({str(state)!r}), "x" * 10000 + "\\n")
@@ -214,7 +214,7 @@ def test_metrics_are_never_half_written_when_the_disk_fills(tmp_path):
 
 def _fresh_journal(tmp_path):
     """A new journal in a state dir of its own (the caller closes it)."""
-    from ringd.journal import Journal
+    from ringd.journal.sqlite import Journal
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     return Journal.open(state)
@@ -224,9 +224,9 @@ def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
     """An agent renamed or removed from the roster while quarantined or backing
     off is no longer held: metrics say so, as status does (and ``ringd resume``
     could not lift it: unknown name). Its run counter stays (counters never go back)."""
-    from ringd.config import RingSettings
-    from ringd.metrics import render, snapshot
-    from ringd.records import AgentState
+    from ringd.inputs.config import RingSettings
+    from ringd.loops.metrics import render, snapshot
+    from ringd.core.records import AgentState
     now = time.time()
     journal = _fresh_journal(tmp_path)
     try:
@@ -294,7 +294,7 @@ def test_an_alert_storm_runs_a_bounded_number_of_alert_commands_at_once(ring):
     MAX_ALERTS_RUNNING alert commands (and their supervisors) live at once, the
     rest are dropped, and the driver says so, instead of a process (and a Python
     interpreter) per alert piling up until the box runs out of memory."""
-    from ringd.alerts import MAX_ALERTS_RUNNING
+    from ringd.host.alerts import MAX_ALERTS_RUNNING
     started = ring.base / "alerts.started"
     alert = ring.agent("alert", f"echo $$ >> {started}\nexec sleep 60")
     ring.write_config(ring={"fast_fail": 0.01},
@@ -315,7 +315,7 @@ def test_an_alert_storm_runs_a_bounded_number_of_alert_commands_at_once(ring):
 def test_alerts_log_is_rotated_like_ringd_log(ring):
     """logs/alerts.log past its rotation size is moved to alerts.log.1 (one old
     copy) before the next alert writes: it never grows without end."""
-    from ringd.safefile import LOG_ROTATE_BYTES
+    from ringd.host.safefile import LOG_ROTATE_BYTES
     logs = ring.state / "logs"
     logs.mkdir(mode=0o700)
     log = logs / "alerts.log"
@@ -335,9 +335,9 @@ def test_alerts_log_is_rotated_like_ringd_log(ring):
 def test_a_quarantine_a_force_fail_completed_says_so(tmp_path):
     """The quarantine's skipped row names the ending that completed the streak:
     a force-failed run is no 'stalled or timeout'."""
-    from ringd.config import RingSettings
-    from ringd.records import AgentState
-    from ringd.transitions import close_in
+    from ringd.inputs.config import RingSettings
+    from ringd.core.records import AgentState
+    from ringd.journal.transitions import close_in
     now = time.time()
     journal = _fresh_journal(tmp_path)
     try:

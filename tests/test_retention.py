@@ -8,8 +8,8 @@ import json
 import pytest
 
 from conftest import wait_until
-from ringd.config import ConfigError, parse_config
-from ringd.journal import Journal
+from ringd.inputs.config import ConfigError, parse_config
+from ringd.journal.sqlite import Journal
 
 
 def _runs(j: Journal, n: int, agents=("a", "b")) -> None:

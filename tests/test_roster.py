@@ -6,7 +6,7 @@ import pytest
 
 from conftest import wait_until
 
-from ringd.roster import RosterError, RosterSource, next_index, parse_roster, read_roster, resolve_program
+from ringd.inputs.roster import RosterError, RosterSource, next_index, parse_roster, read_roster, resolve_program
 
 
 def parse(text, tmp_path):
@@ -64,7 +64,7 @@ def test_the_invisible_characters_refused_are_exactly_unicodes_format_characters
     what Unicode had not assigned then (a newer Unicode's Cf)."""
     import sys
     import unicodedata
-    from ringd.roster import _FORMAT
+    from ringd.inputs.roster import _FORMAT
     for cp in range(sys.maxunicode + 1):
         ch = chr(cp)
         category = unicodedata.category(ch)
@@ -167,7 +167,7 @@ def test_an_edit_in_the_clock_tick_of_the_last_read_is_not_missed(tmp_path, monk
     leave every stamp as it was. A read that soon after the file's change is
     not trusted: the file is read again until a read comes later (stamps here
     are scripted, as no file system of this box's kernel repeats them)."""
-    from ringd.roster import RACY_NS
+    from ringd.inputs.roster import RACY_NS
     p = tmp_path / "ring.txt"
     p.write_text("a true\n")
     os.chmod(p, 0o600)
@@ -203,7 +203,7 @@ def test_a_command_splits_as_a_posix_shell_splits_it_trailing_comment_included(t
 
 
 def test_a_warning_about_a_long_program_path_is_one_short_line(tmp_path):
-    from ringd.roster import program_problem
+    from ringd.inputs.roster import program_problem
     long_dir = "/".join(["d" * 200] * 30)      # 6 kB: a legal roster line
     for argv in ((f"./{long_dir}/x.sh",), (f"/{long_dir}/x.sh",)):
         problem = program_problem(argv, tmp_path)
@@ -218,7 +218,7 @@ def test_a_roster_caught_half_written_in_place_never_replaces_the_last_good_one(
     within RACY_NS of its change that is empty or ends without a newline is
     being written: the last good roster stays, no error, and it is read again
     at the next refresh until it is whole or settles."""
-    from ringd.roster import RACY_NS
+    from ringd.inputs.roster import RACY_NS
     p = tmp_path / "ring.txt"
     p.write_text("a true\nb deploy --dry-run\n")
     os.chmod(p, 0o600)
@@ -284,7 +284,7 @@ def test_an_error_about_a_roster_in_a_folder_with_a_colon_names_its_path_once(tm
 def test_check_warns_of_a_program_that_is_a_fifo(tmp_path):
     """exec takes only a regular file: a FIFO with execute bits passed ringd
     check (--strict too) as a fine program, and every run of it ended 'error'."""
-    from ringd.roster import program_problem
+    from ringd.inputs.roster import program_problem
     os.mkfifo(tmp_path / "agent", 0o755)
     problem = program_problem(("./agent",), tmp_path)
     assert problem and "is not executable" in problem, problem
@@ -317,7 +317,7 @@ def test_check_and_the_driver_read_every_generated_roster_alike(tmp_path):
 
 
 def test_wraps_judges_the_lap_by_the_roster_as_it_is_now():
-    from ringd.roster import wraps
+    from ringd.inputs.roster import wraps
     names = ["b", "c", "d"]                      # a removed from a b c d
     assert not wraps(names, "c", 2, 2)           # d follows c: same lap (c's old position said 2)
     assert wraps(names, "c", 2, 0) and wraps(names, "c", 2, 1)
@@ -332,7 +332,7 @@ def test_an_agent_gone_with_agents_before_it_is_followed_by_its_follower():
     predecessor. By its old index alone ``a b c d`` (c running) edited to
     ``b d`` went on at b (index 2 is past the end: a new lap), passing over d;
     ``c d`` (b running) at d, passing over c."""
-    from ringd.roster import wraps
+    from ringd.inputs.roster import wraps
     old = ["a", "b", "c", "d"]
     assert next_index(["b", "d"], "c", 2, old) == 1 and not wraps(["b", "d"], "c", 2, 1, old)
     assert wraps(["b", "d"], "c", 2, 0, old)
@@ -349,7 +349,7 @@ def test_where_the_ring_goes_on_is_the_rule_whether_or_not_the_agent_is_where_it
     edits, their answers are the rule's - after the agent by name when it is on
     the roster, else by the roster of its turn, else by its old position."""
     import random
-    from ringd.roster import wraps
+    from ringd.inputs.roster import wraps
 
     def rule(names, last_name, last_position, last_roster):
         if last_name is not None and last_name in names:

@@ -1,5 +1,5 @@
 """The run state machine: every ordering that matters, in microseconds."""
-from ringd.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, Phase, Ping, SetPhase, Skip,
+from ringd.core.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, Phase, Ping, SetPhase, Skip,
                             Stop, Tick, Trigger, WATCHDOG_GRACE, next_deadline, start, step)
 
 
@@ -154,7 +154,7 @@ def test_a_stall_the_agent_beat_by_exiting_is_its_own_ending():
 
 
 def test_a_leader_that_outlives_sigkill_is_closed_a_bounded_while_after_the_kill():
-    from ringd.runstate import UNKILLABLE_WAIT
+    from ringd.core.runstate import UNKILLABLE_WAIT
     # stalled: killed at 20, no exit ever (uninterruptible sleep) -> closed at 20 + UNKILLABLE_WAIT
     s, acts = run(new(beat_at=1e9), (20.0, Tick()))
     assert kinds(acts) == ["KillTree"] and next_deadline(s) == 20.0 + UNKILLABLE_WAIT

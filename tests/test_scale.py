@@ -4,7 +4,7 @@ Counted operations, never timings (the commits that brought each test give their
 import math
 from collections.abc import Sequence
 
-from ringd.policy import Action, TurnInputs, plan_turn
+from ringd.core.policy import Action, TurnInputs, plan_turn
 
 
 class CountingRoster(Sequence):
@@ -70,8 +70,8 @@ def _driver(tmp_path, names, agents=None, **ring):
 def test_the_driver_gives_each_turn_the_scheduled_agents_positions(tmp_path, monkeypatch):
     """The driver's turn hands plan_turn its scheduled agents' roster positions
     (kept with the view, made once per roster read), so no turn passes over the roster."""
-    from ringd import driver as driver_mod
-    from ringd.config import AgentOverride
+    from ringd.loops import driver as driver_mod
+    from ringd.inputs.config import AgentOverride
     names = [f"a{i:03d}" for i in range(200)]
     d, journal = _driver(tmp_path, names, agents={"a150": AgentOverride(every=3600.0),
                                                   "a020": AgentOverride(every=3600.0)})
@@ -154,7 +154,7 @@ def test_cgroups_left_populated_by_processes_sigkill_could_not_end_are_not_retri
     of its sub-cgroups): 16 of them cost every hop 58 us, 344 us with a
     sub-cgroup each. They are tried once every env.STUCK_RETRY now; a cgroup
     the kernel is still releasing is still tried at every wait."""
-    from ringd import env as env_mod
+    from ringd.host import env as env_mod
     monkeypatch.setattr(env_mod, "STUCK_RETRY", 60.0, raising=False)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -178,7 +178,7 @@ def test_a_lowered_keep_logs_prunes_a_full_folder_over_several_runs_not_in_one_h
     unlinked the whole excess at once - 100,000 logs took one hop 5 s, the
     driver deaf to its signals. Each run end now prunes env.PRUNE_LOGS_AT_ONCE
     at most, oldest first, until the folder is down to keep_logs."""
-    from ringd import env as env_mod
+    from ringd.host import env as env_mod
     state = tmp_path / "state"
     (state / "logs" / "a").mkdir(parents=True, mode=0o700)
     for run_id in range(1, 1001):

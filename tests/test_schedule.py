@@ -8,9 +8,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from ringd.config import ConfigError, parse_config
+from ringd.inputs.config import ConfigError, parse_config
 
-from ringd.schedule import (Entry, Schedule, ScheduleError, check_cron, due, local_zone,
+from ringd.inputs.schedule import (Entry, Schedule, ScheduleError, check_cron, due, local_zone,
                             next_due, wall_clock)
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -173,7 +173,7 @@ def test_the_zone_file_is_read_again_only_once_it_has_changed(monkeypatch, tmp_p
     once while the file is the same, and again once it is replaced (as
     timedatectl set-timezone retargets /etc/localtime) - never stale."""
     import shutil
-    from ringd import schedule as sched
+    from ringd.inputs import schedule as sched
     reads = Counter()
     real = sched._read_zone_file
 
@@ -271,10 +271,10 @@ def test_schedule_and_watchdog_keys_reach_the_config():
     assert parse_config({}).watchdog_for("a") is None
 
 
-# --- the turn choice with scheduled agents (ringd.policy.plan_turn) -------------------
+# --- the turn choice with scheduled agents (ringd.core.policy.plan_turn) -------------------
 
-from ringd.policy import Action, TurnInputs, plan_turn   # noqa: E402
-from ringd.records import AgentState   # noqa: E402
+from ringd.core.policy import Action, TurnInputs, plan_turn   # noqa: E402
+from ringd.core.records import AgentState   # noqa: E402
 
 ROSTER = [("a", "a.sh"), ("tick", "tick.sh"), ("b", "b.sh"), ("nightly", "n.sh")]
 
@@ -336,9 +336,9 @@ def test_the_round_is_one_rule_for_the_driver_and_status():
     a job due again, nothing due and a pause end it; ``--once`` and ``ringd
     next`` keep it. status.next_turn, given the round, names what plan_turn
     picks - the ordinary agent, not the job due again within its round."""
-    from ringd.config import Config
-    from ringd.policy import round_after
-    from ringd.status import next_turn
+    from ringd.inputs.config import Config
+    from ringd.core.policy import round_after
+    from ringd.cli.status import next_turn
     names = [n for n, _ in ROSTER]
     ran = frozenset({"nightly"})
     assert round_after(ran, plan(start=2, scheduled={"tick": 99.0, "nightly": 500.0}), names) == {"tick", "nightly"}
@@ -365,8 +365,8 @@ def test_every_after_a_clock_stepped_back_waits_at_most_twice_its_period():
     """``every: 600`` last started at t; the wall clock is stepped back. A step
     shorter than the period stretches one wait (due at t + 600, on the new clock
     at most 1200 s away); a longer one would stretch it by the step: due now."""
-    from ringd.records import AgentState, RunRow
-    from ringd.schedule import entry
+    from ringd.core.records import AgentState, RunRow
+    from ringd.inputs.schedule import entry
 
     class Journal:   # the reads schedule.entry makes, of a ring whose last run of "job" started at t
         def __init__(self, t):
@@ -401,7 +401,7 @@ def test_a_schedules_kept_times_that_no_clock_can_show_are_no_times():
     clock can show (JSON's 400-digit integer, which float() cannot take; 1e999;
     NaN) is no time - never an OverflowError in the driver's turn."""
     import json
-    from ringd.schedule import entry
+    from ringd.inputs.schedule import entry
 
     class Journal:   # a job that never ran, its meta as a hand (or a bit flip) left it
         def __init__(self, kept):
@@ -417,7 +417,7 @@ def test_a_schedules_kept_times_that_no_clock_can_show_are_no_times():
             return None
 
         def agent(self, name):
-            from ringd.records import AgentState
+            from ringd.core.records import AgentState
             return AgentState(name)
 
         def run(self, run_id):
@@ -436,8 +436,8 @@ def test_the_ring_resumes_after_its_last_ordinary_run_however_many_scheduled_run
     """A scheduled run is not a turn: the ring resumes after the last ordinary
     run - also when a frequent job ran more than a hundred times since (a day
     of a 10-minute job while the ring was paused; it looked back 100 rows)."""
-    from ringd.journal import Journal
-    from ringd.schedule import last_turn
+    from ringd.journal.sqlite import Journal
+    from ringd.inputs.schedule import last_turn
     config = parse_config({"agents": {"job": {"every": 600}}})
     j = Journal.open(tmp_path)
     try:
@@ -483,9 +483,9 @@ def test_status_reads_schedules_on_the_clock_it_is_given(tmp_path):
     schedules' next due times on the real one: a job never run (due as first
     seen) was shown due at the real time, a cron job at the real clock's next
     match - one clock for the whole read."""
-    from ringd.config import parse_config
-    from ringd.journal import Journal
-    from ringd.status import gather_status
+    from ringd.inputs.config import parse_config
+    from ringd.journal.sqlite import Journal
+    from ringd.cli.status import gather_status
     now = 1_800_000_000.0
     roster = tmp_path / "ring.txt"
     roster.write_text("a /bin/true\njob /bin/true\n")
@@ -504,7 +504,7 @@ def test_a_cron_job_last_started_at_the_end_of_the_year_9999_is_due_once_the_clo
     lies past datetime's end. next_due raised OverflowError - out of the
     driver's turn and ``ringd status`` alike; it is no due time, and the clock
     behind that start was set: due at the first match after the step."""
-    from ringd.heartbeat import epoch
+    from ringd.host.heartbeat import epoch
     s = Schedule(cron="0 3 * * *")
     far = epoch(ts(ZoneInfo("UTC"), 9999, 12, 31, 23, 30))
     assert far is not None

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import line_written, wait_until
-from ringd import safefile
+from ringd.host import safefile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -399,7 +399,7 @@ def test_reusing_a_log_refuses_a_file_already_at_the_new_name(tmp_path):
 def test_a_drivers_log_dirs_are_listed_once_at_start_up_not_at_each_agents_first_run(tmp_path, monkeypatch):
     """Listed back to back at start-up (RealEnv.index_run_logs), not at each
     agent's first run; what was listed is what the runs prune and reuse."""
-    from ringd.env import RealEnv
+    from ringd.host.env import RealEnv
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     for agent in ("a", "b"):
@@ -701,7 +701,7 @@ def test_root_reaping_another_users_ring_kills_only_what_that_user_could(ring, w
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv")
     import sqlite3
-    from ringd import procid
+    from ringd.host import procid
     ring.agent("a", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh")
     assert ring.start_driver("--once").wait(timeout=30) == 0   # a journal, as the ring makes it
@@ -744,8 +744,8 @@ def test_root_waking_another_users_driver_signals_only_what_that_user_could(ring
     privileges: root's process lives; the user's own process is still woken."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv")
-    from ringd import procid
-    from ringd.heartbeat import write_json_atomic
+    from ringd.host import procid
+    from ringd.host.heartbeat import write_json_atomic
     ring.agent("a", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh")
     assert ring.start_driver("--once").wait(timeout=30) == 0   # a journal and a heartbeat, as the ring makes them
@@ -834,7 +834,7 @@ def test_a_journal_root_makes_in_another_users_ring_is_that_users(ring):
 def _journal_with_a_public_wal(tmp_path):
     """A journal whose -wal is 0644 (SQLite gives it the journal's mode), kept in
     existence by an open connection."""
-    from ringd.journal import Journal, journal_path
+    from ringd.journal.sqlite import Journal, journal_path
     path = journal_path(tmp_path)
     path.touch()
     os.chmod(path, 0o644)
@@ -852,7 +852,7 @@ def test_the_journals_files_made_private_never_follow_a_link_swapped_in_after_th
     in between the two (the ring's user racing ``sudo ringd pause``) turned
     whatever file of root's it named 0600. Forced here: the swap happens right
     before the chmod."""
-    from ringd.journal import Journal
+    from ringd.journal.sqlite import Journal
     victim = tmp_path / "victim"
     victim.write_text("root's\n")
     os.chmod(victim, 0o644)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, ring_cmd
-from ringd.service import LABEL, POLKIT_RULE, target
+from ringd.cli.service import LABEL, POLKIT_RULE, target
 
 SHIPPED_BIN = Path("/opt/ring/bin")   # the README's venv
 MAX_EXPOSURE = 6.0
@@ -202,7 +202,7 @@ def test_a_user_name_systemd_or_polkit_would_read_otherwise_is_escaped(tmp_path,
     raw: ``User=a%b`` ran the ring as 'a' + the boot id (%b is a specifier), and
     the polkit rule compared ``subject.user == "DOM\\joe"`` - JavaScript reads
     'DOMjoe', so the watcher could never restart ringd ('x"y' was a syntax error)."""
-    from ringd.service import Target, render
+    from ringd.cli.service import Target, render
     t = Target(mode="systemd", bin_dir=stub_bin(tmp_path), state_dir=Path("/srv/ring"),
                config_path=Path("/etc/ring/ring.yaml"), user=name)
     files = render(t)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ringd import proctree
+from ringd.host import proctree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 

@@ -1,4 +1,4 @@
-"""The files a driver rewrites at every beat (ringd.heartbeat, ringd.metrics):
+"""The files a driver rewrites at every beat (ringd.heartbeat, ringd.loops.metrics):
 whole for every reader, and no fsync but the last beat's."""
 import fcntl
 import os
@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from ringd import heartbeat, lock, metrics
+from ringd.host import heartbeat
+from ringd.host import lock
+from ringd.loops import metrics
 
 from conftest import mounted_tmpfs, wait_until
 
@@ -86,7 +88,7 @@ def test_a_flock_on_another_file_systems_file_of_the_same_inode_is_not_the_drive
 _KILLED_MID_WRITE = r"""
 import os, signal, sys
 from pathlib import Path
-from ringd import heartbeat
+from ringd.host import heartbeat
 os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)   # a stalled disk's fsync, then a SIGKILL
 heartbeat.Heartbeat(Path(sys.argv[1]), heartbeat.Notifier()).beat(lap=1, agent=None, run_id=None, stopped=True)
 """

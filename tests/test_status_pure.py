@@ -1,9 +1,9 @@
 """``build_status`` is pure: health, shapes and edge cases without processes."""
 from pathlib import Path
 
-from ringd.config import Config
-from ringd.journal import RunRow
-from ringd.status import build_status, status_exit_code, unknown_agent
+from ringd.inputs.config import Config
+from ringd.journal.sqlite import RunRow
+from ringd.cli.status import build_status, status_exit_code, unknown_agent
 
 NOW = 1_800_000_000.0
 
@@ -78,8 +78,8 @@ def test_unknown_agent_message_is_short():
 def test_an_orphans_cause_names_a_dead_driver_or_this_one_still_running():
     """The reason a reaped row carries (and its alert): a dead driver's run, or -
     in a journal restored under the driver - this live driver's own, long ended."""
-    from ringd.journal import RunRow
-    from ringd.reaper import orphan_cause
+    from ringd.journal.sqlite import RunRow
+    from ringd.loops.reaper import orphan_cause
     row = RunRow(id=5, agent="a", position=0, status="running", started_at=1.0, ended_at=None,
                  duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=9,
                  run_budget=None, stall_threshold=None, log_path=None, driver_pid=42, driver_start=1000)
@@ -95,7 +95,7 @@ def test_text_from_the_journal_never_carries_a_control_character_to_the_terminal
     """An agent's name, reason and phase as the journal holds them (any process of
     the ring's user can write it), a heartbeat's pid, a roster error: shown with
     their control characters as spaces, in plain output and rich's alike."""
-    from ringd.render import history_lines, status_lines
+    from ringd.cli.render import history_lines, status_lines
     run = RunRow(id=9, agent="b" + ESC, position=1, status="running", started_at=NOW - 1, ended_at=None,
                  duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
                  run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)
@@ -117,7 +117,7 @@ def test_the_notes_the_failure_behaviour_tables_quote():
     """README "Failure behaviour": what ``ringd status`` shows in each case, as
     the tables quote it - over budget, skip requested, back-off, quarantine, a
     dead driver's pid, a watcher that is gone or gave up, restarts in window."""
-    from ringd.render import status_lines
+    from ringd.cli.render import status_lines
     run = RunRow(id=9, agent="b", position=1, status="running", started_at=NOW - 70, ended_at=None,
                  duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
                  run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)

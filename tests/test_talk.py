@@ -361,8 +361,8 @@ def test_with_a_watchdog_a_missing_program_is_still_an_error(ring):
 
 def test_a_journal_from_before_phases_gets_the_column(ring):
     import sqlite3
-    from ringd.schema_sqlite import SCHEMA
-    old = SCHEMA.replace("    phase        TEXT,              -- the agent's last STATUS= (see ringd.notify)\n", "")
+    from ringd.journal.schema_sqlite import SCHEMA
+    old = SCHEMA.replace("    phase        TEXT,              -- the agent's last STATUS= (see ringd.host.notify)\n", "")
     assert "phase" not in old
     con = sqlite3.connect(ring.journal_path)
     con.executescript(old + "INSERT INTO runs(agent, position, status, started_at, ended_at, duration)"

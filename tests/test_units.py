@@ -17,8 +17,8 @@ from typing import Dict, List
 import pytest
 
 from conftest import REPO
-from ringd.config import Config
-from ringwatch import watch
+from ringd.inputs.config import Config
+from ringd.loops import watcher
 
 SYSTEMD = REPO / "systemd"
 LAUNCHD = REPO / "launchd"
@@ -92,7 +92,7 @@ def test_unit_commands(units):
         assert "70" in one(u, "Service", "RestartPreventExitStatus").split()
         # the watcher's whole stop (the driver's grace, its SIGKILL, the orphan's reap) shares
         # one deadline, with room to spare for an interpreter's exit on a loaded box
-        assert seconds(one(u, "Service", "TimeoutStopSec")) >= watch.STOP_BUDGET + 5
+        assert seconds(one(u, "Service", "TimeoutStopSec")) >= watcher.STOP_BUDGET + 5
 
 
 def test_mode_two_wiring(units):
@@ -158,7 +158,7 @@ def test_launchd_plist(path):
     assert p["RunAtLoad"] is True
     assert p["KeepAlive"] in (True, {"SuccessfulExit": False})
     assert p["ThrottleInterval"] == DEFAULTS.watch.restart_sec
-    assert isinstance(p["ExitTimeOut"], int) and p["ExitTimeOut"] >= watch.STOP_BUDGET + 5
+    assert isinstance(p["ExitTimeOut"], int) and p["ExitTimeOut"] >= watcher.STOP_BUDGET + 5
     for key in ("StandardOutPath", "StandardErrorPath"):
         assert p[key].startswith("/")
     assert p.get("Umask", 0o077) & 0o077 == 0o077

@@ -35,7 +35,7 @@ def watch_state(ring) -> dict:
 
 def alive(pid: int, start: int = None) -> bool:
     """Alive (not a zombie) and, given its start ticks, the same process."""
-    from ringd.procid import same_process, start_ticks
+    from ringd.host.procid import same_process, start_ticks
     return start_ticks(pid) is not None if start is None else same_process(pid, start)
 
 
@@ -158,7 +158,7 @@ def test_a_driver_log_that_cannot_be_rotated_never_stops_the_watcher_starting_th
     """ringd.log past its rotation size with a directory at ringd.log.1: the
     rotation's rename failed, the driver was never started, and the watcher
     gave up. The driver starts; ringd.log says why it grows on."""
-    from ringwatch.driverproc import ROTATE_BYTES
+    from ringd.loops.driverproc import ROTATE_BYTES
     simple_ring(ring)
     logs = ring.state / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
@@ -205,7 +205,7 @@ def test_a_deleted_watcher_lock_never_lets_a_second_watcher_run(ring, poll):
     lock = ring.state / "ringwatch.lock"
     lock.unlink()
     if poll == "short":
-        from ringd.lock import holder_pid
+        from ringd.host.lock import holder_pid
         wait_until(lambda: lock.exists() and holder_pid(lock) == first.pid, 10,
                    message="the first watcher to lock ringwatch.lock again")
     second = ring.start_watcher()
@@ -356,9 +356,9 @@ def test_the_wait_for_the_give_up_alert_is_bounded_by_alerts_timeout_plus_10s(ri
     that bound, and the watcher says so. (The 10 s, REAP_GRACE and
     STARTUP_ALLOWANCE, are cut short here; the figure is checked on its own.)"""
     import select
-    from ringd import alerts
-    from ringd.config import load_config
-    from ringwatch.watch import Watcher
+    from ringd.host import alerts
+    from ringd.inputs.config import load_config
+    from ringd.loops.watcher import Watcher
     assert alerts.longest(20) == 30 and alerts.longest(0.5) == 10.5   # the README's "+ 10 s"
     monkeypatch.setattr(alerts, "REAP_GRACE", 0.2)
     monkeypatch.setattr(alerts, "STARTUP_ALLOWANCE", 0.3)
@@ -641,7 +641,7 @@ def test_metrics_never_report_another_rings_watcher_state(ring, tmp_path):
     simple_ring(ring)
     other = tmp_path / "other-state"
     other.mkdir(mode=0o700)
-    from ringd.heartbeat import whose
+    from ringd.host.heartbeat import whose
     (ring.state / "ringwatch.json").write_text(json.dumps(
         {**whose(other), "pid": 1, "restarts": ["2026-01-01T00:00:00+00:00"] * 3, "gave_up": True}))
     done = ring.cli("run", "--once")
@@ -656,7 +656,7 @@ def test_a_wall_clock_set_back_never_turns_old_restarts_into_a_burst(ring):
     clamped to now, and counted as one burst - the next failure made the watcher
     give up (exit 70) though the driver never failed faster than the limit. The
     window is kept on the boot clock (ringwatch.json's restart_clock)."""
-    from ringd.heartbeat import iso
+    from ringd.host.heartbeat import iso
     ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 30})
     simple_ring(ring)
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -748,7 +748,7 @@ def test_a_heartbeat_from_an_earlier_boot_names_no_driver(ring):
     start tick but another boot's id) for its driver and, as it never beat,
     stopped it as a hung one after stale_after. A heartbeat of another boot names
     nobody: the watcher starts its own driver and leaves the stranger alone."""
-    from ringd.procid import start_ticks
+    from ringd.host.procid import start_ticks
     simple_ring(ring)
     stranger = ring.start(["sleep", "120"])
     ticks = wait_until(lambda: start_ticks(stranger.pid), 5, message="the stranger started")
@@ -794,16 +794,16 @@ def test_an_internal_error_of_the_watcher_is_not_its_give_up_code(monkeypatch, c
 def in_process_watcher(ring, restarts=2):
     """A Watcher object (no loop, no driver) whose ringwatch.json holds ``restarts``
     restarts inside the window."""
-    from ringd.config import load_config
-    from ringd.heartbeat import whose
-    from ringwatch import state
-    from ringwatch.watch import Watcher
+    from ringd.inputs.config import load_config
+    from ringd.host.heartbeat import whose
+    from ringd.loops import watchstate
+    from ringd.loops.watcher import Watcher
     ring.write_config(watch={"start_limit_burst": 5, "start_limit_interval": 600})
-    state.prepare_state_dir(ring.state)
+    watchstate.prepare_state_dir(ring.state)
     w = Watcher(ring.state, ring.config_path, load_config(ring.config_path))
-    clock = state.clock_now()
+    clock = watchstate.clock_now()
     w._save(**whose(ring.state), pid=os.getpid(), gave_up=False,
-            **state.encode_restarts([clock.boot - 2 - i for i in range(restarts)][::-1], clock))
+            **watchstate.encode_restarts([clock.boot - 2 - i for i in range(restarts)][::-1], clock))
     assert len(watch_state(ring)["restarts"]) == restarts
     return w
 
@@ -829,9 +829,9 @@ def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, 
     watcher wrote back what it had read: the reset said "cleared 2 restart(s)"
     yet the history was back, and the next failures gave up early. Both now hold
     one write lock for their read-modify-write: the reset waits for the watcher."""
-    from ringwatch import state
+    from ringd.loops import watchstate
     w = in_process_watcher(ring)
-    real_clock_now = state.clock_now
+    real_clock_now = watchstate.clock_now
     resets, seen = [], []
 
     def reset_in_the_middle():   # called by _save between its read and its write
@@ -840,7 +840,7 @@ def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, 
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             resets.append(p)
             # Go on only once the reset got as far as it can: done (it did not
-            # wait for us: the bug), or inside state.write_lock, which opens the
+            # wait for us: the bug), or inside watchstate.write_lock, which opens the
             # state dir (nothing else in reset does) just before its first try
             # at the flock we hold. A timeout, however long, was no such sign:
             # an interpreter slow to start on a loaded box had not reached the
@@ -871,9 +871,9 @@ def test_a_reset_clears_the_history_a_watcher_keeps_in_memory_on_a_full_disk(rin
     history back over the reset (and counted it for the next give-up). A reset
     now moves ``reset_gen``, which the watcher checks before it uses its state."""
     import errno
-    from ringwatch import state
+    from ringd.loops import watchstate
     w = in_process_watcher(ring)
-    real_save, full = state.save, [True]
+    real_save, full = watchstate.save, [True]
 
     def save(state_dir, data):
         if full[0]:
@@ -883,7 +883,7 @@ def test_a_reset_clears_the_history_a_watcher_keeps_in_memory_on_a_full_disk(rin
     w._save(last_poll_at="full")                 # the state is now in memory only
     assert w._unsaved is not None
     full[0] = False                              # space freed; the operator resets
-    assert "cleared 2 restart(s)" in state.reset(ring.state)
+    assert "cleared 2 restart(s)" in watchstate.reset(ring.state)
     assert w._load()["restarts"] == []           # what the next restart decision reads
     w._save(last_poll_at="free")
     ws = watch_state(ring)
@@ -897,9 +897,9 @@ def test_a_give_up_on_a_full_disk_is_recorded_and_refused_until_reset(ring, monk
     driver again. The give-up is now recorded in an empty file, which needs no
     data block, and refused until `ringwatch reset`."""
     import errno
-    from ringd.errors import RingError
-    from ringwatch import state
-    from ringwatch.watch import Watcher
+    from ringd.core.errors import RingError
+    from ringd.loops import watchstate
+    from ringd.loops.watcher import Watcher
     w = in_process_watcher(ring)
 
     def full(state_dir, data):
@@ -913,7 +913,7 @@ def test_a_give_up_on_a_full_disk_is_recorded_and_refused_until_reset(ring, monk
     with pytest.raises(RingError) as refused:
         again._refuse_if_given_up()
     assert refused.value.code == 70 and "ringwatch reset" in str(refused.value)
-    assert "and the give-up" in state.reset(ring.state)
+    assert "and the give-up" in watchstate.reset(ring.state)
     again._refuse_if_given_up()                            # cleared: it may start the driver
 
 
@@ -924,30 +924,30 @@ def test_a_reset_on_a_disk_still_full_keeps_the_give_up_and_works_once_space_is_
     and the next watcher started the driver on the stale history. Nor did a
     reset of a marker-only give-up (no ringwatch.json) record itself. The marker
     now goes only once the cleared state is saved."""
-    from ringwatch import state
+    from ringd.loops import watchstate
     with mounted_tmpfs(ring.state):
         if stale:   # what the watcher wrote before the disk filled: no give-up, restarts in window
             (ring.state / "ringwatch.json").write_text(json.dumps(
-                {"restarts": [state.iso(time.time() - 5)] * 2, "gave_up": False}))
+                {"restarts": [watchstate.iso(time.time() - 5)] * 2, "gave_up": False}))
         filler = fill_up(ring.state)
-        state.mark_gave_up(ring.state)   # the give-up the full disk left: an empty file needs no free block
-        assert (ring.state / state.GAVE_UP_FILE).stat().st_size == 0
+        watchstate.mark_gave_up(ring.state)   # the give-up the full disk left: an empty file needs no free block
+        assert (ring.state / watchstate.GAVE_UP_FILE).stat().st_size == 0
         before = (ring.state / "ringwatch.json").read_bytes() if stale else None
         res = run_cli(ring, "reset", "--state", str(ring.state))
         assert res.returncode == 1 and res.stdout == "", res
-        assert (ring.state / state.GAVE_UP_FILE).exists(), "a failed reset lost the give-up"
+        assert (ring.state / watchstate.GAVE_UP_FILE).exists(), "a failed reset lost the give-up"
         # nothing changed (README): ringwatch.json as it was, or still none
         if stale:
             assert (ring.state / "ringwatch.json").read_bytes() == before
         else:
             assert not (ring.state / "ringwatch.json").exists()
-        assert state.gave_up(ring.state, state.load(ring.state))
+        assert watchstate.gave_up(ring.state, watchstate.load(ring.state))
         assert "cannot reset: No space left on device" in res.stderr and "run it again" in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
         filler.unlink()                                       # space freed: the same command works
         res = run_cli(ring, "reset", "--state", str(ring.state))
         assert res.returncode == 0 and f"cleared {2 if stale else 0} restart(s) and the give-up" in res.stdout, res
-        assert not (ring.state / state.GAVE_UP_FILE).exists()
+        assert not (ring.state / watchstate.GAVE_UP_FILE).exists()
         data = watch_state(ring)
         assert data["reset_gen"] == 1 and data["gave_up"] is False and data["restarts"] == [], data
 
@@ -968,11 +968,11 @@ def test_a_give_up_only_the_marker_file_records_shows_in_status_and_metrics(ring
     """`ringd status --json` and metrics.prom read "gave_up" from ringwatch.json
     only: a give-up a full disk recorded in the marker file instead (the watcher
     refuses on it) showed as no give-up, and metrics had no watcher at all."""
-    from ringwatch import state
+    from ringd.loops import watchstate
     simple_ring(ring)
     if json_says is not None:   # the watcher's last write before the disk filled
         (ring.state / "ringwatch.json").write_text(json.dumps({"restarts": [], "gave_up": json_says}))
-    (ring.state / state.GAVE_UP_FILE).touch(mode=0o600)
+    (ring.state / watchstate.GAVE_UP_FILE).touch(mode=0o600)
     st = json.loads(ring.cli("status", "--json").stdout)
     assert st["watcher"] == {"pid": None, "alive": False, "last_poll_at": None, "restarts": 0, "gave_up": True}
     done = ring.cli("run", "--once")   # the driver writes metrics.prom
@@ -988,14 +988,14 @@ def test_a_give_up_marker_already_there_counts_as_recorded_and_is_kept(ring, mon
     moment (`ringd status` saw no give-up) and lost if it could not be made
     again; and one that could not be removed (a directory) was logged as "THE
     GIVE-UP IS NOT RECORDED" though the next watcher refuses on it. Anything
-    already there records the give-up (state.gave_up): FileExistsError is success."""
+    already there records the give-up (watchstate.gave_up): FileExistsError is success."""
     import errno
-    from ringwatch import state
+    from ringd.loops import watchstate
     w = in_process_watcher(ring)
-    marker = ring.state / state.GAVE_UP_FILE
+    marker = ring.state / watchstate.GAVE_UP_FILE
     marker.touch(mode=0o600)
     os.link(marker, ring.base / "same-marker")   # tells the same file from one made again
-    state.mark_gave_up(ring.state)
+    watchstate.mark_gave_up(ring.state)
     assert os.path.samefile(marker, ring.base / "same-marker"), "the marker was removed and made again"
     marker.unlink()
     marker.mkdir(mode=0o700)                     # there, and not to be removed
@@ -1008,20 +1008,20 @@ def test_a_give_up_marker_already_there_counts_as_recorded_and_is_kept(ring, mon
     assert w._give_up("test") == 70
     err = capsys.readouterr().err
     assert "NOT RECORDED" not in err and f"recorded in {marker}" in err, err
-    assert state.gave_up(ring.state, state.load(ring.state))
+    assert watchstate.gave_up(ring.state, watchstate.load(ring.state))
 
 
 def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     """A reset that could not take the write lock (another process held it past
-    state.WRITE_LOCK_WAIT) raised a RingError (75) that the command did not
+    watchstate.WRITE_LOCK_WAIT) raised a RingError (75) that the command did not
     catch: "internal error: RingError: ..." and exit 1."""
     import fcntl
     import functools
     from ringwatch import cli as wcli
-    from ringwatch import state
-    assert state.WRITE_LOCK_WAIT == 10.0   # README: "held ... write lock for 10 s"
+    from ringd.loops import watchstate
+    assert watchstate.WRITE_LOCK_WAIT == 10.0   # README: "held ... write lock for 10 s"
     # the lock's wait cut short (reset looks write_lock up at each call)
-    monkeypatch.setattr(state, "write_lock", functools.partial(state.write_lock, wait=0.2))
+    monkeypatch.setattr(state, "write_lock", functools.partial(watchstate.write_lock, wait=0.2))
     monkeypatch.setattr(sys, "argv", ["ringwatch", "reset", "--state", str(ring.state)])
     fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -1102,8 +1102,8 @@ def test_a_heartbeat_naming_a_recycled_pid_never_gets_that_process_signalled(rin
     pid the kernel has since handed to another process (its start tick differs)
     is a dead driver's: the watcher runs the restart command and, finally, gives up
     - never signalling the process that has the pid now."""
-    from ringd.heartbeat import whose
-    from ringd.procid import start_ticks
+    from ringd.host.heartbeat import whose
+    from ringd.host.procid import start_ticks
     ring.write_config(watch={"restart_command": ["true"], "start_limit_burst": 1})
     simple_ring(ring)
     stranger = ring.start(["sleep", "120"])
@@ -1260,7 +1260,7 @@ def test_the_watchers_whole_stop_ends_well_within_the_units_stop_timeout(ring):
     whole stop shares one deadline (watch.STOP_BUDGET) well below it."""
     import fcntl
     import sqlite3
-    from ringd.service import STOP_GRACE_WATCHER
+    from ringd.cli.service import STOP_GRACE_WATCHER
     _needs_freezer()
     ice = drv_ice = None
     con = None

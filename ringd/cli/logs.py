@@ -1,0 +1,414 @@
+"""``ringd logs``: print a run's log (``--lines N``: its last N lines), follow one
+run until it ends (``--run ID -f``), follow an agent's current and later runs
+(``NAME -f``), or the whole ring (``-f``: each line prefixed ``NAME[RUN_ID] ``).
+
+Logs live at ``<state>/logs/<agent>/<run_id>.log``; they are opened without
+following symlinks and copied as bytes (an agent's output need not be UTF-8).
+Following is the CLI polling the journal and the files every 0.1 s (the driver
+never polls for it).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO, Callable, Dict, List, Optional
+
+from ringd.host import safefile
+from ringd.inputs.config import Config
+from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE
+from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path
+from ringd.cli.status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
+
+CHUNK = 64 * 1024
+MAX_LINE = 64 * 1024   # bytes of one line of a prefixed view held before it is shown in pieces
+FOLLOW_INTERVAL = 0.1   # s between looks at a followed log (the CLI polls; the driver never does)
+JOURNAL_CREATE_GRACE = 5.0   # s a journal may look unusable while its first driver creates it
+
+
+def log_file(state_dir: Path, row: RunRow) -> Path:
+    return state_dir / "logs" / row.agent / f"{row.id}.log"
+
+
+def find_run(state_dir: Path, config: Config, agent: str, run_id: Optional[int]) -> RunRow:
+    """The run whose log to show: ``run_id`` (which must be ``agent``'s) or the
+    agent's last run. Unknown agent or run -> OperatorError(2)."""
+    require_state_dir(state_dir)
+    try:
+        reader = open_reader(state_dir, config)
+        if reader is None:
+            known = known_names(config, state_dir)
+            if agent not in known:
+                raise unknown_agent(agent, known)
+            raise OperatorError(f"{agent} has no runs yet", EX_FAILURE)
+        try:
+            known = known_names(config, state_dir, reader, include_journal=True)
+            if agent not in known:
+                raise unknown_agent(agent, known)
+            reap_if_orphaned(state_dir, config, reader)
+            if run_id is None:
+                row = reader.last_run_of(agent)
+                if row is None:
+                    raise OperatorError(f"{agent} has no runs yet", EX_FAILURE)
+            else:
+                row = reader.run(run_id)
+                if row is None or row.agent != agent:
+                    raise OperatorError(f"no run {run_id} of {agent} (see ringd history {agent})", EX_BAD_USAGE)
+            return row
+        finally:
+            reader.close()
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+
+
+def _open_log(state_dir: Path, row: RunRow) -> Optional[int]:
+    """The run log's descriptor, or None when there is none. No symlink is
+    followed, at ``logs/``, ``logs/<agent>`` (an agent may swap its log dir
+    for a link to another dir) or the log itself; anything but a regular
+    file is refused, never waited on: a blocking open of a FIFO planted at a
+    run log hung ``ringd logs`` until a writer came (safefile.open_regular)."""
+    path = log_file(state_dir, row)
+    try:
+        dfd = safefile.open_dir(state_dir, ("logs", row.agent), create=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OperatorError(f"{path.parent}: log dir is a symbolic link or not a directory; "
+                                f"refusing to follow it") from None
+        raise OperatorError(f"{path.parent}: cannot read log dir: {e.strerror}") from None
+    try:
+        return safefile.open_in(dfd, path.name, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except safefile.NotRegularFile as e:
+        raise OperatorError(f"{path}: log is {e.strerror}; refusing to read it") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OperatorError(f"{path}: log is a symbolic link; refusing to follow it") from None
+        raise OperatorError(f"{path}: cannot read log: {e.strerror}") from None
+    finally:
+        os.close(dfd)
+
+
+def _copy(fd: int, out: BinaryIO) -> int:
+    n = 0
+    while True:
+        chunk = os.read(fd, CHUNK)
+        if not chunk:
+            return n
+        out.write(chunk)
+        n += len(chunk)
+
+
+def _no_log(row: RunRow, config: Config) -> OperatorError:
+    if row.status == "skipped" and row.pid is None:
+        why = "it was skipped without starting"
+    elif row.status == "running":
+        why = "it is starting"
+    else:
+        why = f"it was pruned (keep_logs: {config.ring.keep_logs}) or never written"
+    return OperatorError(f"run {row.id} of {row.agent} ({row.status}) has no log: {why}", EX_FAILURE)
+
+
+def show_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO) -> None:
+    fd = _open_log(state_dir, row)
+    if fd is None:
+        raise _no_log(row, config)
+    try:
+        _copy(fd, out)
+    finally:
+        os.close(fd)
+    out.flush()
+
+
+def follow_log(state_dir: Path, config: Config, row: RunRow, out: BinaryIO,
+               interval: float = FOLLOW_INTERVAL, sleep: Callable[[float], None] = time.sleep) -> str:
+    """Print the log and keep printing what is appended until the run leaves
+    ``running`` (an orphaned run - its driver gone - is reaped, which ends it).
+    Returns the run's final status."""
+    if row.status != "running":
+        show_log(state_dir, config, row, out)
+        return row.status
+    reader = Journal.open_readonly(state_dir)
+    fd: Optional[int] = None
+    status = row.status
+    last_reap_check = 0.0
+    try:
+        while True:
+            if fd is None:
+                fd = _open_log(state_dir, row)
+            if fd is not None and _copy(fd, out):
+                out.flush()
+            current = reader.run(row.id)
+            status = current.status if current else "unknown"
+            if status != "running":
+                if fd is None:
+                    fd = _open_log(state_dir, row)
+                if fd is not None:
+                    _copy(fd, out)  # the last words written before the run ended
+                out.flush()
+                return status
+            now = time.monotonic()
+            if now - last_reap_check >= 1.0:
+                last_reap_check = now
+                reap_if_orphaned(state_dir, config, reader)
+            sleep(interval)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        reader.close()
+
+
+def tail_offset(fd: int, lines: int, chunk: int = CHUNK) -> int:
+    """Where the last ``lines`` lines of the regular file at ``fd`` start (its
+    size for 0 lines; a last line without newline counts).
+    Read backwards from the end a block at a time, so the last lines of a 10 GB
+    log cost what they hold, not the whole log in memory (``--lines`` read all
+    of it, and ``-f --lines`` did so by repeated concatenation: a 300 MB log
+    hung it for minutes before a line was shown)."""
+    end = pos = os.fstat(fd).st_size
+    if lines <= 0:
+        return end
+    left = lines
+    while pos > 0:
+        start = max(0, pos - chunk)
+        block = os.pread(fd, pos - start, start)
+        if not block:
+            break   # truncated meanwhile: what there is
+        if pos == end and block.endswith(b"\n"):
+            block = block[:-1]   # the last line's own newline
+        cut = len(block)
+        while True:
+            cut = block.rfind(b"\n", 0, cut)
+            if cut < 0:
+                break
+            left -= 1
+            if not left:
+                return start + cut + 1
+        pos = start
+    return 0
+
+
+def show_tail(state_dir: Path, config: Config, row: RunRow, out: BinaryIO, lines: int) -> None:
+    fd = _open_log(state_dir, row)
+    if fd is None:
+        raise _no_log(row, config)
+    try:
+        os.lseek(fd, tail_offset(fd, lines), os.SEEK_SET)
+        _copy(fd, out)
+    finally:
+        os.close(fd)
+    out.flush()
+
+
+def split_lines(data: bytes, limit: Optional[int] = None) -> "tuple[List[bytes], bytes]":
+    """(whole lines without their newline, what is left): a line longer than
+    ``limit`` (MAX_LINE) is cut into pieces of ``limit`` bytes, and so is what
+    is left, to less than ``limit``."""
+    limit = MAX_LINE if limit is None else limit
+    *lines, rest = data.split(b"\n")
+    out: List[bytes] = []
+    for line in lines:
+        out += [line[i:i + limit] for i in range(0, len(line), limit)] or [b""]
+    while len(rest) >= limit:
+        out.append(rest[:limit])
+        rest = rest[limit:]
+    return out, rest
+
+
+# What a terminal acts on inside a line: C0 controls but tab (a carriage return,
+# an escape sequence), DEL, and the C1 controls in UTF-8 (U+0080-U+009F: CSI is
+# U+009B).
+_CONTROLS = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def _caret(m: "re.Match[bytes]") -> bytes:
+    b = m.group()
+    if len(b) == 2:
+        return b"M-^" + bytes([b[1] - 0x40])
+    return b"^?" if b == b"\x7f" else b"^" + bytes([b[0] + 0x40])
+
+
+def visible(line: bytes) -> bytes:
+    """One line of the prefixed (whole-ring) view with its control characters
+    shown as ``cat -v`` shows them (``^M``, ``^[``, ``M-^[``): an agent's carriage
+    return or escape sequence would otherwise move the operator's cursor back
+    over the ``NAME[RUN_ID] `` prefix (or up a line) and show its own text as
+    another agent's line."""
+    return _CONTROLS.sub(_caret, line) if _CONTROLS.search(line) else line
+
+
+def prefix_of(row: RunRow) -> bytes:
+    """``NAME[RUN_ID] `` of the whole-ring view, shown as :func:`visible` shows a
+    line: the name is the journal's, which any process of the ring's user can
+    write (an escape sequence or carriage return there moved the cursor too)."""
+    return visible(f"{row.agent}[{row.id}] ".encode("utf-8", "replace"))
+
+
+class _Tracked:
+    """One run being followed: its log's descriptor and a partial last line."""
+
+    def __init__(self, row: RunRow, prefix: bytes, warn: Callable[[str], None] = lambda _m: None):
+        self.row = row
+        self.prefix = prefix
+        self.warn = warn
+        self.fd: Optional[int] = None
+        self.partial = b""
+        self.refused = False   # its log is not one to read (a FIFO, a symlink ...): said once
+
+    def pump(self, state_dir: Path, out: BinaryIO, skip_to_lines: Optional[int] = None) -> bool:
+        """Copy what was appended (whole lines, prefixed), a chunk at a time. True
+        if anything was written. A line longer than MAX_LINE is shown in pieces
+        of that size, each prefixed: an agent printing without a newline is held
+        in memory that far, never without end."""
+        if self.fd is None:
+            if self.refused:
+                return False
+            try:
+                self.fd = _open_log(state_dir, self.row)
+            except OperatorError as e:
+                # one agent's log made a FIFO or a symlink must not end the
+                # following of its later runs, or of the whole ring
+                self.refused = True
+                self.warn(e.message)
+                return False
+            if self.fd is None:
+                return False
+            if skip_to_lines is not None:
+                os.lseek(self.fd, tail_offset(self.fd, skip_to_lines), os.SEEK_SET)
+        wrote = False
+        while True:
+            chunk = os.read(self.fd, CHUNK)
+            if not chunk:
+                return wrote
+            if not self.prefix:
+                out.write(chunk)
+                wrote = True
+                continue
+            lines, self.partial = split_lines(self.partial + chunk)
+            if lines:
+                out.write(b"".join(self.prefix + visible(line) + b"\n" for line in lines))
+                wrote = True
+
+    def finish(self, state_dir: Path, out: BinaryIO) -> None:
+        """The run ended: its last words, a last line without newline included."""
+        self.pump(state_dir, out)
+        if self.partial:
+            out.write(self.prefix + visible(self.partial) + b"\n")
+            self.partial = b""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _file_identity(path: Path) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO, *,
+           lines: Optional[int] = None, interval: float = FOLLOW_INTERVAL,
+           sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None,
+           warn: Optional[Callable[[str], None]] = None) -> None:
+    """Follow ``agent``'s runs (None: every run of the ring, lines prefixed
+    ``NAME[RUN_ID] ``) until interrupted (or ``until()`` says so): first the
+    running (else the last) run - all of it, or its last ``lines`` lines - then
+    every later run as it is written. A run whose driver died is reaped (which
+    ends it), as ``status`` would. A run log that cannot be read is named in
+    one line to ``warn`` (stderr), and following goes on."""
+    if warn is None:
+        def warn(message: str) -> None:
+            out.flush()
+            sys.stderr.write(f"ringd: {message}\n")
+            sys.stderr.flush()
+    require_state_dir(state_dir)
+    prefixed = agent is None
+    if agent is not None:
+        reader = open_reader(state_dir, config)
+        try:
+            known = known_names(config, state_dir, reader, include_journal=True)
+        finally:
+            if reader is not None:
+                reader.close()
+        if agent not in known:
+            raise unknown_agent(agent, known)
+    reader = None
+    reader_file: Optional[tuple] = None   # (device, inode) of the journal ``reader`` reads
+    tracked: Dict[int, _Tracked] = {}
+    seen = 0            # runs up to this id are tracked or done
+    started = False
+    last_reap_check = 0.0
+    unusable_since: Optional[float] = None
+    where = "" if agent is None else " AND agent = ?"
+    args: List = [] if agent is None else [agent]
+    try:
+        while until is None or not until():
+            if reader is None:
+                # no run yet: wait for the first driver (and for it to finish creating the journal)
+                try:
+                    reader_file = _file_identity(journal_path(state_dir))   # (before it is opened)
+                    reader = Journal.open_readonly(state_dir) if reader_file is not None else None
+                except JournalError:
+                    if unusable_since is None:
+                        unusable_since = time.monotonic()
+                    if time.monotonic() - unusable_since > JOURNAL_CREATE_GRACE:
+                        raise   # not a journal being created: a broken one, say so
+                    reader = None
+                if reader is None:
+                    sleep(interval)
+                    continue
+                unusable_since = None
+                if started:   # a journal put in place of the one followed: its runs from here on
+                    top = reader.con.execute("SELECT max(id) FROM runs").fetchone()[0]
+                    seen = min(seen, top or 0)
+            if not started:
+                started = True
+                row = reader.con.execute(f"SELECT * FROM runs WHERE status = 'running'{where}", args).fetchone() \
+                    or reader.con.execute(f"SELECT * FROM runs WHERE 1 = 1{where} ORDER BY id DESC LIMIT 1",
+                                          args).fetchone()
+                if row is not None:
+                    first = RunRow.from_mapping(row)
+                    seen = first.id
+                    t = _Tracked(first, prefix_of(first) if prefixed else b"", warn)
+                    t.pump(state_dir, out, skip_to_lines=lines)
+                    if first.status == "running":
+                        tracked[first.id] = t
+                    else:
+                        t.finish(state_dir, out)
+            for r in reader.con.execute(f"SELECT * FROM runs WHERE id > ?{where} ORDER BY id",
+                                        [seen, *args]).fetchall():
+                row = RunRow.from_mapping(r)
+                seen = row.id
+                tracked[row.id] = _Tracked(row, prefix_of(row) if prefixed else b"", warn)
+            for run_id in sorted(tracked):
+                t = tracked[run_id]
+                t.pump(state_dir, out)
+                current = reader.run(run_id)
+                if current is None or current.status != "running":
+                    t.finish(state_dir, out)
+                    del tracked[run_id]
+            out.flush()
+            now = time.monotonic()
+            if now - last_reap_check >= 1.0:
+                last_reap_check = now
+                reap_if_orphaned(state_dir, config, reader)
+                if _file_identity(journal_path(state_dir)) != reader_file:
+                    # moved aside or removed, and a driver made a new one: a reader
+                    # kept on the old file would show no run of the ring again
+                    reader.close()
+                    reader = None
+                    continue
+            sleep(interval)
+    finally:
+        for t in tracked.values():
+            if t.fd is not None:
+                os.close(t.fd)
+        if reader is not None:
+            reader.close()

@@ -1,0 +1,565 @@
+"""What the operator reads: ``ringd status`` and ``ringd history`` as plain dicts
+in the SPEC's JSON shapes.
+
+``build_status`` is pure (files already read, liveness already judged, a clock
+passed in); ``gather_status`` does the I/O around it. Reading never creates
+anything: the state dir must exist, the journal is opened read-only, and a
+writer is opened only to reap a ``running`` row whose driver is gone ("reap
+before you count"). Reads are one short transaction each, so the CLI never
+blocks the driver (WAL: readers and the writer do not wait for each other).
+
+Rich is never imported here (``status --json`` must stay fast).
+"""
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ringd.inputs.config import Config, ConfigError, RingSettings, excerpt
+from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE
+from ringd.core.errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
+from ringd.core.errors import STATUS_OK as EXIT_HEALTHY
+from ringd.core.errors import STATUS_STOPPED as EXIT_STOPPED
+from ringd.core.errors import STATUS_UNKNOWN as EXIT_UNKNOWN
+from ringd.core.errors import RingError as OperatorError
+from ringd.host.heartbeat import epoch as _epoch
+from ringd.host.heartbeat import (WATCHER_FILE, heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own,
+                        recorded_alive, watcher_alive, watcher_gave_up)
+from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no_schema_yet
+from ringd.host.lock import LOCK_FILE, holder_pid
+from ringd.host.notify import read_notes
+from ringd.core.policy import seen_at
+from ringd.inputs import schedule
+
+MAX_KNOWN_NAMES_CHARS = 600
+
+
+# --- opening things without creating them -----------------------------------
+
+def require_state_dir(state_dir: Path, code: int = EX_FAILURE) -> None:
+    """The state dir must exist already: reading commands never create it."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        raise OperatorError(f"{state_dir}: no such state directory (give --state DIR or set RING_STATE)",
+                            code) from None
+    except OSError as e:
+        raise OperatorError(f"{state_dir}: cannot read state directory: {e.strerror}", code) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OperatorError(f"{state_dir}: state directory is not a directory", code)
+
+
+def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Journal]:
+    """The journal read-only, or None when there is none yet (the ring never ran).
+    A many-host ring's journal is the PostgreSQL database its config names."""
+    if config is not None and config.ring.journal:
+        from ringd.journal.pg import PgJournal
+        return PgJournal.connect(config.ring.journal, readonly=True, ttl=config.ring.lease_ttl)
+    path = journal_path(state_dir)
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if path.is_symlink():
+        raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
+    try:
+        return Journal.open_readonly(state_dir)
+    except JournalError:
+        if no_schema_yet(path):
+            return None
+        raise
+
+
+def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
+    """Reap before you count: if a ``running`` row's driver is gone, close it (a
+    writer is opened only then). Returns (ids reaped, warning or None)."""
+    if config.ring.journal:
+        return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
+    row = reader.running_row()
+    if row is None or recorded_alive(row.driver_pid, row.driver_start, state_dir):
+        return [], None
+    try:
+        from ringd.loops.reaper import reap
+        writer = Journal.open(state_dir, create=False)
+        try:
+            reaped = reap(writer, state_dir, config,
+                          on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed))
+            if reaped:   # its driver is dead: nobody else rewrites the metrics
+                from ringd.loops.metrics import refresh_without_driver
+                refresh_without_driver(state_dir, config, writer)
+            return reaped, None
+        finally:
+            writer.close()
+    except (JournalError, OSError) as e:
+        return [], f"run {row.id} looks orphaned (its driver is gone) but could not be reaped: {e}"
+
+
+def _alert_reaped(state_dir: Path, config: Config, row: RunRow, closed) -> None:
+    """The alerts the driver would raise had it reaped this run itself."""
+    if not config.alerts.command:
+        return
+    from ringd.host import alerts
+    from ringd.core import events
+    from ringd.loops.reaper import orphan_cause
+    alerts.fire(config.alerts.command, events.RUN_REAPED, row.agent,
+                f"run {row.id} of {row.agent} was left running ({orphan_cause(row)}); "
+                f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
+                timeout=config.alerts.timeout, reaped_by_caller=False)
+    alert_closed(state_dir, config, closed)
+
+
+def alert_closed(state_dir: Path, config: Config, closed) -> None:
+    """Quarantine entered / N failures in a row, after an operator command closed a run."""
+    if not config.alerts.command or closed is None:
+        return
+    from ringd.host import alerts
+    from ringd.core.policy import alerts_after
+    for kind, detail in alerts_after(closed.agent, closed.status, closed.source, closed.settled,
+                                     config.alerts.failures_in_a_row):
+        alerts.fire(config.alerts.command, kind, closed.agent, detail, state_dir, {"run_id": closed.run_id},
+                    timeout=config.alerts.timeout, reaped_by_caller=False)
+
+
+# --- the roster as status sees it ---------------------------------------------
+
+def roster_view(config: Config, state_dir: Path) -> Tuple[Path, Optional[List[Tuple[str, str]]], Optional[str]]:
+    """(path, [(name, line)] or None when unreadable, error or None)."""
+    from ringd.inputs.roster import read_roster
+    path = config.roster_path(state_dir)
+    try:
+        agents = read_roster(path)
+    except ConfigError as e:
+        return path, None, str(e)
+    return path, [(a.name, a.text) for a in agents], None
+
+
+def known_names(config: Config, state_dir: Path, reader: Optional[Journal] = None,
+                include_journal: bool = False) -> List[str]:
+    """Agent names an operator may name: the current roster's (and, for reading
+    commands, any agent the journal knows). A broken roster falls back to the journal."""
+    _, agents, _ = roster_view(config, state_dir)
+    names = [n for n, _ in agents] if agents is not None else []
+    if (include_journal or agents is None) and reader is not None:
+        for n in reader.agent_names():
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def unknown_agent(name: str, known: Sequence[str]) -> OperatorError:
+    """Exit 2 with the list of known names (cut short, never a 100 kB line)."""
+    listed = ""
+    shown = 0
+    for n in known:
+        piece = (", " if listed else "") + n
+        if len(listed) + len(piece) > MAX_KNOWN_NAMES_CHARS:
+            break
+        listed += piece
+        shown += 1
+    if shown < len(known):
+        listed += f", ... ({len(known) - shown} more)"
+    return OperatorError(f"unknown agent {excerpt(name)}; known agents: {listed or '(none)'}", EX_BAD_USAGE)
+
+
+# --- status -------------------------------------------------------------------
+
+def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def _future(ts: Optional[float], now: float) -> Optional[str]:
+    """ISO time of ``ts`` if it is still ahead, else None (a passed back-off is over)."""
+    return iso(ts) if ts is not None and ts > now else None
+
+
+def build_status(*, state_dir: Path, config: Config, now: float,
+                 heartbeat: Optional[Mapping[str, Any]], driver_alive: bool,
+                 lock_holder: Optional[int] = None,
+                 watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
+                 gave_up: bool = False,
+                 running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
+                 roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
+                 roster_lines: Optional[Sequence[Tuple[str, str]]] = None,
+                 last_run: Optional[RunRow] = None, journal_lap: Optional[int] = None,
+                 states: Optional[Mapping[str, Any]] = None,
+                 ring_paused: bool = False, paused_agents: Sequence[str] = (),
+                 next_requested: Optional[str] = None,
+                 notes: Optional[Mapping[str, Any]] = None,
+                 next_due: Optional[Mapping[str, float]] = None,
+                 turn_from: Optional[RunRow] = None,
+                 ran_scheduled: Sequence[str] = (),
+                 ) -> Dict[str, Any]:
+    """Pure: the ``ringd status --json`` document.
+
+    ``lock_holder``: the pid holding the driver's lock, looked up when no
+    heartbeat could be read (a driver alive but unable to beat is ``stale``).
+    ``notes``: what the current run's agent said (``phase``, ``agent_beat_at``,
+    ringd.host.notify.read_notes). ``next_due``: scheduled agents' next due times.
+    ``gave_up``: did the watcher give up (heartbeat.watcher_gave_up: in
+    ringwatch.json, or in the marker file a full disk left instead).
+
+    ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
+    of its last finished run. ``roster``: the current roster's names, or None if
+    it does not parse (then the agents the journal knows, by last position).
+    ``roster_lines`` (name, line) and ``last_run`` (the journal's newest row) give
+    the next turn; ``journal_lap`` is the lap the driver recorded in the journal
+    (live, where the heartbeat's may be a beat old). ``turn_from``: the run the
+    ring resumes after when that is not the newest (a scheduled agent's run is
+    not a turn: ringd.inputs.schedule.last_turn). ``ring_paused``,
+    ``paused_agents`` and ``next_requested``: the operator's controls.
+    ``ran_scheduled``: the driver's round (policy.round_after, kept in the
+    journal); a driver that is not alive has none (the next one starts anew)."""
+    hb = dict(heartbeat) if heartbeat else None
+    health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
+                              locked=lock_holder is not None)
+    age = heartbeat_age(hb, now)
+    driver = {
+        "pid": hb.get("pid") if hb and driver_alive else (None if hb else lock_holder),
+        "health": health,
+        "heartbeat_age": _round(age) if hb else None,
+        "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
+        "lap": journal_lap if journal_lap is not None else (hb.get("lap") if hb else None),
+        "paused": bool(ring_paused),
+        "containment": hb.get("containment") if hb else None,   # "cgroup" | "subreaper"
+        # additions to the SPEC shape
+        "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
+        "last_pid": hb.get("pid") if hb else None,
+    }
+
+    w = dict(watcher) if watcher else None
+    window = config.watch.start_limit_interval
+    restarts = 0
+    if w and isinstance(w.get("restarts"), list):
+        for item in w["restarts"]:
+            t = _epoch(item)
+            if t is None or t >= now - window:
+                restarts += 1
+    watcher_doc = {
+        "pid": w.get("pid") if w and watcher_is_alive else None,
+        "alive": bool(watcher_is_alive),
+        "last_poll_at": iso(_epoch(w.get("last_poll_at"))) if w else None,
+        "restarts": restarts,
+        "gave_up": bool(gave_up),
+    }
+
+    current = None
+    if running is not None:
+        # (a start no clock can show, written by hand, is None: elapsed unknown)
+        elapsed = max(0.0, now - running.started_at) if running.started_at is not None else None
+        budget = running.run_budget
+        current = {
+            "agent": running.agent, "run_id": running.id, "pid": running.pid,
+            "elapsed": _round(elapsed), "run_budget": budget,
+            "stall_threshold": running.stall_threshold,
+            "phase": (notes or {}).get("phase"),
+            "agent_beat_age": _round(max(0.0, now - beat_at)) if (beat_at := (notes or {}).get("agent_beat_at"))
+            is not None else None,
+            # additions
+            "started_at": iso(running.started_at),
+            "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
+        }
+
+    if roster is not None:
+        names = list(roster)
+    else:  # the last good roster is the driver's; the journal knows where agents ran
+        known = sorted(agent_rows.items(), key=lambda kv: (
+            kv[1].get("last_position") if kv[1].get("last_position") is not None else 1 << 30, kv[0]))
+        names = [n for n, _ in known]
+    agents = []
+    for position, name in enumerate(names):
+        a = agent_rows.get(name) or {}
+        last = a
+        if running is not None and running.agent == name:
+            last = {"last_status": "running", "last_started_at": running.started_at,
+                    "last_ended_at": None, "last_duration": None, "last_exit_code": None,
+                    "last_signal": None}
+        agents.append({
+            "name": name,
+            "position": position,
+            "last_status": last.get("last_status"),
+            "last_started_at": iso(last.get("last_started_at")),
+            "last_duration": _round(last.get("last_duration")),
+            "last_exit_code": last.get("last_exit_code"),
+            "runs": int(a.get("runs") or 0),
+            "consecutive_failures": int(a.get("consecutive_failures") or 0),
+            "backoff_until": _future(a.get("backoff_until"), now),
+            "skip_requested": bool(a.get("skip_requested")),
+            "quarantined_until": _future(a.get("quarantined_until"), now),
+            "paused": name in paused_agents,
+            "next_due": iso((next_due or {}).get(name)),
+            # additions
+            "last_ended_at": iso(last.get("last_ended_at")),
+            "last_signal": last.get("last_signal"),
+        })
+
+    turn = None
+    if roster_lines and not ring_paused:
+        turn = next_turn(roster_lines, states or {}, turn_from or running or last_run, now, config,
+                         paused=paused_agents, requested=next_requested, next_due=next_due,
+                         ran_scheduled=ran_scheduled if driver_alive else ())
+    upcoming = None
+    if turn is not None:
+        name, at = turn
+        upcoming = {"agent": name,
+                    "at": None if running is not None else iso(at),
+                    "in": None if running is not None else round(max(0.0, at - now), 3),
+                    "after_current_run": running is not None}
+
+    return {
+        "state_dir": str(state_dir),
+        "driver": driver,
+        "watcher": watcher_doc,
+        "current": current,
+        "roster": {"path": str(roster_path), "agents": len(names), "error": roster_error},
+        "agents": agents,
+        # addition: who takes the next turn, and when (estimated from the journal)
+        "next": upcoming,
+    }
+
+
+def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
+              last: Optional[RunRow], now: float, config: Config, paused: Sequence[str] = (),
+              requested: Optional[str] = None,
+              next_due: Optional[Mapping[str, float]] = None,
+              ran_scheduled: Sequence[str] = ()) -> Optional[Tuple[str, float]]:
+    """Pure: (the agent that takes the next turn, when it starts), as the driver
+    chooses it - ``policy.plan_turn``, the driver's own rule (``states``: name ->
+    AgentState; ``next_due``: scheduled agents' next due times): an operator's
+    ``ringd next`` first, then a due scheduled agent not run in the driver's
+    round (``ran_scheduled``), else after ``last`` by name, passing over paused
+    agents, scheduled ones and those that back off or are quarantined. When
+    nothing is due, whoever the driver picks once the first wait ends. A turn
+    after a full lap waits ``lap_pause`` after the last run ended."""
+    import math
+    from dataclasses import replace
+    from ringd.core.policy import TurnInputs, plan_turn, round_after
+    from ringd.inputs.roster import next_index
+    names = [n for n, _ in roster]
+    if not names:
+        return None
+    start = next_index(names, last.agent if last else None, last.position if last else None)
+    inputs = TurnInputs(roster, start, states, now, paused=frozenset(paused), requested=requested,
+                        scheduled=dict(next_due or {}), ran_scheduled=frozenset(ran_scheduled))
+    plan, at = plan_turn(inputs), now
+    if plan.again:   # the driver ends its round first, then chooses again
+        plan = plan_turn(replace(inputs, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
+    if plan.index is None:
+        if plan.until is None or not math.isfinite(plan.until):
+            return None   # every agent paused, or waiting for nothing that comes by itself
+        at = max(now, plan.until)
+        plan = plan_turn(replace(inputs, now=at, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
+        if plan.index is None:
+            return None
+    last_index = names.index(last.agent) if last is not None and last.agent in names else None
+    wraps = not plan.forced and not plan.scheduled and last_index is not None and plan.index <= last_index
+    if wraps and config.ring.lap_pause > 0 and last is not None and last.ended_at is not None:
+        at = max(at, last.ended_at + config.ring.lap_pause)
+    return names[plan.index], at
+
+
+def status_exit_code(doc: Mapping[str, Any]) -> int:
+    health = doc["driver"]["health"]
+    if health == "ok":
+        return EXIT_HEALTHY
+    if health in ("dead", "stale"):
+        return EXIT_DEAD_OR_STALE
+    return EXIT_STOPPED
+
+
+def read_journal_view(reader: Journal, now: float, ring: RingSettings,
+                      lines: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """In one snapshot: the running row, per-agent rows (each agent's state as it
+    stands at ``now``, as the driver sees it, plus ``last_*`` keys of its last
+    finished run), the agents' states, the newest row and the driver's notes
+    (roster error, lap). Cost is independent of the journal's size (primary-key
+    and index lookups only). ``lines``: the roster's line of each agent (a hold
+    begun under another line is over: :func:`ringd.core.policy.seen_at`)."""
+    lines = lines or {}
+    with reader.snapshot() as tx:
+        running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
+        newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
+        controls = tx.controls()   # read as the driver reads them, in the same snapshot
+        ran_scheduled = schedule.read_round(tx)
+    ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
+    states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
+    agents: Dict[str, Dict[str, Any]] = {}
+    for name, st in states.items():
+        row = asdict(st)
+        r = last.get(name)
+        if r is not None:
+            row.update(last_status=r.status, last_started_at=r.started_at, last_ended_at=r.ended_at,
+                       last_duration=r.duration, last_exit_code=r.exit_code, last_signal=r.signal,
+                       last_position=r.position)
+        agents[name] = row
+    return {"running": running, "last_run": newest, "agent_rows": agents, "states": states,
+            "roster_error": roster_error, "ring_paused": ring_paused, "paused_agents": paused_agents,
+            "next_requested": next_requested, "ran_scheduled": sorted(ran_scheduled),
+            "lap": int(lap) if lap is not None and lap.isascii() and lap.isdigit() else None}
+
+
+def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
+                  warnings: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Read everything (reaping first) and build the status document."""
+    require_state_dir(state_dir, EXIT_UNKNOWN)
+    warnings = warnings if warnings is not None else []
+    view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
+                            "ring_paused": False, "paused_agents": [], "next_requested": None,
+                            "ran_scheduled": []}
+    lease = None
+    next_due: Dict[str, float] = {}
+    turn_from: Optional[RunRow] = None   # the run the ring resumes after (schedule.last_turn)
+    roster_path, roster, roster_error = roster_view(config, state_dir)
+    try:
+        reader = open_reader(state_dir, config)
+        if reader is None:
+            next_due = scheduled_next_due(None, config, state_dir, now)
+        else:
+            try:
+                _, warning = reap_if_orphaned(state_dir, config, reader)
+                if warning:
+                    warnings.append(warning)
+                view = read_journal_view(reader, time.time() if now is None else now, config.ring,
+                                         dict(roster) if roster is not None else None)
+                turn_from = schedule.last_turn(reader, config, view["running"] or view["last_run"])
+                if config.ring.journal:
+                    lease_view = reader.read_lease()
+                    lease = {"holder": lease_view.holder, "expires_at": iso(lease_view.expires_at),
+                             "epoch": lease_view.epoch}
+                next_due = scheduled_next_due(reader, config, state_dir, now)
+            finally:
+                reader.close()
+    except JournalError as e:
+        if not config.ring.journal:
+            raise OperatorError(str(e), EXIT_UNKNOWN) from None
+        # a many-host ring whose database is away: the drivers' health is still
+        # known from this box's heartbeat; say why the rest is missing
+        warnings.append(f"journal unreachable: {e}")
+    hb = read_heartbeat(state_dir)
+    watcher = read_own(state_dir / WATCHER_FILE, state_dir)
+    # the clock read after everything else: a heartbeat read just now is never "from the future"
+    now = time.time() if now is None else now
+    doc = build_status(
+        state_dir=state_dir, config=config, now=now,
+        heartbeat=hb, driver_alive=live_writer(hb, even_stopped=True) is not None,
+        lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
+        watcher=watcher, watcher_is_alive=watcher_alive(watcher),
+        gave_up=watcher_gave_up(state_dir, watcher),
+        running=view["running"], agent_rows=view["agent_rows"],
+        roster_path=roster_path, roster=[n for n, _ in roster] if roster is not None else None,
+        roster_error=roster_error, roster_lines=roster, last_run=view["last_run"],
+        journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
+        paused_agents=view["paused_agents"], next_requested=view["next_requested"],
+        next_due=next_due, turn_from=turn_from, ran_scheduled=view["ran_scheduled"],
+        notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
+    )
+    add_leadership(doc, hb, lease)
+    return doc
+
+
+def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: Optional[Dict[str, Any]]) -> None:
+    """``driver.host``, ``driver.role`` (leader | standby) and ``lease``. A SQLite
+    ring has one driver per state dir, always the leader, and no lease (null)."""
+    hb = hb or {}
+    doc["driver"]["host"] = hb.get("host")
+    live = doc["driver"].get("health") in ("ok", "stale")
+    doc["driver"]["role"] = hb.get("role", "leader") if live else None
+    doc["lease"] = lease
+
+
+def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Path,
+                       now: Optional[float] = None) -> Dict[str, float]:
+    """Next due time of every scheduled agent on the roster (read-only), in the
+    driver's time zone (its heartbeat's ``tz``; ours without one). No journal
+    yet (``reader`` None): none has run, so each is due as a schedule first seen
+    now (``every`` at once, a cron at its next matching minute)."""
+    if not any(o.schedule is not None or o.every is not None for o in config.agents.values()):
+        return {}
+    _, roster, _ = roster_view(config, state_dir)
+    names = [n for n, _ in roster] if roster is not None else list(config.agents)
+    hb = read_heartbeat(state_dir) or {}
+    zone = schedule.local_zone(hb["tz"]) if "tz" in hb else schedule.local_zone()
+    now, out = time.time() if now is None else now, {}
+    if reader is None:
+        scheds = ((name, config.schedule_for(name)) for name in names)
+        return {name: schedule.next_due(sched, None, now, zone) for name, sched in scheds if sched is not None}
+    with reader.snapshot() as tx:
+        for name in names:
+            sched = config.schedule_for(name)
+            if sched is not None:
+                out[name] = schedule.entry(tx, name, sched, now, write=False).next_due(zone)
+    return out
+
+
+# --- history --------------------------------------------------------------------
+
+def run_dict(row: RunRow) -> Dict[str, Any]:
+    """One run in the SPEC's ``history --json`` shape."""
+    return {
+        "id": row.id, "agent": row.agent, "status": row.status,
+        "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
+        "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
+        "reason": row.reason, "phase": row.phase, "cpu_seconds": row.cpu_seconds,
+    }
+
+
+HISTORY_BATCH = 500
+
+
+def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: Optional[int]) -> List[RunRow]:
+    """Runs that started at or after ``cutoff``, newest first. A row's start time
+    is when it was written, so ids grow with it: read back in batches and stop at
+    the first older run (never a scan of a big journal)."""
+    out: List[RunRow] = []
+    below = None
+    where = "" if agent is None else " AND agent = ?"
+    while limit is None or len(out) < limit:
+        args: List[Any] = [below if below is not None else 1 << 62] + ([] if agent is None else [agent])
+        rows = reader.con.execute(f"SELECT * FROM runs WHERE id < ?{where} ORDER BY id DESC LIMIT {HISTORY_BATCH}",
+                                  args).fetchall()
+        for r in rows:
+            row = RunRow.from_mapping(r)
+            if row.started_at is not None and row.started_at < cutoff:
+                return out
+            out.append(row)
+            if limit is not None and len(out) >= limit:
+                return out
+        if len(rows) < HISTORY_BATCH:
+            return out
+        below = rows[-1]["id"]
+    return out
+
+
+def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: Optional[int],
+                   warnings: Optional[List[str]] = None, since: Optional[float] = None,
+                   now: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Recent runs, newest first (reaping first): the last ``limit``, or (``since``
+    seconds) those that started within that long, at most ``limit`` when given.
+    Unknown agent -> OperatorError(2)."""
+    require_state_dir(state_dir)
+    warnings = warnings if warnings is not None else []
+    try:
+        reader = open_reader(state_dir, config)
+        if reader is None:
+            if agent is not None and agent not in known_names(config, state_dir):
+                raise unknown_agent(agent, known_names(config, state_dir))
+            return []
+        try:
+            if agent is not None:
+                known = known_names(config, state_dir, reader, include_journal=True)
+                if agent not in known:
+                    raise unknown_agent(agent, known)
+            _, warning = reap_if_orphaned(state_dir, config, reader)
+            if warning:
+                warnings.append(warning)
+            if since is not None:
+                cutoff = (time.time() if now is None else now) - since
+                rows = history_since(reader, agent, cutoff, limit)
+            else:
+                rows = reader.history(agent, limit if limit is not None else 20)
+        finally:
+            reader.close()
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+    return [run_dict(r) for r in rows]

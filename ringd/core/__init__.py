@@ -1,0 +1,1 @@
+"""Pure decisions and types: no clock, no files, no processes."""

@@ -1,0 +1,1 @@
+"""The operating system behind one seam: processes, cgroups, sockets, locks, files, signals."""

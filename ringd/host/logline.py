@@ -1,0 +1,96 @@
+"""The one log line format of ``ringd`` and ``ringwatch``:
+
+    2026-12-01T12:00:00Z ringd[4242]: message
+
+UTC with a ``Z``, the program and its pid. When stderr *is* the journal
+(``$JOURNAL_STREAM`` names stderr's device and inode, as systemd sets it), each
+line starts with an sd-daemon(3) priority, ``<3>`` error, ``<4>`` warning,
+``<6>`` info, so ``journalctl -p warning`` finds the problems. A driver started by
+a watcher inherits ``JOURNAL_STREAM`` but writes to ``ringd.log``: the device and
+inode tell the two apart, so that file never gets the prefixes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Optional, TextIO
+
+from ringd.host.notify import without_controls
+
+ERR, WARNING, INFO = 3, 4, 6
+
+# A line's priority when the caller does not give one: the words our own
+# messages use for trouble (lower-cased substrings; errors checked first).
+_ERROR_WORDS = ("error", "cannot", "giving up", "gave up", "refus", "damaged", "not usable", "exited 78")
+_WARNING_WORDS = ("warning", "unhealthy", "stale", "kill", "survived", "still running", "not restarting",
+                  "lost", "fenced", "timed out", "nothing to run", "is gone", "without a clean stop")
+
+
+def priority(message: str) -> int:
+    text = message.lower()
+    if any(w in text for w in _ERROR_WORDS):
+        return ERR
+    if any(w in text for w in _WARNING_WORDS):
+        return WARNING
+    return INFO
+
+
+def stream_is_journal(stream: TextIO, journal_stream: Optional[str]) -> bool:
+    """Does ``stream`` go to the journal? (``JOURNAL_STREAM`` is ``DEV:INODE``.)"""
+    if not journal_stream:
+        return False
+    try:
+        dev, ino = (int(x) for x in journal_stream.split(":", 1))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def format_line(prog: str, message: str, *, at: float, pid: int, level: Optional[int] = None,
+                journald: bool = False) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    prefix = f"<{priority(message) if level is None else level}>" if journald else ""
+    # One line, whatever the message quotes: a path from the config or the command
+    # line may hold a newline or an escape sequence (ring.roster: "x\nFAKE: ok"
+    # logged a configuration error as two lines, and ringwatch, which reports the
+    # driver's last log line, then named only the forged half). Under journald
+    # only the first line had the priority.
+    return f"{prefix}{stamp} {prog}[{pid}]: {without_controls(message)}\n"
+
+
+_journald: Optional[bool] = None
+_my_pid: Optional[int] = None   # getpid(2) is a system call (glibc caches it no more): asked once
+
+
+def _pid() -> int:
+    global _my_pid
+    if _my_pid is None:
+        _my_pid = os.getpid()
+    return _my_pid
+
+
+def _forget_pid() -> None:
+    global _my_pid
+    _my_pid = None
+
+
+os.register_at_fork(after_in_child=_forget_pid)
+
+
+def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
+    """Write one line to stderr (or ``stream``) and flush it. A line that cannot
+    be written (the log's disk is full: ENOSPC, EIO) is lost, never an error: a
+    driver under ringwatch writes to ``logs/ringd.log``, and on a full disk it
+    exited 1 at its first line, every driver the watcher started likewise, and
+    the watcher gave up - though the journal and heartbeat could be written."""
+    global _journald
+    stream = stream or sys.stderr
+    if _journald is None:   # stderr does not change under a running daemon: look once
+        _journald = stream_is_journal(stream, os.environ.get("JOURNAL_STREAM"))
+    try:
+        stream.write(format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald))
+        stream.flush()
+    except OSError:
+        pass

@@ -1,0 +1,643 @@
+"""Agents that talk back: the per-run notify socket (systemd's sd_notify
+protocol), what a datagram means, who may speak, and the small file that shows
+the current run's phase to ``ringd status``.
+
+Each run gets ``<state>/notify-<run_id>.sock``: a SOCK_DGRAM unix socket, mode
+0600, with SO_PASSCRED, so every datagram carries its sender's pid
+(SCM_CREDENTIALS). Only processes of the current run are heard: the agent, a
+member of its session or process group, or a process whose ancestry reaches the
+agent (``systemd-notify`` run by a script), or an orphan of the run re-parented
+to the subreaper driver that carries the run's key (``RING_STATE`` +
+``RING_RUN_ID``). Datagrams over 4 KiB, malformed ones and strangers' are
+dropped; file descriptors passed along (sd_notify_barrier's) are closed at once,
+or on a short-lived thread if their close may block; while too many wait for it
+(:data:`CLOSING_CAP`) the socket is not read at all. The driver drains the
+socket non-blocking with a cap per wake-up, so a flood can never keep it from
+beating.
+
+This module is on the path of ``ringd notify``: stdlib only at import time.
+"""
+from __future__ import annotations
+
+import array
+import collections
+import os
+import re
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
+PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters
+DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves the loop
+PURGE_CAP = 1024           # datagrams purged from a parked socket before its reuse (then a fresh one)
+# passed fds waiting for the closer (_close_passed), at most: from there on no
+# datagram is read (reading one installs its fds in our process), so an agent
+# passing fds whose close blocks fills its socket's queue, never the driver's
+# fd table (at EMFILE it could open no journal, log or pidfd). One datagram read
+# just under the cap adds at most _MAX_FDS.
+CLOSING_CAP = 256
+HELD_RETRY = 0.5           # s between reads of a socket that cap holds (unwatched meanwhile: ringd/hop.py)
+NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
+NOTES_FILE = "notify.json"
+SOCKET_PREFIX = "notify-"
+IDLE_SOCKET = SOCKET_PREFIX + "idle.sock"   # a parked socket between runs (swept like the others)
+# fds one datagram can carry (the kernel's SCM_MAX_FD): room for all of them, since
+# those that do not fit are released by the kernel inside our recvmsg - a release
+# that can block as a close can (_close_passed)
+_MAX_FDS = 253
+_UCRED = struct.Struct("3i")
+_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
+# passed fds arrive close-on-exec: one still waiting to be closed never reaches an agent we start
+_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+_KEY = re.compile(r"[A-Z][A-Z0-9_]*")
+# C0 and C1 controls (escape sequences, newlines), and what splits a line or
+# reorders its text in Unicode-aware tools: the line and paragraph separators,
+# bidirectional marks, embeddings, overrides and isolates, and the BOM
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+_SUN_PATH_MAX = 107        # bytes usable in sockaddr_un.sun_path (108 with the NUL)
+
+
+# --- what a datagram says (pure) ----------------------------------------------------
+
+def parse_datagram(data: bytes) -> Optional[Dict[str, str]]:
+    """``KEY=VALUE`` lines -> dict, or None when the datagram is empty, too big
+    or malformed (a line without ``=``, a key that is not upper-case
+    ``[A-Z0-9_]``, a NUL byte). Later keys win over earlier ones."""
+    if not data or len(data) > MAX_DATAGRAM or b"\x00" in data:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    fields: Dict[str, str] = {}
+    for line in text.split("\n"):
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _KEY.fullmatch(key):
+            return None
+        fields[key] = value
+    return fields or None
+
+
+def without_controls(text: str) -> str:
+    """``text`` with its control characters (escape sequences, newlines, Unicode
+    line separators and bidirectional controls) made spaces: text someone else
+    wrote that an operator's terminal shows (a phase, a force-fail reason) can
+    neither move its cursor nor reorder what is shown beside it."""
+    return _CONTROL.sub(" ", text)
+
+
+def clean_phase(text: str) -> str:
+    """A STATUS= text as a one-line phase (:func:`without_controls`), cut to
+    :data:`PHASE_CHARS`."""
+    return without_controls(text)[:PHASE_CHARS].strip()
+
+
+def watchdog_usec(seconds: float) -> str:
+    """``WATCHDOG_USEC`` for a watchdog of ``seconds``: at least 1, since 0 means
+    "no watchdog" to libsystemd (``sd_watchdog_enabled``), and the driver would
+    still end the run."""
+    return str(max(1, int(seconds * 1_000_000)))
+
+
+def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool, bool]:
+    """(phase or None, pinged, triggered) of one parsed datagram. ``WATCHDOG=trigger``
+    is systemd's "I detected an internal error: act as if my watchdog starved"
+    (with or without a configured watchdog). What else systemd's protocol says
+    is not the agent's to change here: ``WATCHDOG_USEC=`` (its watchdog is the
+    operator's setting), ``EXTEND_TIMEOUT_USEC=`` (the budget is), ``MAINPID=``
+    (the run's process is the one the driver started), ``READY=1``, ``FDSTORE=1``
+    ...: heard and ignored."""
+    phase = clean_phase(fields["STATUS"]) if "STATUS" in fields else None
+    watchdog = fields.get("WATCHDOG")
+    return phase, watchdog == "1", watchdog == "trigger"
+
+
+# --- who may speak -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    ppid: int
+    pgrp: int
+    session: int
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> Optional[ProcStat]:
+    """ppid, process group, session and boot-relative start of ``pid`` from
+    /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(1024)
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return ProcStat(int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ_has(pid: int, wanted: Dict[str, str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            blob = f.read(1 << 20)
+    except OSError:
+        return False
+    found = {}
+    for item in blob.split(b"\x00"):
+        key, _, value = item.partition(b"=")
+        k = key.decode(errors="replace")
+        if k in wanted:
+            found[k] = value.decode(errors="replace")
+    return found == wanted
+
+
+class RunMembers:
+    """Is a sender pid a process of the current run? Cheap for the usual
+    senders: the agent itself costs nothing, anything else one or a few reads of
+    /proc/<pid>/stat; verdicts are cached per (pid, start time)."""
+
+    MAX_DEPTH = 64
+
+    def __init__(self, state_key: str, run_id: int, driver_pid: Optional[int] = None,
+                 stat: Callable[[int], Optional[ProcStat]] = proc_stat,
+                 environ_has: Callable[[int, Dict[str, str]], bool] = _environ_has):
+        self.agent_pid: Optional[int] = None
+        self.driver_pid = driver_pid if driver_pid is not None else os.getpid()
+        self.key = {"RING_STATE": state_key, "RING_RUN_ID": str(run_id)}
+        self._stat = stat
+        self._environ_has = environ_has
+        self._cache: Dict[int, Tuple[int, bool]] = {}
+
+    def __contains__(self, pid: int) -> bool:
+        agent = self.agent_pid
+        if agent is None or pid <= 0:
+            return False
+        if pid == agent:
+            return True
+        st = self._stat(pid)
+        if st is None:
+            return False   # gone before we could look: unknown, so not heard
+        cached = self._cache.get(pid)
+        if cached is not None and cached[0] == st.start_ticks:
+            return cached[1]
+        verdict = self._judge(pid, st, agent)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[pid] = (st.start_ticks, verdict)
+        return verdict
+
+    def _judge(self, pid: int, st: ProcStat, agent: int) -> bool:
+        # The agent leads its own session and group, and stays an unreaped
+        # zombie until the run ends: its pid cannot name anyone else meanwhile.
+        for _ in range(self.MAX_DEPTH):
+            if st.pgrp == agent or st.session == agent or st.ppid == agent:
+                return True
+            if st.ppid == self.driver_pid:
+                # a child of ours that is not the agent: an orphan of the run
+                # re-parented to us (subreaper), or one of our own helpers
+                return self._environ_has(pid, self.key)
+            if st.ppid <= 1:
+                return False
+            pid = st.ppid
+            nxt = self._stat(pid)
+            if nxt is None:
+                return False
+            st = nxt
+        return False
+
+
+# --- the socket ----------------------------------------------------------------------
+
+@dataclass
+class Heard:
+    """What one drain of the socket brought."""
+    phase: Optional[str] = None     # the last STATUS= among accepted datagrams
+    pings: int = 0                  # accepted WATCHDOG=1
+    triggered: bool = False         # an accepted WATCHDOG=trigger
+    accepted: int = 0
+    dropped: int = 0
+    more: bool = False              # the cap was reached: datagrams may be waiting
+    held: bool = False              # nothing more was read: CLOSING_CAP passed fds wait to be closed
+
+
+class NotifySocket:
+    """The notify socket of one run. ``env`` is what to put in NOTIFY_SOCKET."""
+
+    def __init__(self, sock: socket.socket, path: Optional[str], env: str, members: RunMembers,
+                 ident: Optional[Tuple[int, int]] = None):
+        self.sock = sock
+        self.path = path
+        self.env = env
+        self.members = members
+        self.ident = ident   # (st_dev, st_ino) of the socket file we bound: renames must find it
+
+    @classmethod
+    def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None,
+             sweep: bool = True) -> "NotifySocket":
+        """Create and bind the run's socket (0600). ``sweep``: sockets left by a
+        dead driver (or a close that could not unlink) are removed first (we
+        hold the lock: no other run of this ring exists).
+        A state dir whose path is too long for a socket address gets an
+        abstract socket (``@...``) instead; senders are checked the same way."""
+        if sweep:
+            remove_stale(state_dir)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            path: Optional[str] = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
+            if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+                old = os.umask(0o177)   # born 0600 (bind applies the umask): no window, no chmod
+                try:
+                    sock.bind(path)
+                finally:
+                    os.umask(old)
+                env = path
+                st = os.lstat(path)
+                ident: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
+            else:
+                path = None
+                name = f"ring-notify-{os.getpid()}-{run_id}-{os.urandom(6).hex()}"
+                sock.bind("\0" + name)
+                env = "@" + name
+                ident = None
+        except BaseException:
+            _close_socket(sock)   # bound, it may have been sent to already
+            raise
+        members = RunMembers(state_key or str(state_dir), run_id)
+        return cls(sock, path, env, members, ident)
+
+    def park(self, state_dir: Path) -> bool:
+        """The run has ended: its socket file leaves its path (renamed to
+        :data:`IDLE_SOCKET`) and the bound socket is kept for the next run
+        (:meth:`reuse`), instead of being closed, unlinked and bound again.
+        A rename costs no inode; on a file system that avoids reusing recently
+        freed inodes (ext4 without a journal) every fresh bind scans for one.
+        False (nothing parked) for an abstract socket or when the rename fails."""
+        if self.path is None or self.ident is None:
+            return False
+        idle = f"{state_dir}/{IDLE_SOCKET}"
+        try:
+            os.rename(self.path, idle)
+        except OSError:
+            return False
+        self.path = idle   # what close() removes, if it is never reused
+        return True
+
+    def reuse(self, state_dir: Path, run_id: int, state_key: Optional[str] = None) -> Optional["NotifySocket"]:
+        """A parked socket as ``run_id``'s (its file renamed to the run's path,
+        anything still queued from earlier runs dropped); None (and the
+        parked socket closed) when the file at the idle path is not the one we
+        bound - it was removed or replaced - or no longer 0600, or when the
+        purge of what is queued did not finish (:data:`PURGE_CAP` datagrams,
+        or :data:`CLOSING_CAP` passed fds waiting: then closed on the closer):
+        the caller binds a fresh socket."""
+        idle = self.path
+        path = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
+        try:
+            if idle is None:
+                raise FileNotFoundError(path)
+            st = os.lstat(idle)
+            # (a run's agent may have chmod'ed it: SPEC says 0600, so that one is not reused either)
+            if (st.st_dev, st.st_ino) != self.ident or not stat.S_ISSOCK(st.st_mode) \
+                    or stat.S_IMODE(st.st_mode) != 0o600:
+                raise FileNotFoundError(idle)
+        except OSError:
+            self._close_sock()   # (what was sent to it between runs may still be queued)
+            return None
+        # datagrams of an earlier run (its processes are gone): never heard. A
+        # bounded purge: whoever keeps writing to the idle socket as fast as we
+        # read (the path is well known) would otherwise hold the driver here for
+        # ever; past the bound, or while passed fds wait to be closed
+        # (CLOSING_CAP), the socket is given up and a fresh one bound.
+        purged = False
+        for _ in range(PURGE_CAP):
+            if _closing_full():
+                break
+            try:
+                _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
+            except OSError:
+                purged = True
+                break
+            _sender_and_close_fds(anc)
+        if not purged:
+            self._close_sock()
+            return None
+        try:
+            os.rename(idle, path)
+        except OSError:
+            self._close_sock()
+            return None
+        members = RunMembers(state_key or str(state_dir), run_id)
+        return NotifySocket(self.sock, path, path, members, self.ident)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def set_agent(self, pid: int) -> None:
+        self.members.agent_pid = pid
+
+    def drain(self, cap: int = DRAIN_CAP) -> Heard:
+        """Read up to ``cap`` waiting datagrams without blocking."""
+        _run_closer()   # one that could not be started is tried again
+        heard = Heard()
+        for _ in range(cap):
+            if _closing_full():
+                heard.held = True
+                return heard
+            try:
+                data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                return heard
+            except OSError:
+                return heard
+            pid = _sender_and_close_fds(anc)
+            fields = None if flags & socket.MSG_TRUNC else parse_datagram(data)
+            if fields is None or pid is None or pid not in self.members:
+                heard.dropped += 1
+                continue
+            heard.accepted += 1
+            phase, pinged, triggered = meaning(fields)
+            if phase is not None:
+                heard.phase = phase
+            if pinged:
+                heard.pings += 1
+            heard.triggered = heard.triggered or triggered
+        heard.more = True
+        return heard
+
+    def close(self) -> bool:
+        """Close and unlink; False if the socket file is left behind (a read-only
+        or immutable state dir: the next open sweeps it)."""
+        self._close_sock()
+        if self.path is not None:
+            try:
+                st = os.lstat(self.path)
+                if self.ident is None or (st.st_dev, st.st_ino) == self.ident:   # never a file put in its place
+                    os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+        return True
+
+    def _close_sock(self) -> None:
+        _close_socket(self.sock)
+
+
+def _close_socket(sock) -> None:
+    """Close a notify socket; never here while datagrams may be queued on it.
+    Its close releases the fds they carry, a last close of each that may block
+    (_close_passed) - and one can arrive any time before the close (after the
+    last drain, between runs, while a cap stopped the reading): a socket not
+    known empty goes to the closer. Known empty costs two syscalls, paid only
+    when a socket is closed (a parked one is reused instead): its reading side
+    is shut first, so from then on a sender gets EPIPE and nothing more is
+    queued, then a peek that finds nothing (EAGAIN). (Not FIONREAD: for a
+    datagram socket it is the first datagram's length, 0 for an empty one
+    carrying fds. The peek takes no control buffer: no fd is installed.)"""
+    try:
+        sock.shutdown(socket.SHUT_RD)
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        sock.close()   # known empty, and stays so
+        return
+    except OSError:
+        pass           # unknown: the closer
+    _close_passed([sock.detach()])
+
+
+def _sender_and_close_fds(ancdata) -> Optional[int]:
+    """The sender's pid from SCM_CREDENTIALS; every passed fd is closed."""
+    pid = None
+    for level, kind, data in ancdata:
+        if level != socket.SOL_SOCKET:
+            continue
+        if kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            pid = _UCRED.unpack_from(data)[0]
+        elif kind == socket.SCM_RIGHTS:
+            fds = array.array("i")
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            _close_passed(fds)   # sd_notify_barrier waits for exactly this
+    return pid
+
+
+# The last close of a file can block for as long as whoever made it likes: a TCP
+# socket with SO_LINGER and unsent data (up to its linger time), a FUSE file whose
+# daemon never answers its flush, a unix socket holding such a file in flight. An
+# agent that passes one along must not stop the driver's loop (it would neither
+# beat nor end the run): a barrier's pipe is closed at once, anything else on a
+# thread of its own that lives only while it has something to close (the driver
+# is one thread otherwise: tests/test_footprint.py).
+_closing: "collections.deque[int]" = collections.deque()
+_closing_lock = threading.Lock()
+_closer_running = False
+
+
+def _close_passed(fds) -> None:
+    slow = []
+    for fd in fds:
+        if _is_pipe(fd):
+            _close_quietly(fd)   # a pipe's close never waits: the common case, no thread
+        else:
+            slow.append(fd)
+    if not slow:
+        return
+    with _closing_lock:
+        _closing.extend(slow)
+    _run_closer()
+
+
+def _run_closer() -> None:
+    """Start the closer if fds wait for it and none runs. With no thread to be
+    had (RuntimeError: a thread limit, no memory) they wait for the next call
+    (the next passed fd, the next drain): never closed here instead, where a
+    close that blocks would stop the driver's loop; CLOSING_CAP bounds them."""
+    global _closer_running
+    with _closing_lock:
+        if _closer_running or not _closing:
+            return
+        _closer_running = True
+    started = False
+    try:
+        _start_closer()
+        started = True
+    except RuntimeError:
+        pass
+    finally:
+        if not started:
+            with _closing_lock:
+                _closer_running = False
+
+
+def _closing_full() -> bool:
+    """Do :data:`CLOSING_CAP` passed fds wait for the closer? (Then no datagram is read.)"""
+    return len(_closing) >= CLOSING_CAP   # (one read of a deque's length: no lock needed)
+
+
+def _is_pipe(fd: int) -> bool:
+    """An anonymous pipe? (The fd's link in /proc: fstat could ask a FUSE daemon.)"""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def _start_closer() -> None:
+    from ringd.host import sidethread
+    sidethread.start(_closer, name="ringd-close-passed-fds")
+
+
+def _closer() -> None:
+    global _closer_running
+    while True:
+        with _closing_lock:
+            if not _closing:
+                _closer_running = False
+                return
+            fd = _closing.popleft()
+        _close_quietly(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def remove_stale(state_dir: Path) -> None:
+    """Unlink notify sockets left in the state dir (never following a symlink,
+    never removing anything that is not a socket)."""
+    try:
+        names = os.listdir(state_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(SOCKET_PREFIX) and name.endswith(".sock"):
+            p = state_dir / name
+            try:
+                if stat.S_ISSOCK(os.lstat(p).st_mode):
+                    os.unlink(p)
+            except OSError:
+                pass
+
+
+# --- the notes status reads ------------------------------------------------------------
+
+@dataclass
+class Notes:
+    """The current run's phase and last ping, published to ``notify.json`` at
+    most once a second (a flood of STATUS= lines costs one small write a
+    second, never a journal commit per datagram)."""
+    run_id: int
+    phase: Optional[str] = None
+    ping_at: Optional[float] = None      # wall clock of the last WATCHDOG=1
+    pings: int = 0
+    dirty: bool = False
+    written_at: float = float("-inf")    # monotonic
+
+    def hear(self, heard: Heard, wall_now: float) -> None:
+        if heard.phase is not None and heard.phase != self.phase:
+            self.phase, self.dirty = heard.phase, True
+        if heard.pings:
+            self.ping_at, self.dirty = wall_now, True
+            self.pings += heard.pings
+
+    def due_at(self) -> Optional[float]:
+        """Monotonic time of the next write (None: nothing to write)."""
+        return self.written_at + NOTES_MIN_INTERVAL if self.dirty else None
+
+    def as_json(self) -> Dict:
+        return {"run_id": self.run_id, "phase": self.phase, "agent_beat_at": self.ping_at,
+                "pings": self.pings}
+
+
+def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
+    from ringd.host.heartbeat import write_json_atomic
+    notes.written_at, notes.dirty = mono_now, False
+    write_json_atomic(state_dir / NOTES_FILE, notes.as_json())
+
+
+def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
+    """``phase`` and ``agent_beat_at`` of run ``run_id`` as last published
+    (empty when the file is about another run, missing or corrupt). The file
+    is in a state dir agents can write: it is read as input, never trusted -
+    the phase as :func:`clean_phase` keeps one (status shows it, the reaper
+    and force-fail record it), the ping's time only if a clock can show it
+    (heartbeat.epoch: an infinite one made status print ``Infinity``, and
+    fail)."""
+    if run_id is None:
+        return {}
+    from ringd.host.heartbeat import epoch, read_json
+    data = read_json(state_dir / NOTES_FILE)
+    if data is None or type(data.get("run_id")) is not int or data["run_id"] != run_id:
+        return {}
+    phase = data.get("phase")
+    return {"phase": clean_phase(phase) if isinstance(phase, str) else None,
+            "agent_beat_at": epoch(data.get("agent_beat_at"))}
+
+
+def remove_notes(state_dir: Path) -> None:
+    try:
+        os.unlink(state_dir / NOTES_FILE)
+    except OSError:
+        pass
+
+
+# --- the sending side: ``ringd notify`` ------------------------------------------------
+
+class NotifyError(Exception):
+    """``ringd notify`` could not deliver; the message says why."""
+
+
+def send(message: str, address: Optional[str] = None, barrier_timeout: float = 5.0) -> None:
+    """Send ``message`` to ``address`` (default ``$NOTIFY_SOCKET``), then wait
+    until the receiver has read it (sd_notify_barrier: a pipe's write end goes
+    along, the receiver closes it). Without the wait a short-lived sender may be
+    gone before the driver checks who sent the datagram, and be ignored."""
+    address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        raise NotifyError("NOTIFY_SOCKET is not set (not running under ring or systemd)")
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        blob = message.encode()   # (``ringd notify`` made argv's stray bytes U+FFFD: cli.ArgText)
+    except UnicodeEncodeError:
+        raise NotifyError("message is not text: it holds a lone surrogate") from None
+    if len(blob) > MAX_DATAGRAM:
+        raise NotifyError(f"message is {len(blob)} bytes; at most {MAX_DATAGRAM} are heard")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect(address)
+            s.send(blob)
+        except OSError as e:
+            raise NotifyError(f"cannot send to {address.lstrip(chr(0))}: {e.strerror or e}") from None
+        r, w = os.pipe()
+        try:
+            try:
+                s.sendmsg([b"BARRIER=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w]))])
+            finally:
+                os.close(w)
+            _wait_hangup(r, barrier_timeout)
+        except OSError:
+            pass   # the message itself was sent; only the wait for its reading failed
+        finally:
+            os.close(r)
+
+
+def _wait_hangup(fd: int, timeout: float) -> None:
+    """Until every write end of the pipe ``fd`` is closed, or ``timeout``."""
+    import select
+    poller = select.poll()
+    poller.register(fd, select.POLLHUP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            return

@@ -1,0 +1,360 @@
+"""Files inside the state dir that a local user must not be able to redirect:
+every directory on the way is opened O_NOFOLLOW (created 0700 if missing) and
+the file is opened relative to it, O_NOFOLLOW, mode 0600. A symlink planted at
+``logs/``, ``logs/<agent>/`` or at the file itself is refused (ELOOP/ENOTDIR/
+EEXIST), never followed. Used for run logs, ``alerts.log`` and ``ringd.log``.
+Every file a daemon opens by name in the state dir or reads as its input goes
+through :func:`open_regular`: a FIFO or a device there is refused, never waited
+on.
+Also the one definition of a run log's name, ``logs/<agent>/<run_id>.log``, and
+the checks on files the daemons read (regular, not writable by others, a path a
+system call can take).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from pathlib import Path
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+
+from ringd.core.errors import ConfigError, excerpt
+
+# Agents can write into their log dir: a name is a run log only if it is exactly
+# ASCII digits + ".log" ("²".isdigit() is True, int("²") raises).
+RUN_LOG_RE = re.compile(r"([1-9][0-9]{0,18})\.log", re.ASCII)
+
+NAME_MAX = 255                 # bytes in one path component (Linux, macOS)
+PATH_MAX = 4095
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotRegularFile(OSError):
+    """A path names a FIFO, a device, a socket or a directory where a file must be.
+    ``strerror`` reads after "is": "a directory", "not a regular file"."""
+
+
+def open_regular(path, flags: int = os.O_RDONLY, *, dir_fd: Optional[int] = None) -> int:
+    """Open ``path`` (``flags`` plus O_CLOEXEC; created 0600) and make sure it is a
+    regular file. Opened non-blocking and checked on the descriptor, which is
+    then made blocking again: a blocking open of a FIFO waits for its other end
+    forever, deaf to SIGTERM (the kernel restarts it under Python's signal
+    handlers) - a FIFO planted at the heartbeat or ``ringwatch.json`` hung both
+    daemons, the driver with its agent running past its stall threshold. The
+    file checked is the file used. Raises NotRegularFile, or OSError."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ENXIO:   # a FIFO with no reader opened to write, a socket
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise NotRegularFile(errno.EINVAL, what, str(path))
+        if not flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def chmod_regular(path, mode: int) -> bool:
+    """chmod ``path`` to ``mode`` if it is a regular file; a symlink (or anything
+    else) put there is left alone, and so is its target, even one swapped in
+    while we look (chmod by path would follow it: run as root on a user's
+    ring, a link to a file of root's). The file is reached through an
+    ``O_PATH`` descriptor, which is never opened for reading or writing: closing
+    a real one would drop every POSIX lock this process holds on the file
+    (SQLite's, on its journal). True if the mode was changed."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) == mode:
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", mode)   # (fchmod refuses an O_PATH descriptor)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def create_new(path, mode: int) -> int:
+    """Create ``path`` as a new file for writing (a temp file that is then renamed
+    or linked into place): O_EXCL, so nothing already there is ever opened
+    through. Temp names are predictable, and a blocking open of a FIFO planted
+    at one waited for a reader forever (a driver stopped beating, deaf to
+    SIGTERM): a squatter - a FIFO, a symlink, a temp file a crash left - is
+    removed first. A directory there raises, and the write fails."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, mode)
+    try:
+        os.fchmod(fd, mode)   # whatever the umask
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_dir_in(dir_fd: int, name: str) -> int:
+    """A descriptor of the directory ``name`` in ``dir_fd``, never through a symlink."""
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
+    """A descriptor of ``state_dir/parts...`` (no part a symlink), creating
+    missing parts 0700 if ``create``."""
+    base = os.open(state_dir, _DIR_FLAGS)
+    try:
+        for part in parts:
+            try:
+                nxt = open_dir_in(base, part)
+            except FileNotFoundError:   # made on first use only: a hop usually finds it
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o700, dir_fd=base)
+                except FileExistsError:
+                    pass
+                nxt = open_dir_in(base, part)
+            os.close(base)
+            base = nxt
+    except BaseException:
+        os.close(base)
+        raise
+    return base
+
+
+LOG_ROTATE_BYTES = 16 * 1024 * 1024   # a daemon's own log is rotated (one old copy) past this size
+
+
+def open_log(state_dir: Path, parts: Sequence[str], name: str) -> "Tuple[int, Optional[OSError]]":
+    """Open a daemon's own log (``logs/ringd.log``, ``logs/alerts.log``) for
+    appending, 0600, never through a symlink; past ``LOG_ROTATE_BYTES`` it is
+    first moved to ``NAME.1`` (one old copy), so it never grows without end.
+    Returns the descriptor and why it could not be rotated (None: it was, or
+    needed not be); a log that cannot be rotated (a directory at ``NAME.1``, a
+    read-only folder) is appended to all the same - the caller says so."""
+    dfd = open_dir(state_dir, parts)
+    unrotated = None
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if st.st_size > LOG_ROTATE_BYTES and not stat.S_ISLNK(st.st_mode):
+                os.replace(name, name + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            unrotated = e
+        fd = open_in(dfd, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    finally:
+        os.close(dfd)
+    return fd, unrotated
+
+
+def open_in(dir_fd: int, name: str, flags: int) -> int:
+    """Open the regular file ``name`` in the directory ``dir_fd`` with ``flags``
+    (plus O_NOFOLLOW, O_CLOEXEC), 0600 (:func:`open_regular`)."""
+    return open_regular(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
+
+
+# A bigger log is pruned (unlinked) after the next run has started instead: freeing
+# its blocks must not delay that start, as emptying it in place would.
+REUSE_MAX_BYTES = 1 << 20
+_EUID = os.geteuid()   # whose logs reuse_file takes (a daemon's user never changes)
+
+
+def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
+    """Open ``new`` (in ``dir_fd``) as the inode of ``old``, a file due to be
+    deleted, emptied and mode 0600: a rename that allocates no inode, where a
+    fresh file would (on ext4 without a journal each allocation scans past the
+    inodes freed in the last 30 s). ``old`` is used only if it is a regular
+    file of ours with one link (an agent can write into its log dir: a
+    symlink, a FIFO, a hard link to another file are never opened through, and
+    are left to be pruned), and no bigger than REUSE_MAX_BYTES; else None, and
+    the caller creates ``new`` afresh.
+    Like O_EXCL, raises FileExistsError if ``new`` already exists.
+
+    ``old`` is linked to ``new`` as it is (a symlink stays a symlink) and then
+    checked through ``new``, opened without following a symlink and without
+    blocking on a FIFO: six system calls, where opening ``old`` first and
+    linking its descriptor through ``/proc/self/fd`` took nine."""
+    try:
+        os.link(old, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError:   # gone, a directory, a file system without hard links
+        return None
+    try:
+        fd = os.open(new, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:   # a symlink (ELOOP), a FIFO without a reader (ENXIO) ...
+        _unlink_quietly(new, dir_fd)
+        return None
+    try:
+        st = os.fstat(fd)
+        # (two links: old and new; blocks too: a file preallocated past its size
+        # would free them all at the truncate, before the run's start)
+        if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 2 or st.st_uid != _EUID
+                or max(st.st_size, st.st_blocks * 512) > REUSE_MAX_BYTES):
+            os.close(fd)
+            _unlink_quietly(new, dir_fd)
+            return None
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)   # before the old name goes: a failure leaves the old log as it was
+        _unlink_quietly(old, dir_fd)
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        return fd
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(new, dir_fd)
+        raise
+
+
+def _unlink_quietly(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def run_log_ids(folder: "Path | int") -> List[int]:
+    """Run ids of the run logs in ``folder`` (an agent's log dir, or a descriptor of it), ascending:
+    regular files named exactly so; everything else there is ignored (a
+    symlink planted there is not a log ring wrote, and is never written through)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in (RUN_LOG_RE.fullmatch(e.name) for e in entries) if m)
+
+
+def highest_run_log_id(state_dir: Path) -> int:
+    """The highest run id of any run log in the state dir (0 if none): a new
+    journal's run ids start past it, so they never collide with old logs."""
+    logs = state_dir / "logs"
+    try:
+        agents = [e.path for e in os.scandir(logs) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    return max((ids[-1] for ids in map(run_log_ids, agents) if ids), default=0)
+
+
+def check_path(what: str, raw: str) -> str:
+    """Refuse a path no system call could take (a NUL byte, a component over
+    NAME_MAX, over PATH_MAX, not encodable), naming it by an excerpt only."""
+    if "\x00" in raw:
+        raise ConfigError(f"{what}: path contains a NUL byte: {excerpt(raw)}")
+    try:
+        blob = os.fsencode(raw)
+    except UnicodeError:
+        raise ConfigError(f"{what}: path is not a valid file name: {excerpt(raw)}") from None
+    if len(blob) > PATH_MAX:
+        raise ConfigError(f"{what}: path is longer than {PATH_MAX} bytes: {excerpt(raw)}")
+    for part in blob.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise ConfigError(f"{what}: a path component is longer than {NAME_MAX} bytes: "
+                              f"{excerpt(os.fsdecode(part))}")
+    return raw
+
+
+def read_regular_file(path: Path, what: str, limit: int) -> bytes:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others (:func:`read_checked_file`)."""
+    return read_checked_file(path, what, limit)[0]
+
+
+def read_checked_file(path: Path, what: str, limit: int) -> Tuple[bytes, bool]:
+    """Read at most ``limit`` + 1 bytes of a file that must be a regular file not
+    writable by group or others, and say whether it is safe from other writers
+    (False only within :func:`lenient_modes`). Opened non-blocking and checked
+    on the open descriptor: a FIFO (or a device) is refused, never waited on,
+    as what it is (not as its device's 0666 mode), and the file checked is the
+    file read, a rename in between notwithstanding."""
+    try:
+        fd = open_regular(path)
+    except NotRegularFile as e:
+        raise ConfigError(f"{path}: {what} is {e.strerror}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    try:
+        trusted = _refuse_if_others_can_change(path, what, os.fstat(fd))
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), trusted
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+# Set by reading commands (``lenient_modes``): a group/other-writable file is
+# then reported to this callback instead of refused. Only ``ringd run`` and
+# ``ringwatch`` (which run its commands) refuse.
+_mode_warning: Optional[Callable[[str], None]] = None
+
+
+@contextmanager
+def lenient_modes(warn: Callable[[str], None]) -> Iterator[None]:
+    """Within this block, an unsafe file mode is ``warn(message)``, not an error."""
+    global _mode_warning
+    previous, _mode_warning = _mode_warning, warn
+    try:
+        yield
+    finally:
+        _mode_warning = previous
+
+
+def check_state_dir(state_dir: Path) -> bool:
+    """The one rule on a state dir, for the driver, the watcher and ``ringd
+    check`` alike: if it exists, a directory that group and others cannot write
+    (anyone who can controls the driver); a missing one is fine (the daemons
+    create it 0700). Within :func:`lenient_modes` an unsafe mode is a warning
+    and the result False."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        raise ConfigError(f"{state_dir}: cannot use state dir: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{state_dir}: state dir is not a directory")
+    return _refuse_if_others_can_change(state_dir, "state dir", st)
+
+
+def _refuse_if_others_can_change(path: Path, what: str, st: os.stat_result) -> bool:
+    """Refuse a file (or the state dir) another user can change: one group or
+    others may write, or one another user owns - its owner can chmod it and
+    write it (sshd's StrictModes checks both). Root's files are ours too. Within
+    ``lenient_modes`` warn instead and return False."""
+    problem = None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem, fix = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
+    elif st.st_uid not in (0, os.geteuid()):
+        problem, fix = (f"is owned by uid {st.st_uid}, neither this user (uid {os.geteuid()}) nor root",
+                        f"chown {os.geteuid()} {path}")
+    if problem is None:
+        return True
+    if _mode_warning is not None:
+        _mode_warning(f"{path}: {what} {problem}; ringd run and ringwatch refuse it. Fix: {fix}")
+        return False
+    raise ConfigError(f"{path}: {what} {problem}; anyone who can write it can run commands as this user. "
+                      f"Fix: {fix}")

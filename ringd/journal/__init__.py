@@ -1,0 +1,1 @@
+"""The run journal: SQLite and PostgreSQL behind one interface, their schemas and transitions."""

@@ -1,0 +1,830 @@
+"""The journal: one SQLite file that records every run truthfully.
+
+This module is the only writer of the schema. The schema itself enforces the
+SPEC's invariants (status set, terminal coherence, at most one ``running`` row)
+with CHECK constraints and a partial unique index; triggers keep per-agent
+counters in step with the runs so readers never scan history.
+
+The interface is backend-neutral (a PostgreSQL journal offers the same): callers
+see :class:`RunRow`/:class:`AgentState` values and one error type,
+:class:`JournalError`, never a driver's own types. Writes happen in
+``with journal.transaction() as tx:`` (``BEGIN IMMEDIATE``: the write lock is
+taken up front), where callers read, decide (with :mod:`ringd.core.policy`) and
+write in one atomic step; the journal itself decides nothing.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Set
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+from ringd.host import safefile
+from ringd.core.records import TERMINAL, AgentState, Controls, RunRow, count, text
+from ringd.journal.schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
+
+__all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
+
+JOURNAL_FILE = "journal.db"
+PAUSE_KEY = "paused"       # meta: "paused" pauses the ring, "paused:NAME" one agent
+NEXT_KEY = "next"          # meta: the agent an operator asked to take the next turn
+EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well under SQLite's variable limit)
+PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
+BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
+BUSY_TIMEOUT = 10.0        # s; a writer's wait for another process's write lock (Journal.open)
+# The runs a retention batch deletes: the oldest finished ones before the first kept id
+_PRUNED = "SELECT id FROM runs WHERE id < ? AND status <> 'running' ORDER BY id LIMIT ?"
+
+
+def _at_once() -> bool:
+    return True
+
+class JournalError(Exception):
+    """The journal cannot do what was asked. Message is one line.
+
+    ``transient``: the journal is fine but could not be written now (state dir
+    full or read-only, busy): retrying later may succeed. Otherwise the journal
+    itself is unusable (damaged, not a database) and retrying is pointless."""
+
+    transient = False
+
+    def __init__(self, message: str, transient: Optional[bool] = None):
+        super().__init__(message)
+        if transient is not None:
+            self.transient = transient
+
+
+def _wrap(path: Path, e: sqlite3.Error) -> JournalError:
+    if isinstance(e, JournalError):   # a backend's own error (PostgreSQL) is already ours
+        return e
+    busy = _busy(path, e)
+    if busy is not None:
+        return busy
+    transient = isinstance(e, (sqlite3.OperationalError, sqlite3.IntegrityError))
+    return JournalError(f"{path}: {' '.join(str(e).split())[:200]}", transient=transient)
+
+
+# SQLite's words for a journal that is fine but cannot be written now (retrying may succeed)
+_BUSY = ("database is locked", "database is busy")
+_NOT_NOW = ("database or disk is full", "attempt to write a readonly database", "unable to open database file",
+            "disk I/O error")
+
+
+def _busy(path: Path, e: sqlite3.Error) -> Optional[JournalError]:
+    """Another process's write transaction outlasted the busy timeout: at an
+    open or at a write, the same transient error, never a damaged journal."""
+    text = str(e)
+    if isinstance(e, sqlite3.OperationalError) and text.startswith(_BUSY):
+        return JournalError(f"{path}: journal is busy: another process holds its write lock ({text}); "
+                            f"try again", transient=True)
+    return None
+
+
+def _unusable(path: Path, e: sqlite3.Error) -> JournalError:
+    """Why a journal could not be opened: busy (another process's write
+    transaction outlasted the busy timeout), or not writable now (state dir full
+    or read-only) - both transient, no damage - or not usable."""
+    text = str(e)
+    busy = _busy(path, e)
+    if busy is not None:
+        return busy
+    if isinstance(e, sqlite3.OperationalError) and text.startswith(_NOT_NOW):
+        return JournalError(f"{path}: journal cannot be written now: {text}", transient=True)
+    return JournalError(f"{path}: journal is not usable: {text}")
+
+
+def journal_path(state_dir: Path) -> Path:
+    return state_dir / JOURNAL_FILE
+
+
+def _check_sqlite_header(path: Path) -> None:
+    """Refuse a file that exists but is not SQLite: never recreate over it.
+    A FIFO planted as the journal is refused, never waited on (an open of a FIFO
+    blocks until a writer comes, and a signal does not end it: the driver and
+    every operator command would hang deaf): safefile.open_regular."""
+    try:
+        with os.fdopen(safefile.open_regular(path), "rb") as f:
+            head = f.read(100)
+    except safefile.NotRegularFile as e:
+        raise JournalError(f"{path}: journal is {e.strerror}; it was left in place: "
+                           f"move it aside to start a new journal") from None
+    except OSError as e:
+        raise JournalError(f"{path}: cannot read journal: {e.strerror}") from None
+    if head and (len(head) < 100 or not head.startswith(b"SQLite format 3\x00")):
+        raise JournalError(f"{path}: journal is not a valid SQLite database (truncated or overwritten); "
+                           f"it was left in place: move it aside to start a new journal")
+
+
+def _check_companions(path: Path) -> None:
+    """SQLite's -wal and -shm beside the journal, when there, must be regular
+    files: a FIFO, a directory or a symbolic link there fails the journal's
+    opens and writes as "disk I/O error" or "unable to open database file" -
+    an outage's words (exit 69, the driver started again and again) for what
+    no wait mends. Nor a hard link: SQLite run as root opens them by name,
+    chowns them to the journal's owner and writes them, so one linked by the
+    ring's user to a file of root's gave that file away to ``sudo ringd
+    status``. Refused, naming the file, and left in place."""
+    for suffix in ("-wal", "-shm"):
+        name = f"{path}{suffix}"
+        try:
+            st = os.lstat(name)
+        except OSError:
+            continue
+        mode = st.st_mode
+        if not stat.S_ISREG(mode) or st.st_nlink != 1:
+            what = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "not a regular file" if not stat.S_ISREG(mode)
+                    else f"a hard link ({st.st_nlink} links)")
+            raise JournalError(f"{name}: the journal's {suffix[1:]} file is {what}; it was left in place: "
+                               f"move it aside")
+
+
+def no_schema_yet(path: Path) -> bool:
+    """A journal with no table at all is one the first driver is creating (0
+    bytes, then a header, then its schema in one transaction), or an empty file
+    SQLite and the driver take as a new database: the ring never ran, not an
+    unusable journal (``ringd status`` said exit 4 "no such table: runs"
+    meanwhile). Read-only."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):   # (a FIFO is 0 bytes long too: refused, never opened)
+            return False
+        if st.st_size == 0:
+            return True
+        _check_companions(path)   # (SQLite opens them too)
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error, JournalError):
+        return False
+
+
+VERIFY_ALL_BYTES = 8 * 2 ** 20   # quick_check of this much takes ~0.1 s; beyond, start-up stays O(1)
+# Above that size, the pages the driver reads first (and keeps reading) are read now.
+_VERIFY_HOT = ("SELECT * FROM sqlite_master", "SELECT * FROM meta", "SELECT * FROM agents",
+               "SELECT * FROM run_counts", "SELECT * FROM runs WHERE status = 'running'",
+               "SELECT * FROM runs ORDER BY id DESC LIMIT 2000",
+               "SELECT * FROM events ORDER BY id DESC LIMIT 4000")
+
+
+def _verify(con: sqlite3.Connection, path: Path) -> None:
+    """A valid header is not enough: a damaged page would only fail later, in the
+    middle of the loop. quick_check reads every page of a journal up to
+    VERIFY_ALL_BYTES; a larger one (ring.keep_runs: 0, or a backlog not yet
+    pruned) has its hot pages read, so start-up stays fast whatever the size
+    (benchmarks/bench_retention.py). Damage in old history then surfaces when
+    retention reaches it, as a logged journal error, never a wrong run."""
+    if path.stat().st_size <= VERIFY_ALL_BYTES:
+        problems = [r[0] for r in con.execute("PRAGMA quick_check(3)").fetchall()]
+    else:
+        problems = ["ok"]
+        try:
+            for query in _VERIFY_HOT:
+                con.execute(query).fetchall()
+        except sqlite3.DatabaseError as e:
+            problems = [str(e)]
+    if problems != ["ok"]:
+        con.close()
+        first = " ".join(str(problems[0]).split())[:120] if problems else "no result"
+        raise JournalError(f"{path}: journal is damaged ({first}); it was left in place: "
+                           f"move it aside to start a new journal")
+
+
+def _give_to_ring_owner(fd: int, path: Path) -> None:
+    """A journal root made in another user's state dir (``sudo ringd pause`` on
+    a ring that never ran) is that user's: root's, 0600, it locked the ring's
+    own driver out of its journal. (SQLite run as root gives -wal and -shm the
+    journal's owner.)"""
+    if os.geteuid() != 0:
+        return
+    owner = os.stat(path.parent)
+    if owner.st_uid != 0:
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+
+
+WAL_HEADER, WAL_FRAME_HEADER = 32, 24   # bytes (SQLite's WAL file format)
+WAL_SLACK_FRAMES = 16                    # the commit that crosses wal_autocheckpoint, and then some
+
+
+def _extend_with_zeros(fd: int, size: int, chunk: int = 1 << 18) -> None:
+    """Write zeros from the end of the regular file ``fd`` to ``size`` and
+    fdatasync; on any error cut the file back to where it ended."""
+    end = os.fstat(fd).st_size
+    if end >= size:
+        return
+    zeros = bytes(min(chunk, size - end))
+    try:
+        at = end
+        while at < size:
+            at += os.pwrite(fd, zeros[:size - at], at)
+        os.fdatasync(fd)
+    except OSError:
+        try:
+            os.ftruncate(fd, end)
+        except OSError:
+            pass
+
+
+def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
+    if readonly:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout,
+                              isolation_level=None, check_same_thread=False)
+    else:
+        con = sqlite3.connect(str(path), timeout=timeout, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    # A TEXT value as the UTF-8 it spells, a stray byte U+FFFD (records.text, the
+    # rule for a blob too). SQLite stores what it is given (``CAST(X'ff' AS
+    # TEXT)``, a reason written by another program): with sqlite3's strict
+    # decoding one such byte in an old run's reason made every read of its row
+    # fail - the driver exited 69 at start-up (and again at every restart),
+    # ``status`` said 'unknown' and ``history`` nothing.
+    con.text_factory = text
+    return con
+
+
+def _identities(paths) -> Dict[str, Tuple[int, int]]:
+    """(device, inode) of each of ``paths`` that exists (a symlink's own)."""
+    out = {}
+    for name in paths:
+        with suppress(OSError):
+            st = os.stat(name, follow_symlinks=False)
+            out[name] = (st.st_dev, st.st_ino)
+    return out
+
+
+def pause_key(name: Optional[str]) -> str:
+    """The ``meta`` key of an operator's pause: the ring's (None) or one agent's."""
+    return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
+
+
+class PausedAgents(Set):
+    """The agents an operator paused (``ringd pause NAME``), as a turn reads them
+    inside its transaction: each agent looked up (one index search of ``meta``)
+    the first time the turn asks about it, so a turn costs the agents it walks,
+    never one read of every paused agent. Iterated, it reads them all."""
+
+    def __init__(self, tx: "Tx", known: Dict[str, bool]):
+        self._tx, self._known = tx, known
+        self._all: Optional[frozenset] = None
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        found = self._known.get(name)
+        if found is None:
+            found = self._known[name] = self._tx.meta(pause_key(name)) is not None
+        return found
+
+    def _every(self) -> frozenset:
+        if self._all is None:
+            self._all = self._tx.controls().paused
+        return self._all
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._every())
+
+    def __len__(self) -> int:
+        return len(self._every())
+
+
+class Tx:
+    """One transaction on the journal: reads and writes that commit together."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self.con = con
+        self._events: List[tuple] = []   # written together as the transaction ends (flush_events)
+
+    def _x(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        return self.con.execute(sql, params)
+
+    # --- reads ---------------------------------------------------------------
+    def running_row(self) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs WHERE status = 'running'").fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def run(self, run_id: int) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def last_run(self) -> Optional[RunRow]:
+        row = self._x("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return RunRow.from_mapping(row) if row else None
+
+    def agent(self, name: str) -> AgentState:
+        row = self._x("SELECT * FROM agents WHERE name = ?", (name,)).fetchone()
+        return AgentState.from_mapping(row) if row else AgentState(name=name)
+
+    def agents(self) -> Dict[str, AgentState]:
+        return {r["name"]: AgentState.from_mapping(r) for r in self._x("SELECT * FROM agents")}
+
+    def meta(self, key: str) -> Optional[str]:
+        row = self._x("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row["value"] if row else None
+
+    def controls(self, first: Optional[str] = None) -> Controls:
+        """The operator's controls, in one read (the driver reads them every turn).
+        ``first`` (the driver: the agent whose turn it is): the agents an operator
+        paused are looked up one by one as the turn asks (:class:`PausedAgents`),
+        ``first`` in this read - never every paused agent at every turn (5,000
+        of them cost each turn 5 ms)."""
+        if first is not None:
+            key = pause_key(first)
+            rows = self._x("SELECT key, value FROM meta WHERE key IN (?, ?, ?)",
+                           (PAUSE_KEY, NEXT_KEY, key)).fetchall()
+            keys = {r["key"]: r["value"] for r in rows}
+            return Controls(ring_paused=PAUSE_KEY in keys, paused=PausedAgents(self, {first: key in keys}),
+                            next=keys.get(NEXT_KEY))
+        # "paused:NAME" keys as a range of the primary key (':' + 1 is ';'): an
+        # index search, where LIKE scanned the table, case-insensitively
+        rows = self._x("SELECT key, value FROM meta WHERE key = ? OR key = ? OR (key > ? AND key < ?)",
+                       (PAUSE_KEY, NEXT_KEY, PAUSE_KEY + ":", PAUSE_KEY + ";")).fetchall()
+        keys = {r["key"]: r["value"] for r in rows}
+        return Controls(ring_paused=PAUSE_KEY in keys,
+                        paused=frozenset(k.split(":", 1)[1] for k in keys if k.startswith(PAUSE_KEY + ":")),
+                        next=keys.get(NEXT_KEY))
+
+    # --- writes --------------------------------------------------------------
+    def take_next(self, controls: Controls) -> Optional[str]:
+        """The agent an operator asked to run next (read in ``controls``), the request used up."""
+        if controls.next is not None:
+            self.set_meta(NEXT_KEY, None)
+        return controls.next
+
+    def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float) -> None:
+        self._events.append((at, run_id, kind, source, detail))
+
+    def flush_events(self) -> None:
+        """The transaction's events in one statement, in the order they happened
+        (an ordinary hop writes two: the last run's end and the next one's start)."""
+        while self._events:
+            batch, self._events = self._events[:EVENTS_PER_INSERT], self._events[EVENTS_PER_INSERT:]
+            self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES "
+                    + ", ".join("(?, ?, ?, ?, ?)" for _ in batch), tuple(v for e in batch for v in e))
+
+    def start_run(self, agent: str, position: int, *, now: float, run_budget: float,
+                  stall_threshold: float, driver_pid: int, driver_start: Optional[float],
+                  pid: Optional[int] = None, pid_start: Optional[float] = None,
+                  log_path: Optional[str] = None) -> int:
+        """A ``running`` row (and its ``started`` event). Fails (transient) if one
+        is running already."""
+        cur = self._x(
+            "INSERT INTO runs(agent, position, status, started_at, run_budget, stall_threshold,"
+            " driver_pid, driver_start, pid, pid_start, log_path)"
+            " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (agent, position, now, run_budget, stall_threshold, driver_pid, driver_start,
+             pid, pid_start, log_path))
+        run_id = cur.lastrowid
+        self.event(run_id, "started", "driver", f"agent={agent}", now)
+        return run_id
+
+    def set_process(self, run_id: int, pid: int, pid_start: Optional[float], log_path: str) -> None:
+        self._x("UPDATE runs SET pid = ?, pid_start = ?, log_path = ? WHERE id = ?",
+                (pid, pid_start, log_path, run_id))
+
+    def close_run(self, run_id: int, status: str, *, source: str, now: float,
+                  exit_code: Optional[int] = None, signal: Optional[int] = None,
+                  reason: Optional[str] = None, log_path: Optional[str] = None,
+                  pid: Optional[int] = None, pid_start: Optional[float] = None,
+                  phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> bool:
+        """Close a ``running`` row. Guarded: a row someone else closed meanwhile (an
+        operator, the reaper) is never clobbered; then nothing happens and False
+        is returned. The end is never before the start."""
+        assert status in TERMINAL, status
+        cur = self._x(
+            "UPDATE runs SET status = ?,"
+            " ended_at = CASE WHEN ? > started_at THEN ? ELSE started_at END,"
+            " duration = CASE WHEN ? > started_at THEN ? - started_at ELSE 0 END,"
+            " exit_code = ?, signal = ?, reason = ?, log_path = COALESCE(?, log_path),"
+            " pid = COALESCE(?, pid), pid_start = COALESCE(?, pid_start), phase = COALESCE(?, phase),"
+            " cpu_seconds = ? WHERE id = ? AND status = 'running'",
+            (status, now, now, now, now, exit_code, signal, reason, log_path, pid, pid_start, phase,
+             cpu_seconds, run_id))
+        if cur.rowcount != 1:
+            return False
+        detail = f"from=running to={status}"
+        if reason:
+            detail += f" reason={reason}"
+        self.event(run_id, status, source, detail, now)
+        return True
+
+    def add_skipped(self, agent: str, position: Optional[int], reason: str, source: str, now: float,
+                    kind: str = "skipped") -> int:
+        """A turn not taken: a ``skipped`` row that never started a process."""
+        cur = self._x("INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
+                      " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
+        run_id = cur.lastrowid
+        self.event(run_id, kind, source, f"agent={agent} reason={reason}", now)
+        return run_id
+
+    def put_agent(self, state: AgentState) -> None:
+        """Store an agent's decided fields (its counters are the journal's own)."""
+        values = state.decided()
+        values["skip_requested"] = int(values["skip_requested"])
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        sets = ", ".join(f"{k} = excluded.{k}" for k in values)
+        self._x(f"INSERT INTO agents(name, {cols}) VALUES (?, {marks}) ON CONFLICT(name) DO UPDATE SET {sets}",
+                (state.name, *values.values()))
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        if value is None:
+            self._x("DELETE FROM meta WHERE key = ?", (key,))
+        else:
+            self._x("INSERT INTO meta(key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+
+class Journal:
+    """A connection to the journal. Writes go through :meth:`transaction`; the
+    one-line read helpers below each run one short query."""
+
+    def __init__(self, con: sqlite3.Connection, path: Path):
+        self.con = con
+        self.path = path
+        self._identity: Optional[Tuple[int, int]] = None   # (device, inode) of the file opened
+        self._wal_files: Dict[str, Tuple[int, int]] = {}    # its -wal and -shm: path -> (device, inode)
+        self._busy_timeout = 10.0
+        self._give_up: Optional[Callable[[], bool]] = None
+
+    def wait_busy_unless(self, give_up: Callable[[], bool]) -> None:
+        """Wait for a write lock another process holds (an operator command, a
+        ``sqlite3`` shell's ``BEGIN EXCLUSIVE``) in steps of BUSY_STEP, up to the
+        busy timeout, and stop waiting (busy: transient) once ``give_up()`` says
+        so - the driver, told to stop: SQLite's own wait is deaf to signals, and
+        SIGTERM must be acted on within 1 s (SPEC)."""
+        self._give_up = give_up
+        self.con.execute(f"PRAGMA busy_timeout = {int(BUSY_STEP * 1000)}")
+
+    def _begin(self, patient: bool = True) -> None:
+        give_up = self._give_up if patient or self._give_up is None else _at_once
+        if give_up is None:
+            self.con.execute("BEGIN IMMEDIATE")
+            return
+        end = None   # (read only once the lock was found busy: an ordinary hop pays nothing)
+        while True:
+            try:
+                self.con.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                now = time.monotonic()
+                end = now + self._busy_timeout - BUSY_STEP if end is None else end
+                if _busy(self.path, e) is None or now >= end or give_up():
+                    raise
+
+    def moved(self) -> bool:
+        """Was the journal file removed or replaced since it was opened (``rm
+        journal.db`` to start afresh, a backup copied over it)? Its connection
+        then writes where no reader looks. (False for a journal not opened from
+        a file of the state dir.)"""
+        identity = getattr(self, "_identity", None)
+        if identity is None:
+            return False
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) != identity
+
+    # --- opening -------------------------------------------------------------
+    @classmethod
+    def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = BUSY_TIMEOUT,
+             verify: bool = False, give_up: Optional[Callable[[], bool]] = None) -> "Journal":
+        """Open for writing (the driver, the reaper, operator commands). ``verify``
+        (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)
+        before writing anything to it. ``give_up``: from the open's own writes on,
+        waits for another process's write lock as :meth:`wait_busy_unless` - a
+        driver starting on a journal an operator's ``sqlite3`` shell holds heard
+        its SIGTERM only once the busy timeout (10 s) ran out."""
+        path = journal_path(state_dir)
+        _check_companions(path)
+        if path.exists() or path.is_symlink():
+            if path.is_symlink():
+                raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
+            _check_sqlite_header(path)
+        elif not create:
+            raise JournalError(f"{path}: no journal (has the driver ever run here?)")
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    os.fchmod(fd, 0o600)
+                    _give_to_ring_owner(fd, path)
+                finally:
+                    os.close(fd)   # (before SQLite opens it: no lock of its to drop)
+            except OSError as e:
+                raise JournalError(f"{path}: cannot create journal: {e.strerror}", transient=True) from None
+        try:
+            con = _connect(path, readonly=False, timeout=busy_timeout)
+            if verify:
+                _verify(con, path)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=FULL")
+            con.execute("PRAGMA foreign_keys=ON")
+            j = cls(con, path)
+            j._busy_timeout = busy_timeout
+            if give_up is not None:
+                j.wait_busy_unless(give_up)
+            with suppress(OSError):   # (see moved)
+                st = os.stat(path, follow_symlinks=False)
+                j._identity = (st.st_dev, st.st_ino)
+            j._migrate()
+            j._wal_files = _identities(f"{path}{suffix}" for suffix in ("-wal", "-shm"))
+        except JournalError:
+            con.close()
+            raise
+        except sqlite3.DatabaseError as e:
+            raise _unusable(path, e) from None
+        # 0600 (SPEC), also a journal.db that was there before ring wrote it (an empty
+        # one made 0644 kept its mode once filled; SQLite gives -wal and -shm the
+        # journal's mode).
+        for name in (str(path), f"{path}-wal", f"{path}-shm"):
+            safefile.chmod_regular(name, 0o600)
+        return j
+
+    def preallocate_wal(self) -> None:
+        """Make the write-ahead log as long as it will grow, with zeros, once.
+
+        SQLite deletes its log at the last close and grows it again from nothing:
+        each commit that lengthens the file also makes its fdatasync write the
+        file's size and new blocks, 0.15-0.2 ms more a commit here for the first
+        ~150 commits of a driver (until the first checkpoint lets the log start
+        over at its beginning). Written once at start-up, the log's blocks exist
+        and those commits only overwrite. Zeros are never a valid frame (a frame
+        carries the log header's salts and a checksum), so SQLite ignores them as
+        it ignores the stale frames past the end of any log it restarted; they
+        are written past the end of the file, under SQLite's write lock (no
+        other writer is appending meanwhile). Best effort: a full disk leaves the
+        log as it was."""
+        con = self.con
+        try:
+            page = con.execute("PRAGMA page_size").fetchone()[0]
+            pages = con.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+            con.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error:
+            return
+        try:   # only a regular file is extended (a FIFO planted there is never waited on)
+            fd = safefile.open_regular(f"{self.path}-wal", os.O_WRONLY | os.O_NOFOLLOW)
+        except OSError:
+            fd = None
+        try:
+            if fd is not None:
+                _extend_with_zeros(fd, WAL_HEADER + (pages + WAL_SLACK_FRAMES) * (WAL_FRAME_HEADER + page))
+        finally:
+            if fd is not None:
+                os.close(fd)
+            try:
+                con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+    @classmethod
+    def open_readonly(cls, state_dir: Path, busy_timeout: float = 5.0) -> "Journal":
+        """Open for reading only (status, history): never creates anything."""
+        path = journal_path(state_dir)
+        if not path.exists():
+            raise JournalError(f"{path}: no journal (has the driver ever run here?)")
+        _check_sqlite_header(path)
+        _check_companions(path)
+        try:
+            con = _connect(path, readonly=True, timeout=busy_timeout)
+            con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as e:
+            raise _unusable(path, e) from None
+        return cls(con, path)
+
+    def _migrate(self) -> None:
+        """Bring an older journal to this ring's schema; refuse a newer one.
+
+        Looked at first, written only when something is missing: a current
+        journal costs a writer's open no commit (every operator command opens
+        one). What to write is decided again under the write lock: another ring
+        (a newer one, or this one upgrading too) may have written between the two
+        looks, and a newer ring's mark must never be overwritten with ours."""
+        if self._upgrade() is None:
+            return
+        with self.write() as con:
+            for statement in statements(self._upgrade() or ""):
+                con.execute(statement)
+
+    def _upgrade(self) -> Optional[str]:
+        """What brings the journal to this ring's schema (None: it is there);
+        raises for a journal a newer ring wrote."""
+        con = self.con
+        present = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+        version = None
+        if "meta" in present:
+            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = None if row is None else str(row[0])
+            reason = too_new(version)
+            if reason:
+                raise JournalError(f"{self.path}: {reason}")
+        have = {(t, r[1]) for t in {t for t, _, _ in ADDED_COLUMNS}
+                for r in con.execute(f"PRAGMA table_info({t})")}
+        added = "".join(f"ALTER TABLE {t} ADD COLUMN {c} {kind};" for t, c, kind in ADDED_COLUMNS
+                        if have and (t, c) not in have)   # a new journal gets them from SCHEMA
+        if version == str(SCHEMA_VERSION) and SCHEMA_OBJECTS <= present and not added:
+            return None
+        return (SCHEMA + added +
+                f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value;")
+
+    def close(self) -> None:
+        """Close the connection. SQLite removes the -wal and -shm at the last close,
+        but not of a journal moved or removed since it was opened: left at the
+        path, a journal put there (a backup restored) would take them up as its
+        own - the old journal's pages read as the new one's. Ours are removed."""
+        stale, self._wal_files = (self._wal_files if self.moved() else {}), {}   # (closed twice: once)
+        self.con.close()
+        for name, identity in _identities(stale).items():
+            if identity == stale[name]:   # (never one a journal at the path made since)
+                with suppress(OSError):
+                    os.unlink(name)
+
+    # --- transactions ------------------------------------------------------------
+    @contextmanager
+    def write(self, patient: bool = True) -> Iterator[sqlite3.Connection]:
+        """The backend's write transaction (BEGIN IMMEDIATE takes SQLite's write lock
+        up front, so a busy database waits here instead of failing half-way).
+        ``patient=False``: on a connection that waits in steps
+        (:meth:`wait_busy_unless`), wait one step at most."""
+        self._begin(patient)
+        try:
+            yield self.con
+        except BaseException:
+            try:
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        try:
+            self.con.execute("COMMIT")
+        except sqlite3.Error:
+            try:   # a failed COMMIT (disk full) leaves the transaction open
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+
+    @contextmanager
+    def transaction(self, patient: bool = True) -> Iterator[Tx]:
+        """One write transaction; everything inside commits together or not at all.
+        Any failure of the database surfaces as :class:`JournalError`.
+        ``patient=False``: a write lock another process holds fails it (busy:
+        transient) after BUSY_STEP, for a write the caller tries again later."""
+        try:
+            with self.write(patient) as con:
+                tx = Tx(con)
+                yield tx
+                tx.flush_events()
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Tx]:
+        """One read transaction: every read inside sees the same journal."""
+        try:
+            self.con.execute("BEGIN")
+            try:
+                yield Tx(self.con)
+            finally:
+                self.con.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
+
+    def _read(self, fn):
+        try:
+            return fn(Tx(self.con))
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
+
+    # --- one-shot reads ------------------------------------------------------------
+    def running_row(self) -> Optional[RunRow]:
+        return self._read(lambda tx: tx.running_row())
+
+    def last_run(self) -> Optional[RunRow]:
+        return self._read(lambda tx: tx.last_run())
+
+    def run(self, run_id: int) -> Optional[RunRow]:
+        return self._read(lambda tx: tx.run(run_id))
+
+    def agent_state(self, name: str) -> AgentState:
+        return self._read(lambda tx: tx.agent(name))
+
+    def agent_states(self) -> Dict[str, AgentState]:
+        return self._read(lambda tx: tx.agents())
+
+    def meta(self, key: str) -> Optional[str]:
+        return self._read(lambda tx: tx.meta(key))
+
+    def history(self, agent: Optional[str] = None, limit: int = 20) -> List[RunRow]:
+        def q(_tx: Tx) -> List[RunRow]:
+            if agent is None:
+                rows = self.con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+            else:
+                rows = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT ?",
+                                         (agent, limit))
+            return [RunRow.from_mapping(r) for r in rows.fetchall()]
+        return self._read(q)
+
+    def last_run_of(self, agent: str) -> Optional[RunRow]:
+        def q(_tx: Tx) -> Optional[RunRow]:
+            row = self.con.execute("SELECT * FROM runs WHERE agent = ? ORDER BY id DESC LIMIT 1",
+                                    (agent,)).fetchone()
+            return RunRow.from_mapping(row) if row else None
+        return self._read(q)
+
+    def agent_names(self) -> List[str]:
+        return self._read(lambda _tx: [r[0] for r in self.con.execute("SELECT name FROM agents ORDER BY name")])
+
+    def run_counts(self) -> Dict[str, Dict[str, int]]:
+        def q(_tx: Tx) -> Dict[str, Dict[str, int]]:
+            out: Dict[str, Dict[str, int]] = {}
+            for r in self.con.execute("SELECT agent, status, n FROM run_counts"):
+                out.setdefault(text(r["agent"]), {})[text(r["status"])] = count(r["n"])
+            return out
+        return self._read(q)
+
+    def last_runs(self) -> Dict[str, RunRow]:
+        """Each agent's last finished (or skipped) run, by agent name."""
+        return self._read(lambda _tx: {r["agent"]: RunRow.from_mapping(r) for r in self.con.execute(
+            "SELECT r.* FROM agents a JOIN runs r ON r.id = a.last_run_id")})
+
+    # --- one-shot writes -------------------------------------------------------------
+    def start_ids_after(self, run_id: int) -> None:
+        """Make the next run id greater than ``run_id`` (SQLite's AUTOINCREMENT
+        counter): a journal started anew beside old run logs never reuses their ids."""
+        try:
+            with self.write():
+                row = self.con.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+                if row is None:
+                    self.con.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (run_id,))
+                elif row[0] < run_id:
+                    self.con.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'runs'", (run_id,))
+        except sqlite3.Error as e:
+            raise _wrap(self.path, e) from None
+
+    def set_meta(self, key: str, value: Optional[str]) -> None:
+        with self.transaction() as tx:
+            tx.set_meta(key, value)
+
+    # --- operator controls: pause, resume, next -------------------------------------
+    # Kept in ``meta`` (both backends, no schema change); every change is an event.
+
+    def set_paused(self, name: Optional[str], paused: bool, now: Optional[float] = None) -> bool:
+        """Pause (or lift the pause of) the ring (``name`` None) or one agent.
+        Returns True when that changed anything."""
+        key = pause_key(name)
+        now = time.time() if now is None else now
+        with self.transaction() as tx:
+            if (tx.meta(key) is not None) == paused:
+                return False
+            tx.set_meta(key, repr(now) if paused else None)
+            tx.event(None, "paused" if paused else "unpaused", "operator",
+                     "ring" if name is None else f"agent={name}", now)
+        return True
+
+    def request_next(self, name: str) -> Optional[str]:
+        """Operator: ``name`` takes the very next turn, once. Returns the request it replaced."""
+        with self.transaction() as tx:
+            before = tx.meta(NEXT_KEY)
+            tx.set_meta(NEXT_KEY, name)
+            tx.event(None, "next-requested", "operator", f"agent={name}", time.time())
+        return before
+
+    # --- retention ----------------------------------------------------------------------
+    def prune(self, keep: int, batch: int = PRUNE_BATCH, logged: Optional[List[Tuple[int, str]]] = None) -> int:
+        """Delete up to ``batch`` of the oldest runs beyond the newest ``keep``
+        (and their events) in one short transaction; returns how many runs went.
+        Called after each hop, so a large backlog goes in small steps as the ring
+        turns. The counters (``agents.runs``, ``run_counts``) are kept by triggers
+        on insert and update, so deleting history never changes them.
+        ``logged``: gets (run id, agent) of each run deleted that had a log."""
+        if keep <= 0:
+            return 0
+        with self.transaction() as tx:
+            top = tx._x("SELECT max(id) AS m FROM runs").fetchone()["m"]
+            if top is None:
+                return 0
+            first_kept = top - keep + 1   # ids only grow: the newest ``keep`` ids (or fewer rows)
+            if logged is not None:
+                logged.extend((r["id"], r["agent"]) for r in tx._x(
+                    f"SELECT id, agent FROM runs WHERE id IN ({_PRUNED}) AND log_path IS NOT NULL",
+                    (first_kept, batch)).fetchall())
+            tx._x("DELETE FROM events WHERE run_id IN (SELECT id FROM runs WHERE id < ? ORDER BY id LIMIT ?)",
+                  (first_kept, batch))
+            gone = tx._x(f"DELETE FROM runs WHERE id IN ({_PRUNED})", (first_kept, batch)).rowcount
+            if gone:
+                # operator events (no run) older than the oldest run kept go with them
+                oldest = tx._x("SELECT started_at FROM runs ORDER BY id LIMIT 1").fetchone()
+                if oldest is not None:
+                    tx._x("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE run_id IS NULL "
+                          "AND at < ? ORDER BY id LIMIT ?)", (oldest["started_at"], batch))
+        return gone

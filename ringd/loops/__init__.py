@@ -1,0 +1,1 @@
+"""The daemons' loops: driver, hop, leader, reaper, metrics and the watcher."""

@@ -1,0 +1,919 @@
+"""The driver loop, ``ringd run``: lock, reap, then forever: hear signals, beat,
+reload the roster, choose the turn (one journal transaction that commits the
+last run's end, reads the operator's controls and the agent whose turn it is,
+asks :func:`ringd.core.policy.plan_turn` and writes the next start), take it, and
+wait - never spinning - when nothing is due. A run's end that the next turn
+does not commit at once is committed alone before any wait (:meth:`Driver.flush`).
+
+Every effect goes through ``self.env`` (:class:`ringd.host.env.RealEnv`, or a test's
+fake): the loop itself never calls ``time``, ``os`` or ``signal``. Every wait is
+one ``env.wait`` with a timeout equal to the next thing due (a heartbeat, a
+back-off's end, a look at the roster file), so an idle driver costs nothing and
+still hears signals and roster edits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional, Sequence, Set
+
+from ringd.host import alerts
+from ringd.host import cgroup
+from ringd.core import events
+from ringd.loops import metrics
+from ringd.host import proctree
+from ringd.host import safefile
+from ringd.inputs import schedule
+from ringd.journal import transitions
+from ringd.inputs.config import Config, ConfigError, load_config
+from ringd.host.env import RealEnv, stderr_logger
+from ringd.core.errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
+from ringd.host.heartbeat import live_writer, read_heartbeat, watchdog_interval
+from ringd.loops.hop import Hop, HopResult, Pending
+from ringd.journal.sqlite import PRUNE_BATCH, Journal, JournalError
+from ringd.host.lock import LOCK_FILE, KernelLock, LockHeld
+from ringd.core.policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from, round_after,
+                     spin_after_run, spin_at_lap_end, wait_timeout)
+from ringd.loops.reaper import driver_alive, orphan_cause, reap
+from ringd.inputs.roster import RosterSource, next_index, wraps
+
+PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
+LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
+JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
+CLOCK_STEP = 1.0            # s the wall clock must jump (against the monotonic one) to count as stepped
+UNCONFIRMED_START = ("its start was committed, but the driver never heard so (the journal's connection "
+                     "was lost at the commit): no process was started")
+
+HOST = socket.gethostname()
+
+log = stderr_logger
+
+
+class RingView(NamedTuple):
+    """The roster as the turn choice reads it (see :meth:`Driver.view`)."""
+    agents: Optional[list]   # the roster's agents this view was made from
+    config: Optional[Config]
+    roster: list             # (name, line) pairs, in roster order
+    names: list
+    scheduled: list          # (name, Schedule) of the scheduled agents
+    scheduled_at: dict       # name -> roster index of each scheduled agent (policy.TurnInputs)
+
+
+def role_fields(leader) -> dict:
+    """What the heartbeat says of leadership (a SQLite ring's one driver always leads)."""
+    if leader is None:
+        return {"host": HOST, "role": "leader", "lease": None}
+    return {"host": leader.host, "role": leader.role,
+            "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
+
+
+def journal_exit(e: JournalError) -> int:
+    """The exit code of a driver that cannot go on with its journal: an outage
+    (busy, full or read-only, PostgreSQL unreachable or its connection lost:
+    ``transient``) is no configuration error - 78 stops ringwatch and systemd
+    restarting it (and a many-host ring would not survive its box); a journal
+    no restart can help (damaged, a newer ring's, psycopg missing) is one."""
+    return EX_UNAVAILABLE if e.transient else EX_CONFIG
+
+
+def startup_journal_exit(e: JournalError, env, logger: Callable[[str], None]) -> int:
+    """The exit of a driver whose journal failed before it was ready. A stop
+    signal ends a journal call in flight (``ringd.journal.pgcall``) and is put back:
+    an outage (transient) with a stop pending is the stop itself (SPEC: a
+    signal during start-up is honoured), exit 0 as a service manager expects
+    of a stop - not an outage (69, a failed unit). A journal no restart can
+    help (damaged, a newer ring's) is refused all the same: 78."""
+    if e.transient and requests_from(env.wait(0)[0]).stop:
+        logger(f"stopped while starting ({e})")
+        return EX_OK
+    logger(str(e))
+    return journal_exit(e)
+
+
+def for_leadership(config: Config) -> Config:
+    """A many-host driver beats (and renews its lease) at least twice per half
+    TTL, whatever ``heartbeat_interval`` says."""
+    if not config.ring.journal:
+        return config
+    from ringd.core.lease import beat_every
+    every = beat_every(config.ring.lease_ttl, config.ring.heartbeat_interval)
+    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
+
+
+def for_watchdog(config: Config) -> Config:
+    """Under systemd's watchdog (ringd.service, WatchdogSec=) the driver beats,
+    and so sends WATCHDOG=1, at least every half WatchdogSec, whatever
+    ``heartbeat_interval`` says: one of 60 s or more under the shipped
+    WatchdogSec=60 had systemd abort and restart a healthy driver every minute."""
+    every = watchdog_interval()
+    if every is None or every >= config.ring.heartbeat_interval:
+        return config
+    return dataclasses.replace(config, ring=dataclasses.replace(config.ring, heartbeat_interval=every))
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create a missing state dir 0700; refuse one others may write (the rule
+    ``ringd check`` applies too: safefile.check_state_dir)."""
+    if not state_dir.exists():
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise RingError(f"{state_dir}: cannot create state dir: {e.strerror}", exit_for(e)) from None
+    safefile.check_state_dir(state_dir)
+
+
+def acquire_lock(state_dir: Path) -> KernelLock:
+    """Exclusive kernel lock on ``ringd.lock`` (released by the kernel if we die)."""
+    path = state_dir / LOCK_FILE
+    try:
+        return KernelLock(path).acquire()
+    except LockHeld as e:
+        holder = e.holder
+        if holder is None:  # no /proc/locks: the heartbeat names the live driver
+            hb = read_heartbeat(state_dir)
+            holder = hb.get("pid") if hb and not hb.get("stopped") else None
+        raise RingError(f"{path}: another driver holds the lock"
+                        f"{f' (pid {holder})' if holder else ''}", EX_TEMPFAIL) from None
+    except OSError as e:
+        raise RingError(f"{path}: cannot lock: {e.strerror}", exit_for(e)) from None
+
+
+def live_driver(state_dir: Path, me: tuple, journal: Optional[Journal] = None) -> Optional[int]:
+    """The pid of another driver of this state dir that is alive though we hold
+    the lock - its lock file was deleted (a tmpfiles cleaner, ``git clean -X``):
+    named by its heartbeat (pid *and* start time), or, the heartbeat deleted
+    with it (``rm ringd.*``), by the run it has in flight (``journal``)."""
+    writer = live_writer(read_heartbeat(state_dir))
+    if writer is not None and writer != me:
+        return writer[0]
+    if journal is not None:
+        try:
+            row = journal.running_row()
+        except JournalError:
+            return None
+        if row is not None and driver_alive(row, state_dir, me):
+            return row.driver_pid
+    return None
+
+
+class Driver:
+    def __init__(self, env, state_dir: Path, config_path: Optional[Path], config: Config,
+                 roster: RosterSource, journal: Journal, *, lock=None, once: bool = False,
+                 agent_umask: int = 0o022, base_env: Optional[dict] = None, leader=None):
+        self.env = env
+        self.state_dir = state_dir
+        self.state_key = str(state_dir)
+        self.config_path = config_path
+        self.config = config
+        self.roster = roster
+        self.journal = journal
+        journal.wait_busy_unless(self.stop_pending)
+        self.lock = lock
+        self.once = once
+        self.agent_umask = agent_umask
+        self.base_env = proctree.clean_env(base_env or {}, {})   # once: each run adds its RING_* (hop.agent_env)
+        self.leader = leader   # leader.Leader of a many-host ring (None: SQLite, the lock makes us leader)
+        self.log = env.log
+        # what signals asked for
+        self.stop_requested = False
+        self.stop_reason = "driver stopping"
+        self.reload_requested = False
+        self.exit_code = EX_OK
+        # the ring's position
+        self.lap = 1
+        self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
+        self.cursor_roster: Optional[Sequence[str]] = None   # the roster's names at the last turn (None: not known)
+        self.spin = Spin()
+        self.pending: Optional[Pending] = None   # the last run's end, not yet committed
+        # run id -> (agent, position) of starts whose turn failed to commit: with
+        # PostgreSQL a commit whose answer is lost may have happened all the same
+        self.unconfirmed: "dict[int, tuple[str, int]]" = {}
+        self.spin_logged = False
+        self.idle_logged = False
+        self.at_lap_start = False
+        # heartbeat and metrics
+        self.next_beat = env.monotonic()
+        self.beat_error: Optional[str] = None
+        self.lock_lost_since: Optional[float] = None
+        self._metrics_at = float("-inf")
+        self._metrics_dirty = False
+        self._metrics_failing = False
+        self._prune_failing = False
+        self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
+        self._runs_since_prune = 0
+        self.paused_said = False
+        self._view = RingView(None, None, [], [], [], {})
+
+    @property
+    def roster_dir(self) -> Path:
+        """The folder of the file the roster in use was read from: relative
+        programs resolve, and agents run, there (hop)."""
+        return (self.roster.origin or self.roster.path).parent
+
+    # --- hearing and beating ------------------------------------------------------------
+    def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests:
+        """Turn signals into the driver's flags (and reap exited children but
+        ``keep``; when the agent has exited, its end's tree kill collects the
+        run's, and only alert helpers are left to reap here)."""
+        req = requests_from(sigs)
+        if req.children:
+            self.env.reap_helpers(keep, helpers_only=agent_exited)
+        if req.reload:
+            self.reload_requested = True
+        if req.stop and not self.stop_requested:
+            self.stop_requested = True
+            self.log("stop requested: finishing up")
+        return req
+
+    def stop_pending(self) -> bool:
+        """Told to stop, or a stop signal not yet heard: the journal gives up
+        waiting for another process's write lock (Journal.wait_busy_unless)."""
+        return self.stop_requested or self.env.stop_pending()
+
+    def hear(self) -> Requests:
+        """Signals that arrived since the last wait (between runs: no sleeping)."""
+        return self.absorb(self.env.signals())
+
+    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
+             run_started_at: Optional[float] = None) -> None:
+        # A heartbeat that cannot be written (state dir full or read-only) must
+        # never abandon a running agent nor kill the driver: say so once, go on.
+        self.next_beat = self.env.monotonic() + self.config.ring.heartbeat_interval
+        if self.leader is not None:
+            self.leader.beat()   # renew (or take) the lease with every heartbeat
+        try:
+            self.env.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
+                          run_started_at=run_started_at,
+                          extra={"roster_error": self.roster.error, **role_fields(self.leader)})
+        except OSError as e:
+            if self.beat_error is None:
+                self.log(f"cannot write the heartbeat ({self.env.errno_reason(e)}); "
+                         f"the ring goes on, a watcher will see it as stale")
+            self.beat_error = str(e)
+        else:
+            if self.beat_error is not None:
+                self.log("heartbeat written again")
+            self.beat_error = None
+        self.check_lock()
+        if not self.journal_moved and self.journal.moved():   # (a stat, once a beat)
+            self.journal_moved = True
+        if self._runs_since_prune:
+            self.prune_journal()
+        due = self.config.ring.heartbeat_interval * 0.9
+        if self._metrics_dirty or self.env.monotonic() - self._metrics_at >= due:
+            self.write_metrics(agent, run_started_at)
+
+    def beat_if_due(self) -> None:
+        if self.env.monotonic() >= self.next_beat:
+            self.beat()
+
+    def check_lock(self) -> None:
+        """Our lock file deleted or replaced: take it again, or stop if another driver got it."""
+        if self.lock is None:
+            return
+        verdict = self.lock.verify()
+        now = self.env.monotonic()
+        if verdict != "lost":
+            self.lock_lost_since = None
+        if verdict == "retaken":
+            self.log(f"{self.lock.path} was removed or replaced; locked it again")
+        elif verdict == "lost" and self.lock_lost_since is None:
+            # a second driver that locked the new file gives it up at once when it
+            # sees us alive: only a loss that lasts means another driver runs
+            self.lock_lost_since = now
+        elif verdict == "lost" and now - self.lock_lost_since >= LOCK_LOSS_GRACE and not self.stop_requested:
+            self.log(f"{self.lock.path} was replaced and another driver holds it; stopping")
+            self.stop_requested, self.stop_reason, self.exit_code = True, "driver lost its lock", EX_TEMPFAIL
+
+    # --- waiting -----------------------------------------------------------------------
+    def pause(self, seconds: Optional[float], *, until_roster_edit: bool = False,
+              wall_until: Optional[float] = None) -> None:
+        """Sleep ``seconds`` (None: until something happens) while beating; returns
+        early on a signal that asks for something, or on a roster edit. ``wall_until``:
+        also return once the wall clock reaches it, or is stepped (looked at every
+        beat): a due time is a wall-clock time, and the wall clock may be stepped
+        forward, move on through a suspend, or be stepped back - bringing a due
+        time of the new clock nearer than ``seconds`` - while the monotonic clock
+        does not."""
+        env = self.env
+        self.flush()   # never wait with a run's end unrecorded
+        end = None if seconds is None else env.monotonic() + seconds
+        skew = env.wall() - env.monotonic()
+        while not self.stop_requested:
+            now = env.monotonic()
+            if end is not None and now >= end:
+                return
+            if wall_until is not None:
+                wall = env.wall()
+                if wall >= wall_until or abs(wall - now - skew) > CLOCK_STEP:
+                    return
+            self.beat_if_due()
+            # the roster file is looked at (one stat) at least once a heartbeat
+            timeout = wait_timeout(now, end, self.next_beat, self.next_beat)
+            sigs, _ = env.wait(timeout)
+            if self.absorb(sigs).any:
+                return
+            had_error = self.roster.error is not None
+            if until_roster_edit and self.roster.refresh():
+                self.roster_changed(had_error)
+                return
+
+    # --- reloading ------------------------------------------------------------------------
+    def reload(self) -> None:
+        force = self.reload_requested
+        self.reload_requested = False
+        if force and self.config_path is not None:
+            try:
+                self.config = for_watchdog(for_leadership(self.keep_journal(load_config(self.config_path))))
+                self.log(f"config reloaded from {self.config_path}")
+            except ConfigError as e:
+                self.log(f"config error, keeping the running config: {e}")
+            # ring.roster may name another file now: read that one from here on
+            # (status and check already do), keeping the last good roster until it parses
+            path = self.config.roster_path(self.state_dir)
+            if path != self.roster.path:
+                self.log(f"roster is now {path} (was {self.roster.path})")
+                self.roster = self.roster.moved_to(path)
+        had_error = self.roster.error is not None
+        if self.roster.refresh(force=force):
+            self.roster_changed(had_error)
+
+    def keep_journal(self, new: Config) -> Config:
+        """``new`` with the running ``ring.journal`` and ``ring.lease_ttl``: the
+        journal is opened and the lease taken at start-up only. Taken as read,
+        they made the beat follow a lease this driver does not hold (a new
+        longer TTL: beats rarer than the running lease needs, and leadership
+        lost between beats; a SQLite ring given a URI: beats at TTL/4)."""
+        old = self.config.ring
+        if (new.ring.journal, new.ring.lease_ttl) == (old.journal, old.lease_ttl):
+            return new
+        self.log("ring.journal and ring.lease_ttl take effect when the driver restarts; "
+                 "keeping the running ones")
+        return dataclasses.replace(new, ring=dataclasses.replace(new.ring, journal=old.journal,
+                                                                 lease_ttl=old.lease_ttl))
+
+    def roster_changed(self, had_error: bool = False) -> None:
+        if self.roster.error:
+            self.log(f"roster error, keeping the last good roster: {self.roster.error}")
+        elif had_error:
+            self.log(f"roster fixed: {self.roster.path} loaded again, {len(self.roster.agents)} agent(s)")
+        else:
+            self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
+        try:
+            self.journal.set_meta("roster_error", self.roster.error)
+        except JournalError as e:   # state dir full or read-only
+            self.log(f"cannot record the roster state in the journal: {e}")
+
+    # --- metrics and alerts ---------------------------------------------------------------
+    def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
+        """metrics.prom at hop ends and heartbeats; never allowed to hurt the ring."""
+        now = self.env.wall()
+        self._metrics_at = self.env.monotonic()
+        self._metrics_dirty = False
+        try:
+            snap = metrics.snapshot(
+                self.journal, now=now,
+                current=(agent, now - run_started_at) if agent and run_started_at else None,
+                heartbeat_at=now, driver_started_at=self.env.started_at,
+                laps=self.lap - 1, roster=self.view().roster,
+                roster_error=self.roster.error is not None, state_dir=self.state_dir,
+                role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring)
+            metrics.write_metrics(self.state_dir, metrics.render(snap))
+            self._metrics_failing = False
+        except (OSError, JournalError) as e:
+            if not self._metrics_failing:
+                self.log(f"cannot write metrics: {e}")
+            self._metrics_failing = True
+
+    def alert(self, kind: str, agent: Optional[str], detail: str, **extra) -> None:
+        alerts.fire(self.config.alerts.command, kind, agent, detail, self.state_dir, extra,
+                    timeout=self.config.alerts.timeout, log=self.log)
+
+    def alert_closed(self, closed: transitions.Closed) -> None:
+        for kind, detail in alerts_after(closed.agent, closed.status, closed.source, closed.settled,
+                                         self.config.alerts.failures_in_a_row):
+            self.alert(kind, closed.agent, detail, run_id=closed.run_id)
+
+    def reap_orphans(self, journal: Journal, kill_by: Optional[float] = None) -> None:
+        """Close the run a dead driver left ``running`` in ``journal`` (at start-up, and
+        in a journal taken up under us); this driver's own live run is never one.
+        ``kill_by``: the deadline of its leftovers' kill (reaper.kill_orphan)."""
+        reap(journal, self.state_dir, self.config, me=(self.env.pid, self.env.pid_start), log=self.log,
+             line_of={a.name: a.text for a in self.roster.agents}.get, on_reaped=self.on_reaped,
+             kill_by=kill_by)
+
+    def on_reaped(self, row, closed: transitions.Closed) -> None:
+        self.alert(events.RUN_REAPED, row.agent, f"run {row.id} of {row.agent} was left running "
+                                                 f"({orphan_cause(row, (self.env.pid, self.env.pid_start))}); "
+                                                 f"closed as interrupted", run_id=row.id)
+        self.alert_closed(closed)
+
+    def after_run(self, result: HopResult) -> None:
+        # Metrics are rewritten at the next heartbeat (and at the stop), never on
+        # the hop path: a ring of sub-second agents would spend its time on them.
+        self._metrics_dirty = True
+        if result.closed is not None:
+            self.alert_closed(result.closed)
+        self.spin = spin_after_run(self.spin, result.status, result.duration, self.config.ring.fast_fail)
+        self._runs_since_prune += 1
+        if self._runs_since_prune >= PRUNE_EVERY:
+            self.prune_journal()
+
+    def prune_journal(self) -> None:
+        """Journal retention (``ring.keep_runs``): one batch (up to PRUNE_BATCH runs)
+        at heartbeats and every PRUNE_EVERY runs - off the ordinary hop, and still
+        faster than any ring adds runs."""
+        self._runs_since_prune = 0
+        if not self.config.ring.keep_runs:
+            return
+        logged: "list[tuple[int, str]]" = []
+        try:
+            self.journal.prune(self.config.ring.keep_runs, logged=logged)
+            self._prune_failing = False
+        except JournalError as e:   # never allowed to hurt the ring; say so once
+            if not self._prune_failing:
+                self.log(f"cannot prune the journal (ring.keep_runs): {e}")
+            self._prune_failing = True
+            return   # (nothing was deleted: the transaction rolled back)
+        # The logs of the runs that went, of agents no longer on the roster: no
+        # command reaches them now, and nothing else would ever prune them (keep_logs
+        # prunes an agent's logs as it runs). An agent on the roster keeps its newest.
+        names = set(self.view().names)
+        gone: "dict[str, list[int]]" = {}
+        for run_id, agent in logged:
+            if agent not in names:
+                gone.setdefault(agent, []).append(run_id)
+        for agent, run_ids in gone.items():
+            self.env.drop_logs(agent, run_ids)
+
+    # --- leadership (a many-host ring) --------------------------------------------------
+    def stand_by(self) -> bool:
+        """A many-host ring's driver without the lease: beat (each beat tries to
+        take it) until it leads; then close the lapsed leader's run. False if
+        told to stop first."""
+        leader = self.leader
+        if leader.must_stop():
+            self.env.notify("STATUS=standby: another driver leads the ring")
+            self.log("standing by: another driver leads the ring (or the journal is unreachable)")
+        while not self.stop_requested:
+            if not leader.must_stop():
+                try:
+                    leader.settle_takeover(self.config, on_reaped=self.on_reaped)
+                except (JournalError, OSError) as e:
+                    self.log(f"cannot close the lapsed leader's run yet: {e}")
+                else:
+                    return True
+            sigs, _ = self.env.wait(self.config.ring.heartbeat_interval)
+            self.absorb(sigs)
+            self.beat()
+        return False
+
+    def lead(self) -> bool:
+        """Before a turn: still leading (or took over: continue after the lapsed
+        leader's run)? False when told to stop while standing by."""
+        if self.leader is None or not (self.leader.must_stop() or self.leader.took_over):
+            return True
+        self.flush()
+        if not self.stand_by():
+            return False
+        self.resume_from_journal()
+        return True
+
+    def reopen_journal(self) -> None:
+        """journal.db was removed (to start afresh) or replaced under us: our
+        connection wrote where no reader looks, and operator requests (pause,
+        skip, resume) went to a journal we never read. Between runs, take up the
+        file now at the path - made anew if there is none, as at start-up - and
+        say so; the history and counters are the new file's."""
+        self.flush()   # the last run's end, into the journal it started in
+        # Closed first: the close removes our journal.db-wal/-shm at the path, which
+        # a new journal there would otherwise take up as its own (Journal.close).
+        # Should the new one not open (a full disk), the next turn tries again.
+        self.journal.close()
+        new = Journal.open(self.state_dir, verify=True, give_up=self.stop_pending)
+        try:
+            new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
+            # Reaped as at start-up: a backup restored there holds the run going when it
+            # was taken - ours, long ended - `running`, and every start would meet it.
+            self.reap_orphans(new)
+        except JournalError:
+            new.close()   # (the next turn opens it again)
+            raise
+        self.journal, self.journal_moved, self.unconfirmed = new, False, {}
+        self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
+                 f"(history and counters start from it)")
+        try:
+            self.journal.set_meta("roster_error", self.roster.error)   # what status reads of it
+        except JournalError as e:
+            self.log(f"cannot record the roster state in the journal: {e}")
+        self._metrics_dirty = True
+
+    def resume_from_journal(self) -> None:
+        """Go on after the last turn the journal records (a scheduled agent's
+        run is not one: schedule.last_turn), and at its lap: at start-up and
+        after a takeover (the leader before us counted laps meanwhile)."""
+        last = schedule.last_turn(self.journal, self.config, self.journal.last_run())
+        self.cursor = (last.agent, last.position) if last else (None, None)
+        if self.journal.meta(schedule.ROUND_KEY) is not None:
+            # a new driver (or leader) starts a new round: a job due again at once runs at start
+            with self.journal.transaction() as tx:
+                schedule.write_round(tx, frozenset())
+        self.cursor_roster = None   # (the journal keeps no roster: its position rule)
+        lap = self.journal.meta("lap")   # laps count on across restarts; status reads it live
+        self.lap = int(lap) if lap and lap.isascii() and lap.isdigit() else 1
+
+    # --- the loop ---------------------------------------------------------------------
+    def run(self) -> int:
+        if self.leader is not None:
+            self.env.prove_containment()
+            self.beat()
+            self.env.ready()  # a standby is a started, healthy driver
+            if not self.stand_by():
+                self.shutdown()
+                return EX_OK
+        try:
+            self.resume_from_journal()
+            self.journal.set_meta("roster_error", self.roster.error)
+        except JournalError as e:
+            return startup_journal_exit(e, self.env, self.log)
+        turns_left = len(self.roster.agents) if self.once else None
+        self.env.index_run_logs(a.name for a in self.roster.agents)
+        self.write_metrics()   # (the slow part of a beat: done before the proof, so the beat below skips it)
+        # Proven as late as it can be: its cgroup migration waits out the kernel's
+        # grace period, so the first run's step into its cgroup does not (Containment.prove).
+        self.env.prove_containment()
+        self.beat()
+        self.env.ready()
+        self.env.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
+        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
+        while True:
+            self.hear()
+            if self.stop_requested or (turns_left is not None and turns_left <= 0):
+                break
+            self.beat_if_due()
+            try:
+                if not self.lead():
+                    break
+                self.reload()
+                if self.journal_moved:
+                    self.reopen_journal()
+                taken = self.turn(turns_left)
+            except JournalError as e:
+                if not e.transient:
+                    # an unusable journal: nothing can be recorded; any agent is already stopped
+                    self.log(f"journal unusable, stopping: {e}")
+                    self.exit_code = EX_CONFIG
+                    break
+                self.log(f"journal failure, turn not taken: {e}")
+                try:
+                    self.pause(min(JOURNAL_RETRY[1], max(JOURNAL_RETRY[0], self.config.ring.heartbeat_interval)))
+                except JournalError as e2:   # the last run's end met an unusable journal
+                    self.log(f"journal unusable, stopping: {e2}")
+                    self.exit_code = EX_CONFIG
+                    break
+                continue
+            if turns_left is not None:
+                turns_left -= taken
+        self.shutdown()
+        return self.exit_code
+
+    def turn(self, limit: Optional[int]) -> int:
+        """Choose and take one turn, or wait when none is due. Returns how many
+        roster positions it went through (for ``--once``)."""
+        env = self.env
+        view = self.view()
+        agents, roster = view.agents, view.roster
+        start = next_index(view.names, *self.cursor, self.cursor_roster)
+        now = env.wall()
+        started, plan, hop, ran = None, None, None, frozenset()
+        pending, closed = self.pending, None
+        unconfirmed, lost = list(self.unconfirmed.items()), []
+        # the last run's end, the operator's controls, the choice and the next start commit together
+        try:
+            with self.journal.transaction() as tx:
+                if pending is not None:
+                    closed = pending.write(tx)
+                for run_id, (name, position) in unconfirmed:
+                    # A start that did commit left a `running` row with no process: every
+                    # later start would be refused (one running row). Closed before
+                    # anything starts (SQLite may hand its id out again below).
+                    if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
+                                            now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
+                        lost.append((run_id, name))
+                controls = tx.controls(first=roster[start][0])   # (others' pauses: as the turn walks)
+                # read paused or not: the first look at a schedule is recorded (schedule.entry),
+                # so one first seen during a pause counts from then, and a slot that passed in
+                # the pause runs on resume - not from the resume, a slot later
+                scheduled = self.schedules(tx, now)
+                # the round lives in the journal, where ``ringd status`` reads it too
+                ran = schedule.read_round(tx) if scheduled else frozenset()
+                if not controls.ring_paused:
+                    states = transitions.AgentStates(tx, now, self.config.ring)
+                    plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
+                                                requested=tx.take_next(controls),
+                                                scheduled=scheduled, ran_scheduled=ran,
+                                                scheduled_at=view.scheduled_at))
+                    new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
+                               and self.cursor[0] is not None   # (a first turn ever begins lap 1)
+                               and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
+                    if new_lap and not self.at_lap_start:
+                        plan = None   # a new lap: count it (and pause) before anything starts
+                    elif plan.again:
+                        pass          # a new round of scheduled runs: slow down first if need be
+                    elif plan.index is not None:
+                        agent = agents[plan.index]
+                        d = plan.decision
+                        if d.line_changed:
+                            transitions.lift(tx, agent.name, now, "roster line changed", source="driver")
+                        if d.action is Action.SKIP:
+                            transitions.skip_turn(tx, agent.name, plan.index, d.reason or "skipped", now)
+                        else:
+                            limits = self.config.limits_for(agent.name)
+                            started = tx.start_run(agent.name, plan.index, now=now, run_budget=limits.run_budget,
+                                                   stall_threshold=limits.stall_threshold, driver_pid=env.pid,
+                                                   driver_start=env.pid_start)
+                            if plan.scheduled:
+                                schedule.record_start(tx, agent.name, now)
+                            hop = Hop(self, agent, plan.index, started, now)
+                if scheduled and (after := round_after(ran, plan, view.names, ring_paused=controls.ring_paused,
+                                                       once=self.once)) != ran:
+                    schedule.write_round(tx, after)
+        except BaseException:
+            if started is not None:   # not committed - or was it? (the next turn closes it if so)
+                self.unconfirmed[started] = (agent.name, plan.index)
+            raise
+        self.unconfirmed = {}
+        for run_id, name in lost:
+            self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}")
+        if pending is not None:
+            self.pending = None
+            if hop is not None:   # said and alerted once the next agent is started (Hop.after_start)
+                hop.after_start = lambda: self.after_run(pending.done(closed))
+            else:
+                self.after_run(pending.done(closed))
+        if controls.ring_paused:
+            return self.wait_paused(limit)
+        if self.paused_said:
+            self.paused_said = False
+            self.log("ring resumed by the operator")
+        if plan is None:
+            self.lap_boundary()
+            return 0
+        if plan.again:   # the job due again starts the next round
+            self.end_round(ran)
+            return 0
+        if plan.index is None:
+            if self.once:
+                return len(plan.passed) or 1
+            self.end_round(ran)
+            self.idle(plan.until, now)
+            return 0
+        self.idle_logged = False
+        if plan.scheduled:
+            # a scheduled agent's run is not a turn: the ring's position and lap stay
+            if started is None:
+                self.log(f"{agent.name}: scheduled run skipped ({d.reason})")
+                return 0
+            self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})")
+            env.notify(f"STATUS=lap {self.lap}: running {agent.name} (scheduled)")
+            self.ended(hop.run())
+            return 0
+        if not plan.forced:   # ``ringd next`` is out of order: the ring then goes on from its place
+            self.at_lap_start = False
+            self.cursor, self.cursor_roster = (agent.name, plan.index), view.names
+        if d.action is Action.RUN and d.reason:   # line changed, probation
+            self.log(f"{agent.name}: {d.reason}")
+        if started is None:
+            self.log(f"{agent.name}: turn skipped ({d.reason})")
+            return len(plan.passed) + 1
+        env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
+        self.ended(hop.run())
+        return 0 if plan.forced else len(plan.passed) + 1
+
+    def ended(self, end: "Pending | HopResult") -> None:
+        if isinstance(end, Pending):
+            self.pending = end   # committed with the next turn's start, or alone before any wait
+        else:
+            self.after_run(end)
+
+    def flush(self) -> None:
+        """Commit the last run's end now (before a wait, a stop, a hand-over).
+        While the state dir is full or read-only: say why once, keep beating and
+        retry; give up only when the driver is told to stop or loses its lead
+        (the row then stays ``running`` and the next driver's reaper closes it as
+        ``interrupted``). An unusable journal is raised (the agent is gone)."""
+        pending = self.pending
+        if pending is None:
+            return
+        delay, failing = 0.2, False
+        while True:
+            if self.leader is not None and self.leader.must_stop():
+                self.pending = None   # the row is the next leader's to close
+                return
+            try:
+                with self.journal.transaction() as tx:
+                    closed = pending.write(tx)
+            except JournalError as e:
+                if not e.transient:
+                    self.pending = None
+                    raise
+                if self.stop_requested:
+                    self.pending = None
+                    pending.hop.say(f"ended, but its end could not be recorded ({e}); "
+                                    f"the next driver's reaper closes it")
+                    return
+                if not failing:
+                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until the "
+                                    f"state dir is writable")
+                failing = True
+                sigs, _ = self.env.wait(delay)
+                self.absorb(sigs)
+                self.beat()
+                delay = min(delay * 2, 5.0)
+                continue
+            if failing:
+                pending.hop.say("end recorded")
+            self.pending = None
+            self.after_run(pending.done(closed))
+            return
+
+    def wait_paused(self, limit: Optional[int]) -> int:
+        """``ringd pause``: start nothing; beat, and wake on the operator's SIGUSR1
+        (``ringd resume``), else look again after a heartbeat interval (a leader
+        also checks its lease at the loop's top). A paused ``--once`` runs nothing."""
+        if not self.paused_said:
+            self.paused_said = True
+            self.log("ring paused by the operator: starting nothing until `ringd resume`")
+            self.env.notify("STATUS=paused (ringd resume)")
+        if self.once:
+            return limit or 1
+        # (a pause ends the round of scheduled runs: policy.round_after)
+        self.pause(self.config.ring.heartbeat_interval)
+        return 0
+
+    def view(self) -> "RingView":
+        """The roster as each turn reads it, rebuilt only when the roster or the
+        config is reloaded, not at every hop."""
+        agents, config = self.roster.agents, self.config
+        if self._view.agents is not agents or self._view.config is not config:
+            if self._view.agents is not agents:
+                self.env.roster_is(a.name for a in agents)   # (what it keeps of agents is theirs only)
+            scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
+            self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
+                                  [(name, sched) for name, sched in scheduled if sched is not None],
+                                  {name: i for i, (name, sched) in enumerate(scheduled) if sched is not None})
+        return self._view
+
+    def schedules(self, tx, now: float) -> "dict[str, float]":
+        """Next due time of each scheduled agent on the roster (SPEC "Scheduled agents")."""
+        scheduled = self.view().scheduled
+        if not scheduled:
+            return {}
+        zone = schedule.local_zone()
+        return {name: schedule.entry(tx, name, sched, now).next_due(zone) for name, sched in scheduled}
+
+    def lap_boundary(self) -> None:
+        """A new lap starts when the ring wraps: count it, pause if configured, and
+        slow down if every run of the lap failed at once (SPEC: never spins)."""
+        self.at_lap_start = True
+        self.lap += 1
+        try:
+            self.journal.set_meta("lap", str(self.lap))
+        except JournalError as e:   # state dir full or read-only: the ring goes on
+            self.log(f"cannot record lap {self.lap} in the journal: {e}")
+        self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
+        if self.once:
+            return
+        self.slow_down_if_spinning()
+        if self.config.ring.lap_pause > 0:
+            self.pause(self.config.ring.lap_pause)
+
+    def end_round(self, ran: frozenset) -> None:
+        """A round of scheduled runs (``ran``) ends with no ordinary turn (nothing
+        else is due, or a job is due again; policy.round_after): a ring of
+        scheduled agents has no lap, so its round is one for the fast-fail guard."""
+        if ran:
+            self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
+            self.slow_down_if_spinning()
+
+    def slow_down_if_spinning(self) -> None:
+        """At the end of a lap (or of a round of scheduled runs): wait ``spin.delay``
+        if every run of it failed at once (SPEC: a ring that fails at once never spins)."""
+        if self.spin.delay > 0:
+            if not self.spin_logged:
+                self.log(f"every run of the last lap failed within {self.config.ring.fast_fail:g}s; "
+                         f"waiting between laps (from 1s, doubling up to {self.config.ring.backoff_max:g}s)")
+                self.spin_logged = True
+            self.pause(self.spin.delay)
+        else:
+            self.spin_logged = False
+
+    def idle(self, until: Optional[float], now: float) -> None:
+        """Nothing is due (every agent backing off, quarantined ...): wait until the
+        first one is, hearing signals, beating and watching the roster meanwhile."""
+        delay = None if until is None else max(0.0, until - now)
+        if not self.idle_logged:
+            self.log("nothing to run: every agent is backing off, quarantined, paused or not due"
+                     + (f"; next in {delay:.1f}s" if delay is not None else ""))
+            self.idle_logged = True
+        self.pause(delay, until_roster_edit=True, wall_until=until)
+
+    def shutdown(self) -> None:
+        try:
+            self.flush()
+        except JournalError as e:
+            self.log(f"journal unusable, the last run's end is not recorded: {e}")
+        self.env.notify("STOPPING=1")
+        if self.leader is not None:
+            self.leader.release()  # a standby takes over at once, not after the TTL
+        self.write_metrics()
+        try:
+            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True)
+        except OSError as e:
+            self.log(f"cannot record the clean stop in the heartbeat: {e}")
+        self.log("driver stopped")
+
+
+def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
+               logger: Callable[[str], None] = log) -> int:
+    """``ringd run``: returns the process exit code. Errors are one line on stderr."""
+    proctree.close_on_exec_all()   # nothing we inherited reaches an agent (proctree.spawn)
+    try:
+        config = load_config(config_path)
+        for w in config.warnings:
+            logger(f"warning: {w}")
+        prepare_state_dir(state_dir)
+        caller_umask = os.umask(0o077)  # journal, heartbeat, logs: 0600 whatever the umask
+        roster = RosterSource(config.roster_path(state_dir))
+        roster.refresh(force=True)
+        if roster.error:
+            raise ConfigError(roster.error)
+        lock = acquire_lock(state_dir)
+    except RingError as e:
+        logger(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e))
+        return e.code
+    env = RealEnv(state_dir, logger, prove_containment=False)   # proven just before the first run (Driver.run)
+    me = (env.pid, env.pid_start)
+    leader = None
+    try:
+        if config.ring.journal:
+            from ringd.journal.pg import PgJournal
+            from ringd.loops.leader import Leader
+            # its calls are bounded, and a stop signal ends one in flight (pgcall)
+            journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl, tap=env.wakeups)
+            journal.stop_recording()  # until this driver takes the lease
+            if journal.repaired:
+                logger(f"journal schema: {', '.join(journal.repaired)} missing (dropped by hand?); "
+                       f"made again")
+            leader = Leader(journal, config.ring.lease_ttl, logger)
+            config = for_leadership(config)
+        else:
+            journal = Journal.open(state_dir, verify=True, give_up=env.stop_pending)   # a stop heard at once
+            journal.start_ids_after(safefile.highest_run_log_id(state_dir))  # a reset journal: no old log reused
+            journal.preallocate_wal()   # the first ~150 commits no longer grow the file
+    except JournalError as e:
+        code = startup_journal_exit(e, env, logger)
+        lock.release()
+        env.close()
+        return code
+    # Before the sweep below, which kills every run cgroup of this ring: a live
+    # driver's run is in one. (A many-host ring's lease decides instead.)
+    other = live_driver(state_dir, me, journal if leader is None else None)
+    if other is not None:
+        logger(f"{state_dir / LOCK_FILE}: another driver (pid {other}) is alive though its lock file "
+               f"was removed; not starting beside it")
+        journal.close()
+        lock.release()
+        env.close()
+        return EX_TEMPFAIL
+    proctree.set_child_subreaper()
+    # One bound for the start-up's kills: the sweep and the reaper below kill the
+    # same dead driver's run (its cgroup is one of the sweep's), and processes
+    # SIGKILL cannot end (a hung mount) held each of their waits to its bound
+    # (18 s before the first beat, deaf to a stop meanwhile).
+    kill_by = env.monotonic() + cgroup.KILL_WAIT
+    # (we hold the lock and no other driver lives)
+    swept = cgroup.sweep(state_dir, also=env.containment.parent, deadline=kill_by)
+    if swept:
+        logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
+    driver = None
+    try:
+        driver = Driver(env, state_dir, config_path, for_watchdog(config), roster, journal, lock=lock, once=once,
+                        agent_umask=caller_umask, base_env=dict(os.environ), leader=leader)
+        if leader is None:
+            # Holding the lock proves every earlier driver of this state dir dead,
+            # whatever pid it had: its running row is reaped (only a live driver's
+            # is not). With PostgreSQL the lease decides instead (Driver.stand_by).
+            try:
+                driver.reap_orphans(journal, kill_by=kill_by)
+            except JournalError as e:
+                return startup_journal_exit(e, env, logger)
+        return driver.run()
+    finally:
+        journal.close()
+        if driver is not None and driver.journal is not journal:   # reopened (Driver.reopen_journal)
+            driver.journal.close()
+        lock.release()
+        env.close()

@@ -1,0 +1,201 @@
+"""The driver as a process, seen from the watcher: start ``ringd run`` in its own
+session with its output appended to ``<state>/logs/ringd.log``, hold a pidfd on
+it (ours or adopted), and stop it: SIGTERM (+ SIGCONT for a stopped one), a
+grace, then SIGKILL - always addressed by pid *and* start time through a pidfd,
+so a recycled pid is never signalled.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from ringd.host import proctree
+from ringd.host import safefile
+from ringd.host.procid import same_process
+
+from ringd.core import watchpolicy
+
+DRIVER_LOG = "ringd.log"
+ROTATE_BYTES = safefile.LOG_ROTATE_BYTES   # ringd.log is rotated (one old copy) past this size
+KILL_WAIT = 5.0   # s; a driver SIGKILL has not ended by then is left (uninterruptible sleep)
+
+
+def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
+    """``ringd run`` with the watcher's own state dir and config, run by the same
+    interpreter (so it works whether or not the console script is on PATH)."""
+    argv = [sys.executable, "-m", "ringd", "run", "--state", str(state_dir)]
+    if config_path is not None:
+        argv += ["--config", str(config_path)]
+    return argv
+
+
+def open_log(state_dir: Path) -> int:
+    """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink -
+    neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed - and
+    rotated past ``ROTATE_BYTES`` (safefile.open_log)."""
+    fd, unrotated = safefile.open_log(state_dir, ("logs",), DRIVER_LOG)
+    os.fchmod(fd, 0o600)
+    if unrotated is not None:   # a directory at ringd.log.1, a read-only logs/: the driver starts anyway
+        os.write(fd, f"ringwatch: cannot rotate {DRIVER_LOG} to {DRIVER_LOG}.1 "
+                     f"({unrotated.strerror}); appending on\n".encode())
+    return fd
+
+
+def last_log_line(state_dir: Path, limit: int = 300) -> str:
+    """The last non-empty line of ringd.log (for reporting why the driver quit)."""
+    try:
+        with os.fdopen(safefile.open_regular(state_dir / "logs" / DRIVER_LOG), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    line = lines[-1].strip() if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@dataclass
+class DriverProc:
+    """A driver process we watch: our child (``child`` set) or an adopted one."""
+    pid: int
+    start_time: Optional[float]
+    pidfd: Optional[int] = None
+    child: Optional[proctree.Child] = None
+    status: Optional[int] = field(default=None)  # wait status once reaped (children only)
+
+    @property
+    def ours(self) -> bool:
+        return self.child is not None
+
+    def alive(self) -> bool:
+        if self.status is not None:
+            return False
+        return same_process(self.pid, self.start_time)
+
+    def poll_exit(self) -> Optional[int]:
+        """Our child's wait status if it has exited (reaping it), else None."""
+        if self.child is None:
+            return None
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid == 0:
+                return None
+            self.status = status
+            self.close()
+        return self.status
+
+    def exit_code(self) -> Optional[int]:
+        """Exit code (negative signal number if killed) once exited, else None."""
+        return None if self.status is None else _returncode(self.status)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.child is not None:
+            self.child.pidfd = None
+
+
+def _returncode(status: int) -> int:
+    code, sig = proctree.decode_status(status)
+    return -sig if sig is not None else (code if code is not None else 0)
+
+
+def start_driver(state_dir: Path, config_path: Optional[Path]) -> DriverProc:
+    """Start ``ringd run`` in a new session, output appended to ringd.log, with
+    NOTIFY_SOCKET and WATCHDOG_* removed (systemd's main process is the watcher)."""
+    fd = open_log(state_dir)
+    try:
+        child = proctree.spawn(driver_argv(state_dir, config_path), cwd=None,
+                               env=proctree.clean_env(os.environ, {}), stdout_fd=fd,
+                               signals_held=True)  # a signal before its handlers waits (earlysig)
+    finally:
+        os.close(fd)
+    return DriverProc(pid=child.pid, start_time=child.start_time, pidfd=child.pidfd, child=child)
+
+
+def adopt(pid: int, start_time: Optional[float]) -> Optional[DriverProc]:
+    """Watch a running driver we did not start (it outlived a previous watcher).
+    None if it is not the process that started at ``start_time``."""
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
+    if not same_process(pid, start_time):  # checked after opening: the fd pins the process
+        if fd is not None:
+            os.close(fd)
+        return None
+    return DriverProc(pid=pid, start_time=start_time, pidfd=fd)
+
+
+def _exited(proc: DriverProc) -> bool:
+    if proc.child is not None and proc.poll_exit() is not None:
+        return True
+    return not proc.alive()
+
+
+def _pause(until: float, fds: List[int]) -> None:
+    """Wait until ``until``, or one of ``fds`` (the driver's pidfd) is readable."""
+    left = until - time.monotonic()
+    if left <= 0:
+        return
+    if fds:
+        select.select(fds, [], [], left)
+    else:
+        time.sleep(min(left, 0.05))
+
+
+def stop(proc: DriverProc, plan: Callable[[], watchpolicy.StopPlan], kill_wait: float = KILL_WAIT,
+         pause: Callable[[float, List[int]], None] = _pause) -> str:
+    """SIGTERM + SIGCONT, SIGKILL at ``plan().kill_at``, then wait up to
+    ``kill_wait``, all within ``plan().end`` (watchpolicy.stop_step). ``plan`` is
+    asked again after each ``pause`` - the caller's wait, which hears its
+    signals: a second SIGTERM hurries the plan (watchpolicy.stop_heard). Returns
+    how it ended: ``gone`` (already), ``terminated`` or ``killed``;
+    ``survived`` if even SIGKILL did not end it (a process in uninterruptible
+    sleep)."""
+    if not proc.alive():
+        proc.poll_exit()
+        return "gone"
+    _signal(proc, signal.SIGTERM)
+    _signal(proc, signal.SIGCONT)  # a SIGSTOPped driver must run to handle SIGTERM
+    killed_at: Optional[float] = None
+    while True:
+        if _exited(proc):
+            return "terminated" if killed_at is None else "killed"
+        now = time.monotonic()
+        what, until = watchpolicy.stop_step(plan(), now, killed_at, kill_wait)
+        if what == "kill":
+            _signal(proc, signal.SIGKILL)
+            killed_at = now
+        elif what == "give up":
+            return "survived"
+        else:
+            pause(until, [proc.pidfd] if proc.pidfd is not None else [])
+
+
+def forward(proc: DriverProc, sig: int) -> None:
+    if proc.alive():
+        _signal(proc, sig)
+
+
+def _signal(proc: DriverProc, sig: int) -> None:
+    if proc.pidfd is not None:
+        try:
+            signal.pidfd_send_signal(proc.pidfd, sig)
+        except OSError:
+            pass
+        return
+    proctree.signal_process(proc.pid, proc.start_time, sig)
+

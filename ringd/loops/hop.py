@@ -1,0 +1,435 @@
+"""One hop: run one agent to its end and close its journal row.
+
+The row is ``running`` (committed, fsync'd) before the process starts - the
+driver wrote it in the transaction that chose the turn. Then the hop sleeps on
+events (the agent's pidfd, signals, the next deadline) and feeds what it sees to
+the pure run state machine (:mod:`ringd.core.runstate`), carrying out the actions it
+returns: beat, SIGTERM the group, kill the tree, close the row. However the run
+ends, nothing it started survives it. Every effect goes through the driver's
+:class:`ringd.host.env.RealEnv` (or a test's fake).
+
+An ordinary hop costs one commit: the end of the previous run, the turn's
+choice and the start of this one, in one transaction, before this process
+starts (the driver commits an end alone before it waits for anything). The
+agent's pid is recorded in a write of its own only when the run lives past
+``PID_RECORD_DELAY`` (status and the reaper need it then; a run that ends
+sooner records it with its end).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Set, Union
+
+from ringd.core import runstate
+from ringd.journal import transitions
+from ringd.inputs.config import Config
+from ringd.journal.sqlite import Journal, JournalError
+from ringd.host.notify import CLOSING_CAP, HELD_RETRY, Notes, watchdog_usec
+from ringd.core.policy import Requests
+from ringd.inputs.roster import Agent, resolve_cwd, resolve_program
+from ringd.core.runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
+
+PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
+PID_RECORD_RETRY = 1.0   # s; a pid record the journal could not take now is tried again this much later
+
+
+class Host(Protocol):
+    """What a hop needs from its driver."""
+    env: object
+    journal: Journal
+    config: Config
+    state_key: str
+    roster_dir: Path
+    agent_umask: int
+    base_env: dict        # the driver's environment, cleaned (proctree.clean_env)
+    stop_requested: bool
+    stop_reason: str
+    next_beat: float
+    leader: object   # leader.Leader of a many-host ring (None: SQLite, always leading)
+
+    def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
+             run_started_at: Optional[float] = None) -> None: ...
+
+    def absorb(self, sigs: Set[int], keep: tuple = (), agent_exited: bool = False) -> Requests: ...
+
+
+@dataclass(frozen=True)
+class HopResult:
+    run_id: int
+    agent: str
+    status: str
+    duration: float
+    closed: Optional[transitions.Closed]   # None: someone else (operator, reaper) closed the row first
+
+
+def agent_env(base, agent: str, run_id: int, budget: float, deadline: float, state_key: str) -> dict:
+    """The environment of a run: the driver's ``base_env`` (ours, cleaned once
+    of systemd's notify/watchdog variables by proctree.clean_env: an agent must
+    never speak to systemd as the driver), plus the run's own."""
+    return {**base, "RING_AGENT": agent, "RING_RUN_ID": str(run_id), "RING_RUN_BUDGET": f"{budget:g}",
+            "RING_DEADLINE": f"{deadline:.3f}", "RING_STATE": state_key}
+
+
+class Hop:
+    def __init__(self, host: Host, agent: Agent, position: int, run_id: int, started_at: float):
+        self.host = host
+        self.env = host.env
+        self.agent = agent
+        self.position = position
+        self.run_id = run_id
+        self.started_at = started_at       # wall clock, as in the row
+        self.limits = host.config.limits_for(agent.name)
+        self.log_path: Optional[str] = None
+        self.pid: Optional[int] = None
+        self.child = None   # the agent process once started (its cgroup's CPU time is read at its end)
+        self.pid_start: Optional[float] = None
+        self.watchdog = host.config.watchdog_for(agent.name)
+        self.notify = None   # the run's notify socket (ringd.host.notify.NotifySocket), if one could be made
+        self.notes = None    # what the agent said, as published for status (ringd.host.notify.Notes)
+        self._notes_failing = False   # its last publication failed (said once, until one succeeds)
+        self._held_until: Optional[float] = None   # its socket, unwatched while held (Heard.held), is read then
+        self._held_said = False
+        self.cgroup = None   # the run's cgroup until the spawn hands it to the child
+        self._log_fd: Optional[int] = None
+        self._log_error: Optional[OSError] = None
+        self._notify_error: Optional[OSError] = None
+        self._run_env: Optional[dict] = None
+        # the driver's follow-up of the previous run's end (its log line, alerts):
+        # done once this agent is started, while it execs on another core
+        self.after_start: Optional[Callable[[], None]] = None
+        self._hook_error: Optional[Exception] = None
+        self._pid_deferred = False   # its pid could not be recorded yet (said once)
+
+    def say(self, text: str) -> None:
+        self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
+
+    # --- the run ---------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Make the run's files and cgroup: its log, its notify socket. Done once
+        its row is committed, just before the spawn, so a row that never commits
+        leaves no files. Neither file allocates an inode on a ring that has
+        turned a lap (the socket is the last run's, parked; the log the agent's
+        oldest, due for pruning): see the README's "what a hop costs". Effects
+        only: what went wrong is said by :meth:`run`."""
+        env = self.env
+        self.cgroup = env.make_cgroup(self.run_id)
+        try:
+            self._log_fd, self.log_path = env.open_run_log(self.agent.name, self.run_id,
+                                                           self.host.config.ring.keep_logs)
+        except OSError as e:
+            self._log_error = e
+            return
+        self._run_env = agent_env(self.host.base_env, self.agent.name, self.run_id, self.limits.run_budget,
+                                  self.started_at + self.limits.run_budget, self.host.state_key)
+        try:
+            self.notify = env.open_notify(self.run_id)
+        except OSError as e:
+            self._notify_error = e
+
+    def _set_up(self) -> None:
+        """Make the files; then wire the notify socket (SPEC "Agents that
+        talk back"): a socket that could not be made costs the agent its
+        voice, never its run - so its watchdog, which it could not ping, is
+        off for the run."""
+        self.prepare()
+        if self._notify_error is not None:
+            off = f"; its {self.watchdog:g}s watchdog is off for this run" if self.watchdog else ""
+            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}")
+            self._notify_error = None
+        if self.notify is not None:
+            self._run_env["NOTIFY_SOCKET"] = self.notify.env
+            self.notes = Notes(self.run_id)
+            self.env.watch(self.notify.fileno())
+        else:
+            self.watchdog = None
+        if self.watchdog and self._run_env is not None:
+            # (WATCHDOG_PID is set in the child: the agent's pid is known only there)
+            self._run_env["WATCHDOG_USEC"] = watchdog_usec(self.watchdog)
+
+    def run(self) -> "Union[Pending, HopResult]":
+        """Run the agent to its end. Returns that end for the driver to commit
+        (a HopResult when nothing may be recorded: leadership lost)."""
+        try:
+            end = self._run()
+        finally:
+            self._started()
+        if self._hook_error is not None:   # only now: the agent was supervised to its end first
+            raise self._hook_error
+        return end
+
+    def _started(self) -> None:
+        hook, self.after_start = self.after_start, None
+        if hook is not None:
+            try:
+                hook()
+            except Exception as e:   # noqa: BLE001 - re-raised by run() once the run is over
+                self._hook_error = e
+
+    def _run(self) -> "Union[Pending, HopResult]":
+        env, host, name = self.env, self.host, self.agent.name
+        self._set_up()
+        cg, self.cgroup = self.cgroup, None
+        if self._log_error is not None:
+            from ringd.host.env import log_open_reason
+            env.remove_cgroup(cg)
+            self._started()
+            return self._close_error(f"cannot open run log logs/{name}/{self.run_id}.log: "
+                                     f"{log_open_reason(self._log_error)}")
+        log_fd, run_env, self._log_fd = self._log_fd, self._run_env, None
+        try:
+            try:
+                child = env.spawn(resolve_program(self.agent.argv, host.roster_dir),
+                                  cwd=resolve_cwd(host.config.cwd_for(name), host.roster_dir), env=run_env,
+                                  stdout_fd=log_fd, umask=host.agent_umask,
+                                  pid_var="WATCHDOG_PID" if self.watchdog else None, run_cgroup=cg)
+            except OSError as e:
+                env.write_fd(log_fd, f"ringd: cannot start {self.agent.argv[0]!r}: {env.errno_reason(e)}\n")
+                self._started()
+                return self._close_error(f"cannot start: {env.errno_reason(e)}")
+            finally:
+                env.close_fd(log_fd)
+            self._started()
+            self.pid = child.pid
+            self.child = child
+            if self.notify is not None:
+                self.notify.set_agent(child.pid)
+            self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s"
+                     f"{f', watchdog {self.watchdog:g}s' if self.watchdog else ''})")
+            leader = host.leader
+            if leader is not None:
+                # killed at the switch even while we block in a database call
+                leader.guard(child.pid, env.start_time(child), host.state_key, self.run_id,
+                             getattr(child, "cgroup", None))
+            try:
+                close = self._supervise(child)
+            finally:
+                if leader is not None:
+                    leader.guard(None, None)
+            if close is None or (leader is not None and leader.killed_pid == child.pid):
+                # leadership lost: record nothing, the row is the next leader's to close
+                return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
+            if self.notify is not None:   # last words: a STATUS= sent just before the exit
+                self.notes.hear(self.notify.drain(), env.wall())
+            self._close_notify()          # gone before the row says the run has ended
+            return self._close(close)
+        finally:
+            self._close_notify()
+
+    # --- the agent's voice (SPEC "Agents that talk back") ----------------------------------
+    def _hear(self, now: float) -> list:
+        """Drain what the agent said (capped per wake) into run-state events."""
+        heard = self.notify.drain()
+        if heard.held:
+            # nothing read, the socket still readable: watched, it would end
+            # every wait at once - read again in HELD_RETRY instead
+            if self._held_until is None:
+                self.env.unwatch(self.notify.fileno())
+            self._held_until = now + HELD_RETRY
+            if not self._held_said:
+                self._held_said = True
+                self.say(f"is not heard for now: {CLOSING_CAP} or more descriptors passed over notify sockets "
+                         "wait to be closed (their close may block); its socket is read again once fewer wait")
+        elif self._held_until is not None:
+            self._held_until = None
+            self.env.watch(self.notify.fileno())
+        self.notes.hear(heard, self.env.wall())
+        events = []
+        if heard.phase is not None:
+            events.append(Phase(heard.phase))
+        if heard.pings:
+            events.append(Ping())
+        if heard.triggered:
+            events.append(Trigger())
+        return events
+
+    def _publish_notes(self, now: float, force: bool = False) -> None:
+        due = self.notes.due_at() if self.notes is not None else None
+        if due is not None and (force or now >= due):
+            try:
+                self.env.write_notes(self.notes, now)
+            except OSError as e:   # a full state dir: status shows an older phase, the run goes on
+                self.notes.dirty = False
+                if not self._notes_failing:   # said once, as for the heartbeat: never once a second
+                    self.say(f"cannot publish its phase: {self.env.errno_reason(e)}")
+                self._notes_failing = True
+            else:
+                self._notes_failing = False
+
+    def _close_notify(self) -> None:
+        if self.notify is not None:
+            self.env.unwatch(self.notify.fileno())
+            self.env.close_notify(self.notify)
+            self.notify = None
+
+    def _supervise(self, child) -> Optional[Close]:
+        """Sleep on events until the state machine closes the run; carry out its actions."""
+        env, host = self.env, self.host
+        t0 = env.monotonic()
+        rs = runstate.start(t0, budget=self.limits.run_budget, stall=self.limits.stall_threshold,
+                            beat_at=host.next_beat, beat_every=host.config.ring.heartbeat_interval,
+                            tempfail_exit_code=host.config.ring.tempfail_exit_code, watchdog=self.watchdog)
+        record_at: Optional[float] = t0 + PID_RECORD_DELAY
+        stop_sent = False
+        close: Optional[Close] = None
+        leader = host.leader
+        notify_fd = self.notify.fileno() if self.notify is not None else None
+        while close is None:
+            if leader is not None and self._lost_lead(child):
+                return None
+            deadline = runstate.next_deadline(rs)
+            if record_at is not None:
+                deadline = min(deadline, record_at)
+            if leader is not None:
+                deadline = min(deadline, env.monotonic() + leader.seconds_left())
+            notes_due = self.notes.due_at() if self.notes is not None else None
+            if notes_due is not None:
+                deadline = min(deadline, notes_due)
+            if self._held_until is not None:
+                deadline = min(deadline, self._held_until)
+            sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
+            if leader is not None and self._lost_lead(child):
+                return None
+            now = env.monotonic()
+            events = []
+            if notify_fd is not None and (notify_fd in ready or
+                                          (self._held_until is not None and now >= self._held_until)):
+                events += self._hear(now)
+            ended = None
+            if child.pidfd is None or child.pidfd in ready:
+                ended = env.exit_status(child)
+                if ended is not None:
+                    events.append(Exited(*ended))   # an exit seen with anything else is the agent's own ending
+            if sigs:
+                req = host.absorb(sigs, keep=(child.pid,), agent_exited=ended is not None)
+                if req.wake and self._skip_requested():
+                    events.append(Skip())
+            if host.stop_requested and not stop_sent:
+                stop_sent = True
+                events.append(Stop(host.stop_reason))
+            events.append(Tick())
+            for ev in events:
+                rs, actions = runstate.step(rs, ev, now)
+                for a in actions:
+                    if isinstance(a, Close):
+                        close = a
+                    else:
+                        self._do(a, child)
+            if close is None and record_at is not None and now >= record_at:
+                record_at = self._record_pid(child, now)
+            if close is None:
+                self._publish_notes(now)
+        env.reap(child)
+        return close
+
+    def _lost_lead(self, child) -> bool:
+        """A many-host driver past its half-TTL switch kills its agent at once - right
+        after waking, before any beat asks a database that may not answer - and
+        records nothing (the next leader reaps the row as interrupted)."""
+        if not self.host.leader.must_stop():
+            return False
+        self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
+        self.env.kill_tree(child, self.host.state_key, self.run_id)
+        self.env.reap(child)
+        return True
+
+    def _do(self, a, child) -> None:
+        env, host = self.env, self.host
+        if isinstance(a, Beat):
+            host.beat(self.agent.name, self.run_id, child.pid, self.started_at)
+        elif isinstance(a, Term):
+            env.term(child)
+        elif isinstance(a, KillTree):
+            killed = env.kill_tree(child, host.state_key, self.run_id)
+            if killed:
+                self.say(f"left {killed} process(es) behind; killed them")
+        elif isinstance(a, Log):
+            self.say(a.text)
+        elif isinstance(a, SetPhase):
+            pass   # published by _publish_notes (at most once a second), kept on the row at the close
+
+    def _skip_requested(self) -> bool:
+        try:
+            return transitions.skip_requested_for(self.host.journal, self.run_id)
+        except JournalError as e:
+            # the agent is supervised to its end whatever the journal does
+            self.say(f"cannot read operator requests ({e}); the run goes on")
+            return False
+
+    def _record_pid(self, child, now: float) -> Optional[float]:
+        """Record the agent's pid on its row, for status and a later reaper.
+        Never waits out the journal's write lock: another process (an operator's
+        command, a ``sqlite3`` shell, the agent itself) may hold it for seconds,
+        and the agent's budget and stall threshold come first. A write that
+        cannot be made now is tried again PID_RECORD_RETRY later: returns when
+        (None: done, or never)."""
+        self.pid_start = self.env.start_time(child)
+        try:
+            with self.host.journal.transaction(patient=False) as tx:
+                tx.set_process(self.run_id, child.pid, self.pid_start, self.log_path)
+        except JournalError as e:
+            # the row exists (written before the start); only its pid is missing:
+            # supervise the agent anyway, never leave it running unwatched
+            if not e.transient:
+                self.say(f"cannot record its pid: {e}")
+                return None
+            if not self._pid_deferred:
+                self.say(f"cannot record its pid yet ({e}); trying again every {PID_RECORD_RETRY:g}s")
+                self._pid_deferred = True
+            return now + PID_RECORD_RETRY
+        if self._pid_deferred:
+            self.say("pid recorded")
+        return None
+
+    # --- closing -------------------------------------------------------------------------
+    def _close_error(self, reason: str) -> "Pending":
+        self.say(f"could not start: {reason}")
+        return self._close(Close("error", "driver", None, None, reason))
+
+    def _close(self, c: Close) -> "Pending":
+        return Pending(self, c, self.env.wall())
+
+
+@dataclass
+class Pending:
+    """A run that has ended, its end not yet committed: the driver writes it in
+    the transaction that starts the next run (one commit per ordinary hop, the
+    end still committed before the next run starts), or alone before it waits
+    for anything (:meth:`ringd.loops.driver.Driver.flush`)."""
+    hop: Hop
+    close: Close
+    now: float
+    tried: Optional[transitions.Closed] = None   # what a write whose commit failed recorded, if it did
+
+    def write(self, tx) -> Optional[transitions.Closed]:
+        h, c = self.hop, self.close
+        closed = transitions.close_in(
+            tx, h.run_id, h.agent.name, h.position, c.status, source=c.source, now=self.now,
+            ring=h.host.config.ring, line=h.agent.text, exit_code=c.exit_code, signal=c.signal,
+            reason=c.reason, log_path=h.log_path, pid=h.pid, pid_start=h.pid_start,
+            cpu_seconds=getattr(h.child, "cpu_seconds", None),
+            phase=h.notes.phase if h.notes is not None else None)
+        if closed is None and self.tried is not None:
+            # Retried, and the row is closed already. A commit whose answer was lost
+            # (PostgreSQL's connection cut) may have recorded this very end: then it
+            # is ours - said and alerted as such - not an operator's or the reaper's.
+            row = tx.run(h.run_id)
+            if row is not None and row.status == c.status and row.ended_at == self.now:
+                return self.tried
+        self.tried = closed
+        return closed
+
+    def done(self, closed: Optional[transitions.Closed]) -> HopResult:
+        """After the commit: say how it ended, keep the agent's log dir small."""
+        h, c, env = self.hop, self.close, self.hop.env
+        duration = max(0.0, self.now - h.started_at)
+        detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")
+        if closed is not None:
+            h.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s")
+            if closed.settled.entered_quarantine:
+                env.log(f"{h.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)")
+        else:
+            h.say("ended, but its row was already closed (by an operator or the reaper)")
+        if h.log_path is not None:
+            env.keep_logs(h.agent.name, h.run_id, h.host.config.ring.keep_logs)
+        return HopResult(h.run_id, h.agent.name, c.status, duration, closed)

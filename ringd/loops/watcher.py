@@ -1,0 +1,683 @@
+"""The watcher's loop: keep one healthy driver alive, or give up loudly.
+
+It sleeps in one ``poll(2)`` (``ringd.host.wakeup.Wakeups``) on the signal
+self-pipe and the driver's pidfd, with a timeout equal to the next health check
+(``poll_interval``, or earlier when the driver's grace period or heartbeat would
+run out) or the next systemd watchdog ping. A driver it started is noticed the
+moment it exits. Every decision is taken by ``ringd.core.watchpolicy``; this module
+only acts: start, stop, wait, persist ``ringwatch.json``, speak sd_notify.
+
+Exit codes: 0 stopped by SIGTERM/SIGINT; 70 gave up (start limit hit, now or
+earlier - see ``ringwatch reset``); 75 another watcher holds the lock; 78 a
+configuration error (its own, or the driver exited 78).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Set
+
+from ringd.host import alerts
+from ringd.host import cgroup
+from ringd.core import events
+from ringd.host import logline
+from ringd.host import proctree
+from ringd.inputs.config import Config, ConfigError, load_config
+from ringd.core.errors import EX_CONFIG as EXIT_CONFIG
+from ringd.core.errors import EX_OK as EXIT_OK
+from ringd.core.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
+from ringd.core.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
+from ringd.core.errors import RingError
+from ringd.host.heartbeat import Notifier, iso, live_writer, read_heartbeat, watchdog_interval, whose
+from ringd.host.procid import this_boot
+from ringd.host.procid import same_process, start_ticks
+from ringd.host.wakeup import Wakeups
+
+from ringd.core import watchpolicy
+from ringd.loops import driverproc, watchstate
+from ringd.loops.driverproc import DriverProc
+
+
+STOP_GRACE = 10.0       # s; SIGTERM -> SIGKILL for the driver (its own agent grace is 3 s)
+# The whole of a stop of the driver - its grace, the wait after the SIGKILL, the
+# reap of the run it left, ringwatch.json's save - shares this one deadline
+# (watchpolicy.StopPlan): each step had a bound of its own (10 + 5 + the orphan's kill
+# 5 + the journal's busy timeout 10 + the write lock 10 s), past the unit's
+# TimeoutStopSec (ringd.cli.service.STOP_GRACE_WATCHER, 30 s): systemd's SIGKILL landed mid-reap.
+STOP_BUDGET = 20.0
+# At the watcher's own stop the orphan's reap waits this long for the journal's
+# write lock (the orphan's kill comes first, without it): the next driver and
+# `ringd status` close an orphaned row anyway.
+REAP_BUSY_AT_STOP = 1.0  # s
+SAVE_LOCK_AT_STOP = 1.0  # s; ringwatch.json's write lock, at the stop's end (a live holder lets go in ms)
+COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
+COMMAND_KILL_WAIT = 3.0  # s; a restart_command SIGKILL has not ended by then is left behind
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+# SIGUSR1 (the driver's "look at the journal now") is handled too: earlysig
+# releases it with the others, and its default action killed the watcher
+# without a word, leaving its driver unwatched. Here it means "check now".
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
+
+
+def log(message: str) -> None:
+    """One line per event on stderr, in ringd's format (``ringd.host.logline``)."""
+    logline.emit("ringwatch", message)
+
+
+class Stop(Exception):
+    """SIGTERM/SIGINT arrived while waiting: unwind to a clean shutdown."""
+
+
+class Watcher:
+    def __init__(self, state_dir: Path, config_path: Optional[Path], config: Config):
+        self.state_dir = state_dir
+        self._unsaved: Optional[Dict[str, Any]] = None  # state we could not write (full disk)
+        self.config_path = config_path
+        self.config = config
+        self.notifier = Notifier()
+        self.proc: Optional[DriverProc] = None
+        self.view: Optional[watchpolicy.DriverView] = None
+        self.wake: Optional[Wakeups] = None
+        self.stop_signal: Optional[int] = None
+        self.last_poll = 0.0
+        self.last_status = ""
+        self.watchdog_every = watchdog_interval()
+        self.next_ping = 0.0
+        self.lock: Optional[watchstate.WatchLock] = None
+        self.lock_lost = False
+        self.plan: Optional[watchpolicy.StopPlan] = None   # the stop of the driver under way
+        self.stops_heard = 0                          # SIGTERM/SIGINT deliveries heard
+        self._deferred: Set[int] = set()              # other signals heard outside _wait
+
+    @property
+    def w(self):
+        return self.config.watch
+
+    @property
+    def command_mode(self) -> bool:
+        return self.w.restart_command is not None
+
+    # --- entry point -----------------------------------------------------------
+    def run(self) -> int:
+        proctree.close_on_exec_all()   # nothing we inherited reaches the driver we start
+        watchstate.prepare_state_dir(self.state_dir)
+        lock = self.lock = watchstate.WatchLock(self.state_dir)
+        lock.acquire()
+        try:
+            self._refuse_if_given_up()
+            self.wake = Wakeups(SIGNALS)
+            try:
+                return self._run()
+            finally:
+                self.wake.close()
+                if self.proc is not None:
+                    self.proc.close()
+        finally:
+            lock.release()
+
+    def _refuse_if_given_up(self) -> None:
+        data = watchstate.load(self.state_dir)
+        if watchstate.gave_up(self.state_dir, data):
+            raise RingError(
+                f"gave up at {data.get('gave_up_at') or 'an earlier run'} "
+                f"({data.get('gave_up_reason') or 'start limit hit'}); not starting the driver. "
+                f"Fix the cause, then run: ringwatch reset --state {self.state_dir}", EXIT_GAVE_UP)
+
+    def _run(self) -> int:
+        self._save(**whose(self.state_dir), pid=os.getpid(), pid_start=start_ticks(os.getpid()),
+                   started_at=iso(time.time()), stopped=False, gave_up=False,
+                   mode="restart_command" if self.command_mode else "owner")
+        for warning in self._warnings():
+            log(f"warning: {warning}")
+        try:
+            self._first_driver()
+            self.notifier.notify("READY=1")
+            while True:
+                code = self._check()
+                if code is not None:
+                    return code
+                self._wait(self._next_check_at(), self._fds())
+        except Stop:
+            return self._shutdown()
+
+    def _warnings(self):
+        return list(self.config.warnings)   # the config's own (config.parse_config), as ringd check says them
+
+    # --- start-up -------------------------------------------------------------
+    def _first_driver(self) -> None:
+        now = time.monotonic()
+        hb = _this_boots_heartbeat(self.state_dir)
+        live = _live_driver(hb)
+        mode = f"restart_command {list(self.w.restart_command)}" if self.command_mode else "owner"
+        log(f"watching {self.state_dir} (pid {os.getpid()}, mode {mode}, "
+            f"poll {self.w.poll_interval}s, stale after {self.w.stale_after}s)")
+        if live is not None:
+            proc = driverproc.adopt(*live)
+            if proc is not None:
+                self.proc = proc
+                self.view = watchpolicy.following(hb, now, fresh=True) if self.command_mode \
+                    else watchpolicy.adopted(hb, now)
+                log(f"driver already running (pid {proc.pid}); watching it")
+                return
+        if self.command_mode:
+            self.view = watchpolicy.following(hb, now, fresh=False)
+            log(f"no live driver yet; waiting up to {self.w.stale_after}s for one to beat "
+                f"before running the restart command")
+            return
+        self._start_driver("initial start")
+
+    # --- one health check ---------------------------------------------------------
+    def _check(self) -> Optional[int]:
+        now = time.monotonic()
+        self.last_poll = now
+        self._check_lock()
+        hb = _this_boots_heartbeat(self.state_dir)
+        self.view = watchpolicy.observe(self.view, hb, now)
+        code = self._child_exit(hb, now)
+        if code is not None:
+            return code
+        self._sync_proc()
+        verdict = watchpolicy.judge(self.view, alive=self._alive(), now=now, stale_after=self.w.stale_after)
+        self._save(last_poll_at=iso(time.time()),
+                   driver={"pid": self.view.pid, "pid_start": self.view.pid_start,
+                           "health": verdict.health})
+        self._status(f"driver {verdict.health}" + (f" (pid {self.view.pid})" if self.view.pid else ""))
+        if verdict.unhealthy:
+            return self._replace(verdict)
+        return None
+
+    def _check_lock(self) -> None:
+        """ringwatch.lock removed or replaced under us: lock it again, so a second
+        watcher is refused by the kernel lock (it also finds us in ringwatch.json)."""
+        verdict = self.lock.verify() if self.lock is not None else "ok"
+        if verdict == "retaken":
+            log(f"{self.lock.path} was removed or replaced; locked it again")
+        elif verdict == "lost" and not self.lock_lost:
+            log(f"{self.lock.path} was replaced and another process holds its lock; watching on")
+        self.lock_lost = verdict == "lost"
+
+    def _child_exit(self, hb: Any, now: float) -> Optional[int]:
+        """Handle the exit of a driver we started. Returns an exit code to quit with."""
+        proc = self.proc
+        if proc is None or not proc.ours or proc.poll_exit() is None:
+            return None
+        code = proc.exit_code()
+        why = driverproc.last_log_line(self.state_dir)
+        detail = f" ({why})" if why else ""
+        if code == EXIT_CONFIG:
+            log(f"driver (pid {proc.pid}) exited 78, a configuration error{detail}; not restarting it. "
+                f"Fix the configuration (ringd check), then start ringwatch again")
+            self._status("driver configuration error")
+            self._save(driver={"pid": proc.pid, "pid_start": proc.start_time, "health": "config-error"},
+                       stopped=True)
+            self._reap_orphan()   # a run its predecessor left behind must not run on unsupervised
+            return EXIT_CONFIG
+        if code == EXIT_LOCKED:
+            log(f"driver (pid {proc.pid}) exited 75: another driver holds ringd.lock{detail}; "
+                f"watching that one by its heartbeat")
+            self.proc = None
+            self.view = watchpolicy.following(hb, now, fresh=False)
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+        log(f"driver (pid {proc.pid}) {how}{detail}")
+        return None
+
+    def _sync_proc(self) -> None:
+        """Keep ``self.proc`` (the pidfd we sleep on) on the driver the view names."""
+        view = self.view
+        if self.proc is not None and not self.proc.ours and not self.proc.alive():
+            self.proc.close()       # an adopted driver died: its pidfd stays readable
+            self.proc = None
+        if view.pid and view.beat_at is not None and (self.proc is None or self.proc.pid != view.pid):
+            if self.proc is not None and not self.proc.ours:
+                self.proc.close()
+                self.proc = None
+            if self.proc is None:
+                self.proc = driverproc.adopt(view.pid, view.pid_start)
+
+    def _alive(self) -> bool:
+        if self.proc is not None and self.proc.pid == self.view.pid:
+            return self.proc.alive()
+        return same_process(self.view.pid, self.view.pid_start)
+
+    def _next_check_at(self) -> float:
+        return watchpolicy.next_check(self.view, last_poll=self.last_poll,
+                                 poll_interval=self.w.poll_interval, stale_after=self.w.stale_after)
+
+    def _fds(self):
+        if self.proc is not None and self.proc.pidfd is not None and self.proc.status is None:
+            return [self.proc.pidfd]
+        return []
+
+    # --- replacing an unhealthy driver ---------------------------------------------
+    def _replace(self, verdict: watchpolicy.Verdict) -> Optional[int]:
+        log(f"driver unhealthy ({verdict.health}): {verdict.reason}")
+        old = self._old_proc()
+        if old is not None and not old.alive():
+            old.poll_exit()
+            old.close()
+            old = None
+        if old is not None and not self.command_mode:
+            self._stop(old, "unhealthy")
+        self._sleep(time.monotonic() + self.w.restart_sec)
+        # Decide and record in one hold of the write lock: a `ringwatch reset`
+        # lands before the decision (which then sees no history) or after the
+        # record (which it clears), never in between to be written over.
+        with self._write_lock():
+            data = self._load()
+            clock = watchstate.clock_now()
+            now = clock.boot   # the window is on the boot clock: a stepped wall clock moves nothing
+            window = watchpolicy.prune(watchstate.restart_times(data, clock), now, self.w.start_limit_interval)
+            give_up = not watchpolicy.may_restart(window, now, self.w.start_limit_burst, self.w.start_limit_interval)
+            if give_up:
+                reason = (f"{len(window)} restarts within {self.w.start_limit_interval}s "
+                          f"(start_limit_burst {self.w.start_limit_burst}); last: {verdict.reason}")
+                self._write(data, gave_up=True, gave_up_at=iso(time.time()), gave_up_reason=reason,
+                            stopped=True)
+            else:
+                window = watchpolicy.record_restart(window, now, self.w.start_limit_interval)
+                self._write(data, **watchstate.encode_restarts(window, clock))
+        if give_up:
+            if old is not None and self.command_mode:
+                self._stop(old, "unhealthy")
+            return self._give_up(reason)
+        n = f"restart {len(window)}/{self.w.start_limit_burst} within {self.w.start_limit_interval}s"
+        if self.command_mode:
+            self._run_restart_command(n)
+            if old is not None and old.alive():
+                log(f"old driver (pid {old.pid}) survived the restart command; stopping it")
+                self._stop(old, "survived restart command")
+        else:
+            self._start_driver(n)
+        self.on_event(events.DRIVER_REPLACED, f"{verdict.reason}; {n}")
+        return None
+
+    def on_event(self, kind: str, detail: str) -> Optional[int]:
+        """Log the event and run the operator's alert command (detached, time-limited).
+        The alert helper's pid, or None if none was started."""
+        log(f"event: {kind}: {detail}")
+        return alerts.fire(self.config.alerts.command, kind, None, detail, self.state_dir,
+                    timeout=self.config.alerts.timeout, log=log, reaped_by_caller=False)
+
+    def _old_proc(self) -> Optional[DriverProc]:
+        view = self.view
+        if self.proc is not None and self.proc.pid == view.pid:
+            return self.proc
+        if view.pid and same_process(view.pid, view.pid_start):
+            return driverproc.adopt(view.pid, view.pid_start)
+        return None
+
+    def _stop(self, proc: DriverProc, why: str, plan: Optional[watchpolicy.StopPlan] = None) -> str:
+        """Stop ``proc`` within ``plan`` (the shutdown's; else one of its own),
+        hearing the watcher's signals all along: a SIGTERM/SIGINT while the
+        watcher is already stopping SIGKILLs the driver at once."""
+        own = plan is None
+        self.plan = plan or watchpolicy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
+        log(f"stopping driver (pid {proc.pid}, {why}): SIGTERM, SIGKILL after {STOP_GRACE}s "
+            f"(or at a second SIGTERM)")
+        self._status(f"stopping driver pid {proc.pid}")
+        try:
+            how = driverproc.stop(proc, lambda: self.plan, pause=self._stop_pause)
+            log(f"driver (pid {proc.pid}) {how}")
+            if how in ("killed", "survived"):
+                self._reap_orphan()
+        finally:
+            if own:
+                self.plan = None
+        proc.close()
+        if proc is self.proc:
+            self.proc = None
+        return how
+
+    def _start_driver(self, why: str) -> None:
+        try:
+            proc = driverproc.start_driver(self.state_dir, self.config_path)
+        except OSError as e:
+            # e.g. the interpreter vanished (upgrade in progress), EAGAIN, ENOMEM:
+            # judged dead at once and retried restart_sec later under the start
+            # limit (watchpolicy.not_started), never a tight loop
+            where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+            log(f"cannot start the driver: {proctree.errno_reason(e)}{where}")
+            self.proc = None
+            self.view = watchpolicy.not_started(time.monotonic())
+            return
+        self.proc = proc
+        self.view = watchpolicy.started(proc.pid, proc.start_time, _this_boots_heartbeat(self.state_dir),
+                                   time.monotonic())
+        log(f"started driver (pid {proc.pid}; {why}), output in {self.state_dir / 'logs' / driverproc.DRIVER_LOG}")
+        self._status(f"started driver pid {proc.pid}")
+
+    def _run_restart_command(self, why: str) -> None:
+        argv = list(self.w.restart_command)
+        log(f"running restart command {argv} ({why})")
+        self._status(f"running restart command ({why})")
+        hb = _this_boots_heartbeat(self.state_dir)
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                                 stderr=sys.stderr.fileno(), start_new_session=True, close_fds=True,
+                                 env=proctree.clean_env(os.environ, {}))
+        except OSError as e:
+            log(f"restart command {argv[0]!r} cannot be started: {proctree.errno_reason(e)}")
+        else:
+            self._wait_command(p, argv)
+        if self.proc is not None and not self.proc.ours:
+            self.proc.close()
+        self.proc = None
+        self.view = watchpolicy.following(hb, time.monotonic(), fresh=False)
+
+    def _wait_command(self, p: subprocess.Popen, argv) -> None:
+        fd = _pidfd(p.pid)
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        try:
+            while p.poll() is None and time.monotonic() < deadline:
+                try:
+                    self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
+                except Stop:
+                    self._kill_command(p, fd)
+                    raise
+            if p.poll() is None:
+                log(f"restart command {argv} still running after {COMMAND_TIMEOUT}s; killing it")
+                self._kill_command(p, fd)
+                return
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if p.returncode != 0:
+            log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway")
+
+    def _kill_command(self, p: subprocess.Popen, fd: Optional[int]) -> None:
+        """SIGKILL the restart command's group and wait for it COMMAND_KILL_WAIT
+        at most: one in uninterruptible sleep (a hung mount, a frozen cgroup)
+        was waited for without end, the watcher deaf to everything."""
+        proctree.signal_group(p.pid, signal.SIGKILL)
+        end = time.monotonic() + COMMAND_KILL_WAIT
+        while p.poll() is None and time.monotonic() < end:
+            if fd is not None:
+                select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            else:
+                time.sleep(0.02)
+        if p.poll() is None:
+            log(f"restart command (pid {p.pid}) did not die of SIGKILL within {COMMAND_KILL_WAIT}s; "
+                f"leaving it behind")
+
+    # --- giving up, shutting down ---------------------------------------------------
+    def _give_up(self, reason: str) -> int:
+        """After the give-up is recorded (_replace): say so, clean up, alert."""
+        log(f"GIVING UP: the driver keeps failing: {reason}. Not restarting it again. "
+            f"Look at {self.state_dir / 'logs' / driverproc.DRIVER_LOG} and `ringd status`, fix the cause, "
+            f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.")
+        if self._unsaved is not None:   # the give-up is not in ringwatch.json (a full disk)
+            try:
+                watchstate.mark_gave_up(self.state_dir)
+                log(f"cannot write {watchstate.state_path(self.state_dir)}; the give-up is recorded in "
+                    f"{self.state_dir / watchstate.GAVE_UP_FILE} instead")
+            except OSError as e:
+                log(f"THE GIVE-UP IS NOT RECORDED: cannot write {watchstate.state_path(self.state_dir)} nor "
+                    f"create {self.state_dir / watchstate.GAVE_UP_FILE} ({e.strerror}); a ringwatch started "
+                    f"again will start the driver again, with no restart history")
+        self._reap_orphan()
+        self._status("gave up: start limit hit; run `ringwatch reset`")
+        self._await_alert(self.on_event(events.WATCHER_GAVE_UP, reason))
+        return EXIT_GAVE_UP
+
+    def _await_alert(self, pid: Optional[int]) -> None:
+        """Wait (bounded: alerts.longest) for the alert helper ``pid`` to end. The
+        give-up alert is the one a human must get, and once we exit the service
+        manager stops the unit: systemd (KillMode=control-group) kills what is
+        left in its cgroup, the alert's mail or webhook with it. The watchdog
+        is still pinged meanwhile; SIGTERM/SIGINT end the wait."""
+        if pid is None:
+            return
+        fd = _pidfd(pid)
+        deadline = time.monotonic() + alerts.longest(self.config.alerts.timeout)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        return
+                except ChildProcessError:
+                    return
+                self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
+            log(f"alert helper (pid {pid}) still running; exiting without it")
+        except Stop:
+            log(f"exiting before the alert helper (pid {pid}) ended")
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _shutdown(self) -> int:
+        name = signal.Signals(self.stop_signal).name if self.stop_signal else "signal"
+        self.notifier.notify("STOPPING=1")
+        # one deadline for all of it: the driver's stop, its run's reap, the save below
+        self.plan = watchpolicy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
+        if self.command_mode:
+            log(f"{name}: exiting; the driver belongs to the service manager and keeps running")
+        else:
+            proc = self._old_proc() if self.view is not None else None
+            if proc is not None and proc.alive():
+                log(f"{name}: stopping the driver (pid {proc.pid}) and exiting")
+                self._stop(proc, name, self.plan)
+            else:
+                log(f"{name}: exiting (no driver running)")
+                if proc is not None:
+                    proc.poll_exit()
+        self._save(stopped=True, lock_wait=watchpolicy.left(self.plan, time.monotonic(), SAVE_LOCK_AT_STOP, 0.2))
+        return EXIT_OK
+
+    def _reap_orphan(self) -> None:
+        """The driver died without stopping its agent and no driver will follow
+        soon: close the orphaned run as ``interrupted`` and kill what is left of it
+        (the same reaper ``ringd status`` runs). Within the stop's plan, if one is
+        under way; the journal's write lock waited for briefly at the watcher's
+        own stop (REAP_BUSY_AT_STOP), and never past a SIGTERM/SIGINT heard
+        meanwhile - that row is closed by the next driver or ``ringd status``."""
+        from ringd.journal.sqlite import BUSY_TIMEOUT, Journal   # (sqlite3: only when there is a run to reap)
+        from ringd.loops.reaper import reap
+        now = time.monotonic()
+        busy = watchpolicy.left(self.plan, now, REAP_BUSY_AT_STOP if self.stop_signal else BUSY_TIMEOUT, 0.1)
+        kill_by = None if self.plan is None else min(now + cgroup.KILL_WAIT, self.plan.end)
+        try:
+            journal = Journal.open(self.state_dir, create=False, busy_timeout=busy,
+                                   give_up=self._told_to_stop())
+        except Exception as e:  # noqa: BLE001 - no journal yet, or unusable: nothing to reap
+            if "no journal" not in str(e):
+                log(f"cannot reap the driver's last run: {e}")
+            return
+        try:
+            reap(journal, self.state_dir, self.config, log=log, kill_by=kill_by)
+        except Exception as e:  # noqa: BLE001 - best effort; `ringd status` reaps too
+            log(f"cannot reap the driver's last run: {e}")
+        finally:
+            journal.close()
+
+    # --- waiting, signals, sd_notify, ringwatch.json ---------------------------------
+    def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False) -> Set[int]:
+        """Sleep until ``until`` (monotonic), a ready fd, or a signal; ping the
+        systemd watchdog on the way. SIGTERM/SIGINT raise :class:`Stop`; SIGHUP
+        reloads the configuration; SIGUSR1 (like SIGHUP) ends the wait, so the
+        loop checks the driver at once. Returns the ready fds (empty on timeout)."""
+        while True:
+            if self.stop_signal:
+                raise Stop()   # heard outside a wait (a stop, a lock's wait)
+            if self._deferred:
+                self.wake.put_back(self._deferred)   # heard outside a wait: handled now
+                self._deferred = set()
+            now = time.monotonic()
+            self._ping(now)
+            left = until - now
+            if self.watchdog_every:
+                left = min(left, self.next_ping - now)
+            sigs, ready = self.wake.wait(max(0.0, left), fds)
+            self._signals(sigs)
+            if ready or (wake_on_child and signal.SIGCHLD in sigs) or time.monotonic() >= until:
+                return ready
+            if sigs - {signal.SIGCHLD} or (signal.SIGCHLD in sigs and self._child_exited()):
+                return ready
+
+    def _sleep(self, until: float) -> None:
+        """Wait until ``until`` whatever wakes us (SIGTERM still interrupts)."""
+        while time.monotonic() < until:
+            self._wait(until)
+
+    def _stop_pause(self, until: float, fds: Iterable[int]) -> None:
+        """driverproc.stop's wait: until ``until``, the driver's exit or a signal,
+        pinging the watchdog; the signals go to :meth:`_take`."""
+        now = time.monotonic()
+        self._ping(now)
+        left = until - now
+        if self.watchdog_every:
+            left = min(left, self.next_ping - now)
+        fds = list(fds)
+        if not fds:
+            left = min(left, 0.05)   # no pidfd (an adopted driver, an old kernel): look again soon
+        sigs, _ = self.wake.wait(max(0.0, left), fds)
+        self._take(sigs)
+
+    def _take(self, sigs: Set[int]) -> None:
+        """Signals heard outside :meth:`_wait` (a stop of the driver, a lock's
+        wait). SIGTERM/SIGINT are counted and recorded - the watcher exits once
+        it is through - and hurry a stop already on its way out
+        (watchpolicy.stop_heard); the others are handled at the next wait."""
+        stop = sigs & STOP_SIGNALS
+        if stop:
+            if self.plan is not None:
+                hurried = watchpolicy.stop_heard(self.plan, time.monotonic(), stopping=self.stop_signal is not None)
+                if hurried != self.plan:
+                    log(f"{signal.Signals(min(stop)).name} again: killing the driver now")
+                self.plan = hurried
+            self.stop_signal = self.stop_signal or min(stop)
+            self.stops_heard += 1
+        self._deferred |= sigs - stop
+
+    def _told_to_stop(self):
+        """A ``give_up`` for a lock's wait: true once a SIGTERM/SIGINT arrives
+        after now (looked for without waiting)."""
+        heard = self.stops_heard
+
+        def give_up() -> bool:
+            if self.wake is not None:
+                self._take(self.wake.wait(0, ())[0])
+            return self.stops_heard > heard
+        return give_up
+
+    def _child_exited(self) -> bool:
+        return self.proc is not None and self.proc.ours and self.proc.poll_exit() is not None
+
+    def _signals(self, sigs: Set[int]) -> None:
+        for sig in sigs:
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self.stop_signal = sig
+        if self.stop_signal:
+            raise Stop()
+        if signal.SIGHUP in sigs:
+            self._reload()
+
+    def _reload(self) -> None:
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as e:
+            log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}")
+            return
+        if config.watch.restart_command != self.w.restart_command:
+            log("SIGHUP: watch.restart_command changed; the deployment mode only changes "
+                "when ringwatch is restarted - keeping the current one")
+            config = replace(config, watch=replace(config.watch, restart_command=self.w.restart_command))
+        self.config = config
+        for warning in self._warnings():
+            log(f"warning: {warning}")
+        log("SIGHUP: configuration reloaded")
+        if not self.command_mode and self.proc is not None:
+            driverproc.forward(self.proc, signal.SIGHUP)
+
+    def _ping(self, now: float) -> None:
+        if self.watchdog_every and now >= self.next_ping:
+            self.notifier.notify("WATCHDOG=1")
+            self.next_ping = now + self.watchdog_every
+
+    def _status(self, text: str) -> None:
+        if text != self.last_status:
+            self.last_status = text
+            self.notifier.notify(f"STATUS={text}")
+
+    @contextlib.contextmanager
+    def _write_lock(self, wait: float = watchstate.WRITE_LOCK_WAIT):
+        """watchstate.write_lock around one read-modify-write of ringwatch.json. One we
+        cannot take (a stopped reset holding it) must not stop the watching: go
+        on without it, and say so. A SIGTERM/SIGINT ends the wait too."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(watchstate.write_lock(self.state_dir, wait, give_up=self._told_to_stop()))
+            except (RingError, OSError) as e:
+                log(f"writing {watchstate.state_path(self.state_dir)} without its lock: {e}")
+            yield
+
+    def _load(self) -> Dict[str, Any]:
+        """Our state: the file, or what we could not write to it (full disk). A
+        ``ringwatch reset`` made since we last wrote (the file's ``reset_gen``
+        moved) clears the history we keep in memory too: it is never undone."""
+        data = watchstate.load(self.state_dir)
+        if self._unsaved is None:
+            return data
+        mem = dict(self._unsaved)
+        gen = data.get("reset_gen")
+        if gen is not None and gen != mem.get("reset_gen"):
+            log("ringwatch reset: restart history cleared")
+            mem.update(watchstate.reset_fields(gen))
+        return mem
+
+    def _save(self, *, lock_wait: float = watchstate.WRITE_LOCK_WAIT, **fields: Any) -> None:
+        """Read-modify-write ringwatch.json under its write lock, so a concurrent
+        ``ringwatch reset`` of the history is not overwritten by our next poll."""
+        with self._write_lock(lock_wait):
+            self._write(self._load(), **fields)
+
+    def _write(self, data: Dict[str, Any], **fields: Any) -> None:
+        """Write ``data`` (just read under the write lock) updated with ``fields``.
+        A state dir that is full or read-only must not stop the watching: keep
+        the state in memory (the start limit still counts), say so once, write
+        it when we can again."""
+        data = dict(data)
+        data.setdefault("gave_up", False)
+        data.update(fields)
+        # only restarts still inside the window are "in window" (SPEC)
+        clock = watchstate.clock_now()
+        window = watchpolicy.prune(watchstate.restart_times(data, clock), clock.boot, self.w.start_limit_interval)
+        data.update(watchstate.encode_restarts(window, clock))
+        try:
+            watchstate.save(self.state_dir, data)
+        except OSError as e:
+            if self._unsaved is None:
+                log(f"cannot write {watchstate.state_path(self.state_dir)} ({e.strerror}); "
+                    f"watching on with the state in memory")
+            self._unsaved = data
+            return
+        if self._unsaved is not None:
+            log(f"{watchstate.state_path(self.state_dir)} written again")
+        self._unsaved = None
+
+
+def _this_boots_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
+    """The heartbeat, unless a driver of an earlier boot wrote it: its pid and
+    start tick name nobody now (or a process that got both again, which the
+    watcher would follow, then stop as a hung driver)."""
+    hb = read_heartbeat(state_dir)
+    return hb if isinstance(hb, dict) and this_boot(hb.get("boot_id")) else None
+
+
+def _live_driver(hb: Any):
+    """(pid, start time) of the live driver the heartbeat names, else None."""
+    return live_writer(hb)
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
