@@ -33,7 +33,7 @@ At the end everything is stopped and checked:
 Prints a table (fault kind / injected / survived) and the checks; exits 1 if
 any check failed or any fault was not survived. Processes are addressed by pid
 (and start time) only, never by name. The core, :func:`run_soak`, is imported
-by ``tests/test_soak.py``.
+by ``tests/system/test_soak.py``.
 """
 from __future__ import annotations
 

@@ -434,7 +434,7 @@ def _sender_and_close_fds(ancdata) -> Optional[int]:
 # agent that passes one along must not stop the driver's loop (it would neither
 # beat nor end the run): a barrier's pipe is closed at once, anything else on a
 # thread of its own that lives only while it has something to close (the driver
-# is one thread otherwise: tests/test_footprint.py).
+# is one thread otherwise: tests/system/test_footprint.py).
 _closing: "collections.deque[int]" = collections.deque()
 _closing_lock = threading.Lock()
 _closer_running = False

@@ -384,7 +384,7 @@ def _own_children() -> Optional[List[int]]:
     """Our direct children. A child hangs off the thread that started it, and an
     orphan re-parented to us off our main thread (the kernel's first live
     thread of the subreaper): while we are one thread - the driver always is
-    (tests/test_footprint.py) - that is one file, not a listing of our threads."""
+    (tests/system/test_footprint.py) - that is one file, not a listing of our threads."""
     if not _PROC_CHILDREN:
         return None
     if threading.active_count() == 1:

@@ -53,7 +53,7 @@ _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 # the tag characters) make an argument or a program path look like another one
 # (``./out\u200breach.sh`` shows as ``./outreach.sh``). What the file shows is
 # what runs; a program that needs such a character in an argument gets it from
-# a script. The ranges are Unicode 15's Cf (tests/test_roster.py checks them
+# a script. The ranges are Unicode 15's Cf (tests/system/test_roster.py checks them
 # against this Python's unicodedata).
 _FORMAT = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
                      "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"

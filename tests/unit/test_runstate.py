@@ -136,7 +136,7 @@ def test_watchdog_trigger_ends_the_run_as_a_starved_watchdog_with_or_without_one
 
 
 def test_phase_is_kept():
-    # (cut to 200 characters where it is heard: notify.clean_phase, tests/test_notify.py)
+    # (cut to 200 characters where it is heard: notify.clean_phase, tests/system/test_notify.py)
     s, acts = step(new(), Phase("x" * 200), 1.0)
     assert s.phase == "x" * 200 and acts == [SetPhase("x" * 200)]
 

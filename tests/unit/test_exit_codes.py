@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # callee name -> position of the exit code among its positional arguments
 CODE_AT = {"fail": 1, "_fail": 1, "RingError": 1, "OperatorError": 1, "ConfigError": 1,

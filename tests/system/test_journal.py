@@ -27,7 +27,7 @@ def test_file_is_private_and_wal(tmp_path, journal):
 
 
 # The schema's refusals (CHECKs, one running row) are tested on both backends
-# in tests/test_journal_backends.py.
+# in tests/system/test_journal_backends.py.
 
 
 def start(journal, agent="a"):
@@ -274,7 +274,7 @@ def test_the_log_is_made_as_long_as_it_grows_and_sqlite_reads_past_the_zeros(tmp
     import subprocess
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", CRASH_AFTER_COMMITS, str(tmp_path), "40"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
@@ -312,7 +312,7 @@ def test_a_log_that_cannot_be_made_long_is_left_as_it_was(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr

@@ -238,7 +238,7 @@ def test_a_run_log_that_is_not_a_file_is_refused_by_logs_never_waited_on(ring, p
     log.unlink()
     os.mkfifo(log, 0o600) if plant == "fifo" else log.mkdir()
     what = "not a regular file" if plant == "fifo" else "a directory"
-    # (`logs a -f` names it once and follows a's later runs: tests/test_follow.py)
+    # (`logs a -f` names it once and follows a's later runs: tests/system/test_follow.py)
     for args in (("a",), ("a", "--lines", "3"), ("a", "--run", str(ring.runs()[0]["id"]), "-f")):
         code, err = run(ring_cmd("logs", *ring.common(), *args), ring.env, timeout=20)
         assert code == 1 and f"{log}: log is {what}" in one_line(err), (args, code, err)
@@ -752,7 +752,7 @@ def test_a_signal_behind_a_burst_that_fills_the_wakeup_pipe_is_heard():
     busy must never block the handler nor lose what comes after it: the C
     handler's byte for a SIGTERM that found the pipe full was dropped, and the
     SIGTERM was never heard."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     r = subprocess.run([sys.executable, "-c", _BURST], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     full, heard, full_again, put_back = r.stdout.splitlines()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NOT_LOADED = ("psutil", "_hashlib", "rich", "psycopg")
 
 PROBE = """

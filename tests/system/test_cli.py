@@ -421,7 +421,7 @@ def test_history_and_logs(ring):
     row = wait_until(lambda: running_of(ring, "talk"), message="talk running")
 
     # --run ID -f follows that run's log until it ends, then exits by itself
-    # (NAME -f goes on with later runs: tests/test_follow.py)
+    # (NAME -f goes on with later runs: tests/system/test_follow.py)
     t0 = time.monotonic()
     res = ring.cli("logs", "talk", "--run", str(row["id"]), "-f", timeout=15)
     took = time.monotonic() - t0

@@ -188,8 +188,8 @@ def test_a_driver_that_cannot_step_back_out_never_kills_the_cgroup_it_is_in(cont
     later run. (In a child process: the test's own process never strands.)"""
     import json
     proc = subprocess.run([sys.executable, "-c", STRANDED, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, cwd=str(Path(__file__).resolve().parent.parent),
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          timeout=60, cwd=str(Path(__file__).resolve().parents[2]),
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     try:
@@ -224,7 +224,7 @@ def test_start_up_never_kills_the_probe_cgroup_it_could_not_leave(containment, t
     driver runs with the subreaper rule."""
     import json
     proc = subprocess.run([sys.executable, "-c", STRANDED_PROBE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 0, f"the driver killed itself: exit {proc.returncode} {proc.stderr[-500:]}"
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["kind"] == "subreaper" and "busy" in out["reason"].lower(), out
@@ -293,7 +293,7 @@ def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(con
         assert standin.stdout.readline() == "inside\n"
         res = subprocess.run([sys.executable, "-m", "ringd", "force-fail", "--state", str(tmp_path)],
                              capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         assert res.returncode == 0, res.stderr
         _collect(child)
         child.close()

@@ -784,7 +784,7 @@ def test_an_internal_error_of_the_watcher_is_not_its_give_up_code(monkeypatch, c
     assert exit_.value.code == 1
     assert "internal error: RuntimeError: boom" in capsys.readouterr().err
     for unit in ("ringwatch.service", "ringwatch-systemd.service"):
-        text = (Path(__file__).resolve().parent.parent / "systemd" / unit).read_text()
+        text = (Path(__file__).resolve().parents[2] / "systemd" / unit).read_text()
         prevent = next(ln for ln in text.splitlines() if ln.startswith("RestartPreventExitStatus="))
         assert "1" not in prevent.split("=", 1)[1].split(), prevent
 
@@ -851,7 +851,7 @@ def test_a_reset_landing_inside_the_watchers_read_and_write_is_not_undone(ring, 
                                    else "waiting" if holds_open(p.pid, ring.state) else None,
                                    timeout=60, message="the reset done or waiting for the write lock"))
         return real_clock_now()
-    monkeypatch.setattr(state, "clock_now", reset_in_the_middle)
+    monkeypatch.setattr(watchstate, "clock_now", reset_in_the_middle)
     try:
         w._save(last_poll_at="now")
         rc, err = finish(resets[0], 60)
@@ -879,7 +879,7 @@ def test_a_reset_clears_the_history_a_watcher_keeps_in_memory_on_a_full_disk(rin
         if full[0]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_save(state_dir, data)
-    monkeypatch.setattr(state, "save", save)
+    monkeypatch.setattr(watchstate, "save", save)
     w._save(last_poll_at="full")                 # the state is now in memory only
     assert w._unsaved is not None
     full[0] = False                              # space freed; the operator resets
@@ -904,7 +904,7 @@ def test_a_give_up_on_a_full_disk_is_recorded_and_refused_until_reset(ring, monk
 
     def full(state_dir, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(state, "save", full)
+    monkeypatch.setattr(watchstate, "save", full)
     w._save(gave_up=True, gave_up_at="now", gave_up_reason="test", stopped=True)
     assert w._give_up("test") == 70
     monkeypatch.undo()
@@ -1002,7 +1002,7 @@ def test_a_give_up_marker_already_there_counts_as_recorded_and_is_kept(ring, mon
 
     def full(state_dir, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(state, "save", full)
+    monkeypatch.setattr(watchstate, "save", full)
     w._save(gave_up=True, gave_up_at="now", gave_up_reason="test", stopped=True)
     capsys.readouterr()
     assert w._give_up("test") == 70
@@ -1021,7 +1021,7 @@ def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     from ringd.loops import watchstate
     assert watchstate.WRITE_LOCK_WAIT == 10.0   # README: "held ... write lock for 10 s"
     # the lock's wait cut short (reset looks write_lock up at each call)
-    monkeypatch.setattr(state, "write_lock", functools.partial(watchstate.write_lock, wait=0.2))
+    monkeypatch.setattr(watchstate, "write_lock", functools.partial(watchstate.write_lock, wait=0.2))
     monkeypatch.setattr(sys, "argv", ["ringwatch", "reset", "--state", str(ring.state)])
     fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from ringd.inputs.config import Config, ConfigError, load_config, parse_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path, text, mode=0o600):
