@@ -386,11 +386,13 @@ def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: b
 
     Exit 0 driver healthy, 1 dead or stale, 3 stopped or never ran, 4 status
     unknown (no such state dir, unreadable journal), 78 bad config."""
+    from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_status, status_exit_code
     config = load_config(config_path)
 
     def gather():
-        warnings: List[str] = []
+        warning = reap_before_reading(state_dir, config)
+        warnings: List[str] = [warning] if warning else []
         return gather_status(state_dir, config, warnings=warnings), warnings
 
     if watch:
@@ -462,9 +464,11 @@ def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_w
 def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: Optional[int],
             since: Optional[float], as_json: bool) -> None:
     """Recent runs, newest first (of NAME only, if given)."""
+    from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_history
     config = load_config(config_path)
-    warnings: List[str] = []
+    warning = reap_before_reading(state_dir, config)
+    warnings: List[str] = [warning] if warning else []
     runs = gather_history(state_dir, config, name, limit, warnings=warnings, since=since)
     _warn(warnings)
     if as_json:

@@ -19,8 +19,9 @@ from ringd.core.errors import EX_FAILURE
 from ringd.host.heartbeat import live_writer, read_heartbeat
 from ringd.host.notify import read_notes, without_controls
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path
-from ringd.cli.status import (OperatorError, alert_closed, known_names, reap_if_orphaned, open_reader,
-                     require_state_dir, roster_view, unknown_agent)
+from ringd.cli.reap import alert_closed, reap_if_orphaned
+from ringd.cli.status import OperatorError, known_names, open_reader, require_state_dir, unknown_agent
+from ringd.inputs.roster import roster_view
 
 MAX_REASON_CHARS = 500
 

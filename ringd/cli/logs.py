@@ -21,7 +21,8 @@ from ringd.host import safefile
 from ringd.inputs.config import Config
 from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path
-from ringd.cli.status import OperatorError, known_names, open_reader, reap_if_orphaned, require_state_dir, unknown_agent
+from ringd.cli.reap import reap_if_orphaned
+from ringd.cli.status import OperatorError, known_names, open_reader, require_state_dir, unknown_agent
 
 CHUNK = 64 * 1024
 MAX_LINE = 64 * 1024   # bytes of one line of a prefixed view held before it is shown in pieces

@@ -18,7 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
-from ringd.host.heartbeat import parse_iso
+from ringd.core.timefmt import parse_iso
 from ringd.host.notify import without_controls
 
 Seg = Tuple[str, str]          # (text, rich style; "" for none)

@@ -3,9 +3,8 @@ in the SPEC's JSON shapes.
 
 ``build_status`` is pure (files already read, liveness already judged, a clock
 passed in); ``gather_status`` does the I/O around it. Reading never creates
-anything: the state dir must exist, the journal is opened read-only, and a
-writer is opened only to reap a ``running`` row whose driver is gone ("reap
-before you count"). Reads are one short transaction each, so the CLI never
+anything and changes nothing: the state dir must exist and the journal is
+opened read-only (the commands reap first: :mod:`ringd.cli.reap`). Reads are one short transaction each, so the CLI never
 blocks the driver (WAL: readers and the writer do not wait for each other).
 
 Rich is never imported here (``status --json`` must stay fast).
@@ -19,21 +18,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ringd.inputs.config import Config, ConfigError, RingSettings, excerpt
+from ringd.inputs.config import Config, RingSettings, excerpt
 from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE
 from ringd.core.errors import STATUS_DEAD as EXIT_DEAD_OR_STALE
 from ringd.core.errors import STATUS_OK as EXIT_HEALTHY
 from ringd.core.errors import STATUS_STOPPED as EXIT_STOPPED
 from ringd.core.errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from ringd.core.errors import RingError as OperatorError
-from ringd.host.heartbeat import epoch as _epoch
+from ringd.core.timefmt import epoch as _epoch
 from ringd.host.heartbeat import (WATCHER_FILE, heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own,
-                        recorded_alive, watcher_alive, watcher_gave_up)
+                                  watcher_alive, watcher_gave_up)
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from ringd.host.lock import LOCK_FILE, holder_pid
 from ringd.host.notify import read_notes
 from ringd.core.policy import seen_at
 from ringd.inputs import schedule
+from ringd.inputs.roster import roster_view
 
 MAX_KNOWN_NAMES_CHARS = 600
 
@@ -72,68 +72,7 @@ def open_reader(state_dir: Path, config: Optional[Config] = None) -> Optional[Jo
         raise
 
 
-def reap_if_orphaned(state_dir: Path, config: Config, reader: Journal) -> Tuple[List[int], Optional[str]]:
-    """Reap before you count: if a ``running`` row's driver is gone, close it (a
-    writer is opened only then). Returns (ids reaped, warning or None)."""
-    if config.ring.journal:
-        return [], None  # many hosts: the row's driver may live elsewhere; the next leader reaps
-    row = reader.running_row()
-    if row is None or recorded_alive(row.driver_pid, row.driver_start, state_dir):
-        return [], None
-    try:
-        from ringd.loops.reaper import reap
-        writer = Journal.open(state_dir, create=False)
-        try:
-            reaped = reap(writer, state_dir, config,
-                          on_reaped=lambda row, closed: _alert_reaped(state_dir, config, row, closed))
-            if reaped:   # its driver is dead: nobody else rewrites the metrics
-                from ringd.loops.metrics import refresh_without_driver
-                refresh_without_driver(state_dir, config, writer)
-            return reaped, None
-        finally:
-            writer.close()
-    except (JournalError, OSError) as e:
-        return [], f"run {row.id} looks orphaned (its driver is gone) but could not be reaped: {e}"
-
-
-def _alert_reaped(state_dir: Path, config: Config, row: RunRow, closed) -> None:
-    """The alerts the driver would raise had it reaped this run itself."""
-    if not config.alerts.command:
-        return
-    from ringd.host import alerts
-    from ringd.core import events
-    from ringd.loops.reaper import orphan_cause
-    alerts.fire(config.alerts.command, events.RUN_REAPED, row.agent,
-                f"run {row.id} of {row.agent} was left running ({orphan_cause(row)}); "
-                f"closed as interrupted by an operator command", state_dir, {"run_id": row.id},
-                timeout=config.alerts.timeout, reaped_by_caller=False)
-    alert_closed(state_dir, config, closed)
-
-
-def alert_closed(state_dir: Path, config: Config, closed) -> None:
-    """Quarantine entered / N failures in a row, after an operator command closed a run."""
-    if not config.alerts.command or closed is None:
-        return
-    from ringd.host import alerts
-    from ringd.core.policy import alerts_after
-    for kind, detail in alerts_after(closed.agent, closed.status, closed.source, closed.settled,
-                                     config.alerts.failures_in_a_row):
-        alerts.fire(config.alerts.command, kind, closed.agent, detail, state_dir, {"run_id": closed.run_id},
-                    timeout=config.alerts.timeout, reaped_by_caller=False)
-
-
 # --- the roster as status sees it ---------------------------------------------
-
-def roster_view(config: Config, state_dir: Path) -> Tuple[Path, Optional[List[Tuple[str, str]]], Optional[str]]:
-    """(path, [(name, line)] or None when unreadable, error or None)."""
-    from ringd.inputs.roster import read_roster
-    path = config.roster_path(state_dir)
-    try:
-        agents = read_roster(path)
-    except ConfigError as e:
-        return path, None, str(e)
-    return path, [(a.name, a.text) for a in agents], None
-
 
 def known_names(config: Config, state_dir: Path, reader: Optional[Journal] = None,
                 include_journal: bool = False) -> List[str]:
@@ -401,7 +340,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
 
 def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
                   warnings: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Read everything (reaping first) and build the status document."""
+    """Read everything and build the status document (the command reaps first)."""
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
     view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
@@ -417,9 +356,6 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
             next_due = scheduled_next_due(None, config, state_dir, now)
         else:
             try:
-                _, warning = reap_if_orphaned(state_dir, config, reader)
-                if warning:
-                    warnings.append(warning)
                 view = read_journal_view(reader, time.time() if now is None else now, config.ring,
                                          dict(roster) if roster is not None else None)
                 turn_from = schedule.last_turn(reader, config, view["running"] or view["last_run"])
@@ -534,7 +470,7 @@ def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: O
 def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: Optional[int],
                    warnings: Optional[List[str]] = None, since: Optional[float] = None,
                    now: Optional[float] = None) -> List[Dict[str, Any]]:
-    """Recent runs, newest first (reaping first): the last ``limit``, or (``since``
+    """Recent runs, newest first (the command reaps first): the last ``limit``, or (``since``
     seconds) those that started within that long, at most ``limit`` when given.
     Unknown agent -> OperatorError(2)."""
     require_state_dir(state_dir)
@@ -550,9 +486,6 @@ def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit:
                 known = known_names(config, state_dir, reader, include_journal=True)
                 if agent not in known:
                     raise unknown_agent(agent, known)
-            _, warning = reap_if_orphaned(state_dir, config, reader)
-            if warning:
-                warnings.append(warning)
             if since is not None:
                 cutoff = (time.time() if now is None else now) - since
                 rows = history_since(reader, agent, cutoff, limit)

@@ -1,22 +1,21 @@
 """Exit codes and the one error type that carries one.
 
-Daemon and command exit codes come from sysexits (``os.EX_*``); ``ringd status``
+Daemon and command exit codes come from sysexits (sysexits(3)); ``ringd status``
 uses the LSB init-script status codes. Every error meant for the operator is a
 :class:`RingError`: a one-line message plus the exit code that goes with it.
 """
 from __future__ import annotations
 
 import errno
-import os
 from typing import Any
 
 # sysexits(3)
-EX_OK = os.EX_OK                # 0
-EX_UNAVAILABLE = os.EX_UNAVAILABLE  # 69: the journal cannot be used now (busy, full, unreachable): restart later
-EX_SOFTWARE = os.EX_SOFTWARE    # 70: ringwatch gave up (the start limit was hit); nothing else exits 70
-EX_IOERR = os.EX_IOERR          # 74: a command's output could not be written (stdout on a full disk)
-EX_TEMPFAIL = os.EX_TEMPFAIL    # 75: another daemon holds the lock
-EX_CONFIG = os.EX_CONFIG        # 78: configuration (or unusable journal): do not restart blindly
+EX_OK = 0                       # 0
+EX_UNAVAILABLE = 69             # 69: the journal cannot be used now (busy, full, unreachable): restart later
+EX_SOFTWARE = 70                # 70: ringwatch gave up (the start limit was hit); nothing else exits 70
+EX_IOERR = 74                   # 74: a command's output could not be written (stdout on a full disk)
+EX_TEMPFAIL = 75                # 75: another daemon holds the lock
+EX_CONFIG = 78                  # 78: configuration (or unusable journal): do not restart blindly
 EX_INTERRUPTED = 128 + 2        # 130: a foreground command was interrupted (SIGINT)
 
 # The SPEC's own small codes for the operator commands (and ringwatch's)

@@ -15,7 +15,6 @@ local clock, unit-tested without a database:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,11 +68,6 @@ def beat_every(ttl: float, heartbeat_interval: float) -> float:
     """How often a PostgreSQL driver beats (and renews): at least twice before
     its half-TTL switch, so one slow renewal never stops a healthy leader."""
     return min(heartbeat_interval, ttl / BEATS_PER_TTL)
-
-
-def clock() -> float:
-    """The local clock of the lease: boot time, never the wall clock."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def holder_name(host: str, pid: int, start_ticks: Optional[int]) -> str:

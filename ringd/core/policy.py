@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from ringd.inputs.config import RingSettings
+from ringd.core.settings import RingSettings
 from ringd.core.records import AgentState
 
 # Endings that count as failures of the agent (consecutive_failures, alerts),
@@ -344,12 +344,6 @@ class Requests:
     @property
     def any(self) -> bool:
         return self.stop or self.reload or self.wake
-
-
-def requests_from(sigs: "set[int]") -> Requests:
-    import signal as _s  # signal numbers only
-    return Requests(stop=bool(sigs & {_s.SIGTERM, _s.SIGINT}), reload=_s.SIGHUP in sigs,
-                    wake=_s.SIGUSR1 in sigs, children=_s.SIGCHLD in sigs)
 
 
 def wait_timeout(now: float, until: Optional[float], next_beat: float, roster_check: float) -> float:

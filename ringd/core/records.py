@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import AbstractSet, Any, Callable, Dict, Mapping, Optional
 
-from ringd.host.heartbeat import epoch
+from ringd.core.timefmt import epoch
 
 TERMINAL = ("ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error")
 STATUSES = ("running",) + TERMINAL

@@ -72,7 +72,7 @@ def open_alert_log(state_dir: Path) -> int:
 
 def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,
                   extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    from ringd.host.heartbeat import iso
+    from ringd.core.timefmt import iso
     payload = {"event": kind, "agent": agent, "detail": detail, "at": iso(time.time()),
                "state_dir": str(state_dir)}
     if extra:

@@ -575,7 +575,8 @@ def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
     fail)."""
     if run_id is None:
         return {}
-    from ringd.host.heartbeat import epoch, read_json
+    from ringd.host.heartbeat import read_json
+    from ringd.core.timefmt import epoch
     data = read_json(state_dir / NOTES_FILE)
     if data is None or type(data.get("run_id")) is not int or data["run_id"] != run_id:
         return {}

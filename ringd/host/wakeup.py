@@ -13,6 +13,7 @@ import select
 import signal
 from typing import Iterable, Optional, Set, Tuple
 
+from ringd.core.policy import Requests
 from ringd.host import earlysig
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
@@ -107,3 +108,9 @@ class Wakeups:
             signal.signal(sig, old)
         os.close(self._r)
         os.close(self._w)
+
+
+def requests_from(sigs: "set[int]") -> Requests:
+    """What the signals a wait returned ask of the driver."""
+    return Requests(stop=bool(sigs & {signal.SIGTERM, signal.SIGINT}), reload=signal.SIGHUP in sigs,
+                    wake=signal.SIGUSR1 in sigs, children=signal.SIGCHLD in sigs)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
-from ringd.core.errors import EX_TEMPFAIL, ConfigError, excerpt
+from ringd.core.errors import ConfigError, excerpt
+from ringd.core.settings import AgentOverride, AlertSettings, Limits, RingSettings, WatchSettings
 from ringd.core.lease import BEATS_PER_TTL
 from ringd.inputs.roster import NAME_RE
 from ringd.host.safefile import check_path, lenient_modes, read_checked_file  # noqa: F401 - lenient_modes: the CLI's
@@ -27,60 +28,6 @@ MAX_DURATION = 10 * 365 * 86400
 MIN_TICK = 0.05
 MAX_COUNT = 10 ** 9            # counts (keep_logs, bursts ...) stay far inside SQLite's INTEGER
 MAX_NESTING = 32               # a config is 3 levels deep; deeper YAML is refused, never recursed into
-
-
-@dataclass(frozen=True)
-class AgentOverride:
-    run_budget: Optional[float] = None
-    stall_threshold: Optional[float] = None
-    cwd: Optional[str] = None
-    watchdog: Optional[float] = None       # s without WATCHDOG=1 before the run is ended; 0: off (null)
-    schedule: Optional[str] = None         # five-field cron (local time): a scheduled agent
-    every: Optional[float] = None          # s between starts: a scheduled agent
-
-
-@dataclass(frozen=True)
-class RingSettings:
-    run_budget: float = 3600
-    stall_threshold: float = 4200
-    heartbeat_interval: float = 10
-    lap_pause: float = 0
-    tempfail_exit_code: int = EX_TEMPFAIL   # an agent's "not now": sysexits' 75
-    backoff_initial: float = 60
-    backoff_max: float = 3600
-    keep_logs: int = 50
-    keep_runs: int = 100000      # runs kept in the journal; 0 keeps all
-    quarantine_after: int = 3
-    quarantine_cooloff: float = 86400
-    fast_fail: float = 1.0      # s; a lap whose every run failed within this is a spinning lap
-    roster: Optional[str] = None
-    watchdog: Optional[float] = None   # default agent watchdog (s); None: off
-    journal: Optional[str] = None      # None: SQLite in the state dir; "postgresql://...": a many-host ring
-    lease_ttl: float = 30              # s; a many-host ring's leadership lease
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    poll_interval: float = 300
-    stale_after: float = 300
-    restart_sec: float = 5
-    start_limit_burst: int = 5
-    start_limit_interval: float = 600
-    restart_command: Optional[Tuple[str, ...]] = None
-
-
-@dataclass(frozen=True)
-class AlertSettings:
-    command: Optional[Tuple[str, ...]] = None
-    failures_in_a_row: int = 5
-    timeout: float = 30
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The effective budget/threshold of one agent after overrides."""
-    run_budget: float
-    stall_threshold: float
 
 
 @dataclass(frozen=True)
@@ -391,7 +338,7 @@ def dsn_problem(dsn: str) -> Optional[str]:
     and space as written) failed every start of the driver as an outage, exit 69
     and a restart loop, where ``ringd check`` said ok."""
     from psycopg.conninfo import conninfo_to_dict   # (the PostgreSQL path only)
-    from ringd.journal.pg import scrub
+    from ringd.core.dsn import scrub
     try:
         parts = conninfo_to_dict(dsn)
     except Exception as e:   # psycopg.ProgrammingError: libpq's words, which may quote a token

@@ -379,3 +379,14 @@ class RosterSource:
     @property
     def names(self) -> List[str]:
         return [a.name for a in self.agents]
+
+
+def roster_view(config, state_dir: Path) -> Tuple[Path, Optional[List[Tuple[str, str]]], Optional[str]]:
+    """The roster ``config`` names, as commands show it: (path, [(name, line)] or
+    None when unreadable, error or None)."""
+    path = config.roster_path(state_dir)
+    try:
+        agents = read_roster(path)
+    except ConfigError as e:
+        return path, None, str(e)
+    return path, [(a.name, a.text) for a in agents], None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ringd.host.heartbeat import epoch
+from ringd.core.timefmt import epoch
 
 _MAX_WALL_SKIPS = 100   # guard: matches looked at (a repeated stretch is jumped over at once)
 

@@ -24,7 +24,6 @@ import os
 import re
 import sqlite3
 import threading
-import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence
@@ -35,6 +34,7 @@ except ImportError:  # only this backend needs it: say how to get it, in one lin
     psycopg = None
 
 from ringd.core import lease as leaselib
+from ringd.core.dsn import redact, scrub
 from ringd.journal import pgcall
 from ringd.journal import schema_pg
 from ringd.host import sidethread
@@ -302,35 +302,6 @@ class _Con:
     def _say(self, e: BaseException) -> str:
         """An error of psycopg's in one line, never with our password in it."""
         return scrub(_one_line(e), self.dsn)
-
-
-# Where a DSN holds a password: a URL's user:PASSWORD@ or ?password=, a key=value
-# string's password = value (quoted with '' when it holds spaces, \ escaping).
-# (A URL's password up to the authority's last '@': one written with an '@' unencoded,
-# which libpq cuts at the first, is still never shown in part.)
-_PASSWORDS = (re.compile(r"://[^:/@?#]*:([^/?#]*)@"),
-              re.compile(r"[?&]password=([^&#]*)", re.I),
-              re.compile(r"(?<!\S)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", re.I))
-
-
-def redact(dsn: str) -> str:
-    """A DSN fit for a log line: never its password."""
-    for pattern in _PASSWORDS:
-        dsn = pattern.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + "***"
-                          + m.group(0)[m.end(1) - m.start(0):], dsn)
-    return dsn
-
-
-def scrub(text: str, dsn: str) -> str:
-    """``text`` (libpq's words on ``dsn``: it quotes a token it cannot parse)
-    without the DSN's password, as written or decoded."""
-    for pattern in _PASSWORDS:
-        for m in pattern.finditer(dsn):
-            raw = m.group(1)
-            for secret in {raw, raw.strip("'"), urllib.parse.unquote(raw)}:
-                if secret:
-                    text = text.replace(secret, "***")
-    return text
 
 
 # The lease's expiry as epoch seconds a date can hold: a row edited by hand may

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterator, Mapping, Optional
 
-from ringd.inputs.config import RingSettings
+from ringd.core.settings import RingSettings
 from ringd.journal.sqlite import AgentState, Journal, JournalError, RunRow, Tx
 from ringd.core.policy import Settled, after_run, lifted, seen_at
 

@@ -34,8 +34,9 @@ from ringd.host.heartbeat import live_writer, read_heartbeat, watchdog_interval
 from ringd.loops.hop import Hop, HopResult, Pending
 from ringd.journal.sqlite import PRUNE_BATCH, Journal, JournalError
 from ringd.host.lock import LOCK_FILE, KernelLock, LockHeld
-from ringd.core.policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, requests_from, round_after,
+from ringd.core.policy import (Action, Requests, Spin, TurnInputs, alerts_after, plan_turn, round_after,
                      spin_after_run, spin_at_lap_end, wait_timeout)
+from ringd.host.wakeup import requests_from
 from ringd.loops.reaper import driver_alive, orphan_cause, reap
 from ringd.inputs.roster import RosterSource, next_index, wraps
 

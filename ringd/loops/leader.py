@@ -33,6 +33,11 @@ LEADER, STANDBY = "leader", "standby"
 KILL_SETTLE = 10.0   # s: at most this long a regained leadership waits for its watchdog's kill to end
 
 
+def lease_clock() -> float:
+    """The local clock of the lease: boot time, never the wall clock."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 class Leader:
     def __init__(self, journal, ttl: float, log: Callable[[str], None], host: Optional[str] = None):
         self.journal = journal            # a journal_pg.PgJournal
@@ -70,7 +75,7 @@ class Leader:
                 if not self.leading or sent is None or self._agent is None:
                     self._cond.wait()
                     continue
-                left = leaselib.stop_deadline(sent, self.ttl) - leaselib.clock()
+                left = leaselib.stop_deadline(sent, self.ttl) - lease_clock()
                 if left > 0:
                     self._cond.wait(left)
                     continue
@@ -122,7 +127,7 @@ class Leader:
 
     def must_stop(self) -> bool:
         """A leader past its half-TTL switch (or no leader at all): no agent may run."""
-        if self.leading and leaselib.must_stop(self.renew_sent_at, self.ttl, leaselib.clock()):
+        if self.leading and leaselib.must_stop(self.renew_sent_at, self.ttl, lease_clock()):
             self._lose("lease not renewed for half its TTL")
         return not self.leading
 
@@ -130,12 +135,12 @@ class Leader:
         """Until the half-TTL switch (the hop wakes then)."""
         if not self.leading or self.renew_sent_at is None:
             return 0.0
-        return max(0.0, leaselib.stop_deadline(self.renew_sent_at, self.ttl) - leaselib.clock())
+        return max(0.0, leaselib.stop_deadline(self.renew_sent_at, self.ttl) - lease_clock())
 
     def beat(self) -> None:
         """Take or renew the lease (one short transaction). Never raises."""
         self.must_stop()
-        sent = leaselib.clock()
+        sent = lease_clock()
         try:
             d = self.journal.acquire(self.me, self.ttl)
             view = self.journal.read_lease()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ringd.inputs.config import RingSettings
+from ringd.core.settings import RingSettings
 from ringd.core.policy import seen_at
 
 METRICS_FILE = "metrics.prom"
@@ -139,8 +139,9 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
     beat, start, lap, role) are taken from its heartbeat, never made up. Only
     for a state dir's own SQLite journal (a many-host ring's drivers each write
     their own). Never raises; True if written."""
-    from ringd.host.heartbeat import live_writer, parse_iso, read_heartbeat
-    from ringd.cli.status import roster_view
+    from ringd.host.heartbeat import live_writer, read_heartbeat
+    from ringd.core.timefmt import parse_iso
+    from ringd.inputs.roster import roster_view
     if config.ring.journal:
         return False
     try:

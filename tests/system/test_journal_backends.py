@@ -131,7 +131,7 @@ def test_counters_are_kept_by_the_database_not_the_journal_code(backend):
 
 
 def test_closing_settles_the_agent_and_quarantine_writes_its_row(backend):
-    from ringd.inputs.config import RingSettings
+    from ringd.core.settings import RingSettings
     from ringd.journal.transitions import close_in
     j = backend.journal
     ring = RingSettings(quarantine_after=1, quarantine_cooloff=100)

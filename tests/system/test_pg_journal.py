@@ -125,7 +125,7 @@ def _ok(fn):
 
 
 def test_the_dsn_password_never_reaches_a_message():
-    from ringd.journal.pg import redact
+    from ringd.core.dsn import redact
     assert "s3cret" not in redact("postgresql://ring:s3cret@db.example/ring")
     assert "s3cret" not in redact("host=db password=s3cret dbname=ring")
 
@@ -239,7 +239,8 @@ def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn)
 def test_a_journal_url_that_cannot_be_used_never_prints_its_password(dsn, secret):
     pytest.importorskip("psycopg")
     from ringd.journal.sqlite import JournalError
-    from ringd.journal.pg import PgJournal, redact
+    from ringd.core.dsn import redact
+    from ringd.journal.pg import PgJournal
     assert secret not in redact(dsn)
     with pytest.raises(JournalError) as e:
         PgJournal.connect(dsn)
@@ -269,7 +270,7 @@ def test_a_lease_expiry_edited_beyond_any_date_still_reads(pgj, pg_dsn, expires,
     (and a standby wrote Infinity into its heartbeat's JSON)."""
     import math
     import psycopg
-    from ringd.host.heartbeat import iso
+    from ringd.core.timefmt import iso
     a = pgj()
     with psycopg.connect(pg_dsn, autocommit=True) as con:
         con.execute("UPDATE lease SET holder = 'X pid=1 start=1', epoch = 7, expires_at = %s", (expires,))
@@ -475,7 +476,7 @@ def test_a_journal_uri_libpq_cannot_use_is_a_configuration_error(dsn, fine):
 
 
 def test_a_password_with_an_unencoded_at_is_never_shown_in_part():
-    from ringd.journal.pg import redact
+    from ringd.core.dsn import redact
     assert redact("postgresql://ring:p@ss@db.example/ring") == "postgresql://ring:***@db.example/ring"
     assert redact("postgresql://ring:pw@db1:5432,db2/ring") == "postgresql://ring:***@db1:5432,db2/ring"
     assert redact("postgresql://db1:5432,db2:5433/ring") == "postgresql://db1:5432,db2:5433/ring"

@@ -224,7 +224,7 @@ def test_metrics_hold_only_roster_agents_in_quarantine_or_back_off(tmp_path):
     """An agent renamed or removed from the roster while quarantined or backing
     off is no longer held: metrics say so, as status does (and ``ringd resume``
     could not lift it: unknown name). Its run counter stays (counters never go back)."""
-    from ringd.inputs.config import RingSettings
+    from ringd.core.settings import RingSettings
     from ringd.loops.metrics import render, snapshot
     from ringd.core.records import AgentState
     now = time.time()
@@ -335,7 +335,7 @@ def test_alerts_log_is_rotated_like_ringd_log(ring):
 def test_a_quarantine_a_force_fail_completed_says_so(tmp_path):
     """The quarantine's skipped row names the ending that completed the streak:
     a force-failed run is no 'stalled or timeout'."""
-    from ringd.inputs.config import RingSettings
+    from ringd.core.settings import RingSettings
     from ringd.core.records import AgentState
     from ringd.journal.transitions import close_in
     now = time.time()

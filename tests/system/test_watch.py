@@ -656,7 +656,7 @@ def test_a_wall_clock_set_back_never_turns_old_restarts_into_a_burst(ring):
     clamped to now, and counted as one burst - the next failure made the watcher
     give up (exit 70) though the driver never failed faster than the limit. The
     window is kept on the boot clock (ringwatch.json's restart_clock)."""
-    from ringd.host.heartbeat import iso
+    from ringd.core.timefmt import iso
     ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 30})
     simple_ring(ring)
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()

@@ -831,7 +831,6 @@ def test_status_names_the_agent_the_driver_starts_next_while_a_job_outlasts_its_
     of the round, for the last 5 s of each of its runs. (Status runs on the fake
     clock here; the driver's heartbeat is not a file, so it is taken as alive.)"""
     from ringd.cli import status
-    monkeypatch.setattr(status, "recorded_alive", lambda *a: True)     # never reap the fake driver's run
     monkeypatch.setattr(status, "live_writer", lambda *a, **k: 4242)
     d, env, j = make(tmp_path, ["a", "b", "job"], behaviours={"job": Behaviour(runs_for=15.0)},
                      default=Behaviour(runs_for=1.0), agents={"job": AgentOverride(every=10.0)},

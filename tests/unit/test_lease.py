@@ -74,8 +74,7 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
     run's agent too (seen under load: the next run `failed (signal 9)` after 20 ms)."""
     import threading
 
-    from ringd.core import lease as leaselib
-    from ringd.loops.leader import Leader
+    from ringd.loops.leader import Leader, lease_clock
 
     class NoRunning:
         def running_row(self):
@@ -93,7 +92,7 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
         release.wait(10)
     leader._kill_run = slow_kill
     with leader._cond:   # a run in flight, the last renewal long ago: the watchdog fires
-        leader.leading, leader.renew_sent_at = True, leaselib.clock() - 10
+        leader.leading, leader.renew_sent_at = True, lease_clock() - 10
         leader._agent = (12345, None, "key", 7, None)
         leader._cond.notify()
     assert killing.wait(5), "the watchdog did not fire"

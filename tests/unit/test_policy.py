@@ -3,11 +3,12 @@ import signal
 
 import pytest
 
-from ringd.inputs.config import RingSettings
+from ringd.core.settings import RingSettings
 from ringd.core.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
-                          decide, plan_turn, requests_from, seen_at, spin_after_run, spin_at_lap_end,
+                          decide, plan_turn, seen_at, spin_after_run, spin_at_lap_end,
                           wait_timeout)
 from ringd.core.records import AgentState
+from ringd.host.wakeup import requests_from
 
 RING = RingSettings(backoff_initial=60, backoff_max=3600, quarantine_after=3, quarantine_cooloff=100)
 A = AgentState(name="a")

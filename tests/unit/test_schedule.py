@@ -504,7 +504,7 @@ def test_a_cron_job_last_started_at_the_end_of_the_year_9999_is_due_once_the_clo
     lies past datetime's end. next_due raised OverflowError - out of the
     driver's turn and ``ringd status`` alike; it is no due time, and the clock
     behind that start was set: due at the first match after the step."""
-    from ringd.host.heartbeat import epoch
+    from ringd.core.timefmt import epoch
     s = Schedule(cron="0 3 * * *")
     far = epoch(ts(ZoneInfo("UTC"), 9999, 12, 31, 23, 30))
     assert far is not None
