@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ringd.host.heartbeat import write_json_atomic  # noqa: E402
+from ringd.host.atomicfile import write_json_atomic  # noqa: E402
 from ringd.core.timefmt import iso
 from ringd.host.procid import start_ticks  # noqa: E402
 from ringd.journal.sqlite import Journal, journal_path  # noqa: E402

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from ringd.host import cgroup
-from ringd.host.heartbeat import read_json
+from ringd.host.atomicfile import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,8 +26,8 @@ from ringd.core.errors import STATUS_STOPPED as EXIT_STOPPED
 from ringd.core.errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from ringd.core.errors import RingError as OperatorError
 from ringd.core.timefmt import epoch as _epoch
-from ringd.host.heartbeat import (WATCHER_FILE, heartbeat_age, heartbeat_health, iso, live_writer, read_heartbeat, read_own,
-                                  watcher_alive, watcher_gave_up)
+from ringd.host.heartbeat import (WATCHER_FILE, iso, live_writer, read_heartbeat, read_own, watcher_alive, watcher_gave_up)
+from ringd.core.health import heartbeat_age, heartbeat_health
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from ringd.host.lock import LOCK_FILE, holder_pid
 from ringd.host.notify import read_notes

@@ -430,12 +430,12 @@ def _own_cgroup_dir() -> Optional[Path]:
 # --- the record a reaper reads ---------------------------------------------------
 
 def _write_record(state_dir: Path, parent: Path) -> None:
-    from ringd.host.heartbeat import write_json_atomic
+    from ringd.host.atomicfile import write_json_atomic
     write_json_atomic(state_dir / RECORD, {"parent": str(parent)})
 
 
 def _recorded_parent(state_dir: Path) -> Optional[Path]:
-    from ringd.host.heartbeat import read_json
+    from ringd.host.atomicfile import read_json
     try:
         parent = Path((read_json(state_dir / RECORD) or {})["parent"])
     except (KeyError, TypeError):

@@ -23,7 +23,8 @@ from ringd.host import logline
 from ringd.host import proctree
 from ringd.host import safefile
 from ringd.host import notify as voice
-from ringd.host.heartbeat import Heartbeat, Notifier
+from ringd.host.heartbeat import Heartbeat
+from ringd.host.servicemanager import Notifier
 from ringd.host.procid import same_process, start_ticks
 from ringd.host.wakeup import Wakeups
 

@@ -1,33 +1,23 @@
-"""State files others read: atomic JSON writes, the driver's heartbeat, staleness
-and sd_notify. The heartbeat publishes the driver's identity as pid + start
-ticks (``pid_start``, see procid), and the state dir it is the driver of
-(``state_dir``: its real path; ``state_id``: its device and inode; ringwatch.json
-likewise). A heartbeat of another state dir (a state dir copied while its ring
-ran, a symlink to another ring's heartbeat) names a live process that is not
-this ring's driver: :func:`read_own` reads it as no file at all, so no reader
-adopts, waits for, yields to, or signals another ring's process.
-
-``write_json_atomic`` is the one way any daemon here publishes a file: temp file
-(O_NOFOLLOW, 0600), fsync, rename. ``heartbeat_health`` is pure given a clock.
-
-Files rewritten at every beat (the heartbeat, metrics) skip the fsync
-(``durable=False``): they stay atomic for readers, and what a power cut can
-cost is the last beat, which readers already take as a dead driver (a missing
-or unreadable heartbeat is stale). The fsync was half the CPU time of a write,
-and the beat is most of an idle driver's CPU time (benchmarks/bench_lap.py).
+"""The driver's heartbeat and whose a state file is: pid + start ticks
+(``pid_start``, see procid) and the state dir it belongs to (``state_dir``: its
+real path; ``state_id``: its device and inode; ringwatch.json likewise). A
+heartbeat of another state dir (a copy made while its ring ran, a symlink to
+another ring's file) names a live process that is not this ring's driver:
+:func:`read_own` reads it as no file at all, so no reader adopts, waits for,
+yields to, or signals another ring's process.
 """
 from __future__ import annotations
 
-import errno
-import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from ringd.core.timefmt import epoch, iso
+from ringd.core.health import of_state_dir
+from ringd.core.timefmt import iso
+from ringd.host.atomicfile import read_json, write_json_atomic
 from ringd.host import procid
-from ringd.host import safefile
+from ringd.host.servicemanager import Notifier
 
 HEARTBEAT_FILE = "ringd.heartbeat"
 WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringd.loops.watchstate), read by status and metrics
@@ -36,89 +26,6 @@ WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringd.loops.watchstate)
 # it exists, as it does on "gave_up": true; `ringwatch reset` removes it.
 GAVE_UP_FILE = "ringwatch.gave-up"
 
-
-def write_json_atomic(path: Path, data: Dict[str, Any], durable: bool = True) -> None:
-    """Write JSON so a reader sees the old file or the new one, never half of one."""
-    write_text_atomic(path, json.dumps(data, sort_keys=True) + "\n", durable)
-
-
-def write_text_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Temp file (created afresh, 0600), fsync (``durable``), rename over ``path``."""
-    if str(path) not in _swept:
-        _sweep_temps(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    blob = text.encode()
-    fd = safefile.create_new(tmp, 0o600)
-    try:
-        try:
-            # a short write (a full disk, a file size limit) is not an error by
-            # itself: write the rest, so the one that fails raises, and the old
-            # file stays
-            view = memoryview(blob)
-            while view:
-                n = os.write(fd, view)
-                if n <= 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
-                view = view[n:]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        try:   # a full or read-only state dir: leave no half-written temp file behind
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-_swept: Set[str] = set()   # the files whose dead writers' temp files this process has removed
-
-
-def _sweep_temps(path: Path) -> None:
-    """Remove the temp files of ``path`` that writers killed mid-write (SIGKILL
-    in a stalled fsync, the OOM killer, a power cut) left: ``.NAME.<pid>.tmp``
-    of a pid no process has now. Each such death left one for good, none ever
-    renamed nor removed. Once per file per process (its first write); a live
-    writer's (another process, whatever its user) is left alone."""
-    _swept.add(str(path))
-    prefix = f".{path.name}."
-    try:
-        with os.scandir(path.parent) as entries:
-            names = [e.name for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(prefix):-len(".tmp")]
-        if not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 1 << 31) or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue   # alive (or another user's: PermissionError)
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        try:
-            os.unlink(path.with_name(name))
-        except OSError:
-            pass
-
-
-def read_json(path: Path) -> Optional[Dict[str, Any]]:
-    """The JSON object in ``path``, or None if missing, unreadable, corrupt or not
-    a regular file (a FIFO there is never waited on: safefile.open_regular)."""
-    try:
-        with os.fdopen(safefile.open_regular(path), "rb") as f:
-            blob = f.read(64 * 1024)
-        data = json.loads(blob)
-    except (OSError, ValueError, RecursionError):   # RecursionError: '[' nested thousands deep
-        return None
-    return data if isinstance(data, dict) else None
-
-
-# --- the heartbeat -----------------------------------------------------------
 
 def heartbeat_path(state_dir: Path) -> Path:
     return state_dir / HEARTBEAT_FILE
@@ -203,54 +110,6 @@ def state_id(state_dir: Path) -> Optional[List[int]]:
     return [st.st_dev, st.st_ino]
 
 
-def of_state_dir(hb: Dict[str, Any], real_path: str, ident: Optional[List[int]]) -> bool:
-    """Pure: was ``hb`` written by a driver of the state dir at ``real_path`` with
-    [device, inode] ``ident``? Either one matching is enough: a state dir renamed
-    while its ring was down keeps its inode, one whose device number changed at
-    a reboot keeps its path; a copy or another ring's file has neither. A
-    heartbeat without them (an older ring's) is taken as this dir's."""
-    path, sid = hb.get("state_dir"), hb.get("state_id")
-    if path is None and sid is None:
-        return True
-    return path == real_path or (ident is not None and sid == ident)
-
-
-def heartbeat_age(hb: Optional[Dict[str, Any]], now: float) -> Optional[float]:
-    """Seconds since the heartbeat's ``at`` (negative if it is from the future)."""
-    if not hb:
-        return None
-    at = epoch(hb.get("at_epoch"))
-    if at is None:
-        at = epoch(hb.get("at"))
-    return None if at is None else now - at
-
-
-def heartbeat_health(hb: Optional[Dict[str, Any]], alive: bool, now: float,
-                     heartbeat_interval: float, locked: bool = False) -> str:
-    """Pure: ``ok`` | ``stale`` | ``dead`` | ``stopped`` from a heartbeat, whether its
-    process is alive, whether a live process holds the driver's lock, and a clock.
-
-    - no readable heartbeat while a driver holds the lock: ``stale`` (it cannot
-      write its heartbeat: something not a file took its place)
-    - no heartbeat, or a clean stop recorded in it: ``stopped``
-    - process gone without a clean stop: ``dead``
-    - heartbeat older than 2 x interval (or unreadable time): ``stale``
-    - heartbeat more than 2 x interval in the *future*: ``stale`` too - the wall
-      clock was set back since the driver last beat (a live driver's next beat
-      would carry the new time), so the stamp proves nothing
-    """
-    if not hb and locked:
-        return "stale"
-    if not hb or hb.get("stopped"):
-        return "stopped"
-    if not alive:
-        return "dead"
-    age = heartbeat_age(hb, now)
-    if age is None or abs(age) > 2 * heartbeat_interval:
-        return "stale"
-    return "ok"
-
-
 class Heartbeat:
     """The driver's heartbeat writer (also the sd_notify speaker)."""
 
@@ -281,29 +140,3 @@ class Heartbeat:
         write_json_atomic(self.path, data, durable=stopped)   # rewritten next beat; the last one kept
         if not stopped:
             self.notifier.notify("WATCHDOG=1")
-
-
-def watchdog_interval() -> Optional[float]:
-    """Half of systemd's WatchdogSec when it watches *this* process, else None."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    owner = os.environ.get("WATCHDOG_PID")
-    if not usec or (owner and owner != str(os.getpid())):
-        return None
-    try:
-        return max(0.05, int(usec) / 2e6)
-    except ValueError:
-        return None
-
-
-class Notifier:
-    """sd_notify when NOTIFY_SOCKET is set; silent otherwise."""
-
-    def __init__(self) -> None:
-        self._n = None
-        if os.environ.get("NOTIFY_SOCKET"):
-            import sdnotify
-            self._n = sdnotify.SystemdNotifier()
-
-    def notify(self, message: str) -> None:
-        if self._n is not None:
-            self._n.notify(message)

@@ -560,7 +560,7 @@ class Notes:
 
 
 def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
-    from ringd.host.heartbeat import write_json_atomic
+    from ringd.host.atomicfile import write_json_atomic
     notes.written_at, notes.dirty = mono_now, False
     write_json_atomic(state_dir / NOTES_FILE, notes.as_json())
 
@@ -575,7 +575,7 @@ def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
     fail)."""
     if run_id is None:
         return {}
-    from ringd.host.heartbeat import read_json
+    from ringd.host.atomicfile import read_json
     from ringd.core.timefmt import epoch
     data = read_json(state_dir / NOTES_FILE)
     if data is None or type(data.get("run_id")) is not int or data["run_id"] != run_id:

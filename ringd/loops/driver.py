@@ -30,7 +30,8 @@ from ringd.journal import transitions
 from ringd.inputs.config import Config, ConfigError, load_config
 from ringd.host.env import RealEnv, stderr_logger
 from ringd.core.errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
-from ringd.host.heartbeat import live_writer, read_heartbeat, watchdog_interval
+from ringd.host.heartbeat import live_writer, read_heartbeat
+from ringd.host.servicemanager import watchdog_interval
 from ringd.loops.hop import Hop, HopResult, Pending
 from ringd.journal.sqlite import PRUNE_BATCH, Journal, JournalError
 from ringd.host.lock import LOCK_FILE, KernelLock, LockHeld

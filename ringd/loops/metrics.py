@@ -168,5 +168,5 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
 def write_metrics(state_dir: Path, text: str) -> None:
     """Atomic write (temp, rename) so the collector never reads half a file; no
     fsync, as it is rewritten at every beat (see ringd.heartbeat)."""
-    from ringd.host.heartbeat import write_text_atomic
+    from ringd.host.atomicfile import write_text_atomic
     write_text_atomic(state_dir / METRICS_FILE, text, durable=False)

@@ -35,7 +35,8 @@ from ringd.core.errors import EX_OK as EXIT_OK
 from ringd.core.errors import EX_SOFTWARE as EXIT_GAVE_UP  # the start limit was hit
 from ringd.core.errors import EX_TEMPFAIL as EXIT_LOCKED  # another watcher holds the lock
 from ringd.core.errors import RingError
-from ringd.host.heartbeat import Notifier, live_writer, read_heartbeat, watchdog_interval, whose
+from ringd.host.servicemanager import Notifier, watchdog_interval
+from ringd.host.heartbeat import live_writer, read_heartbeat, whose
 from ringd.core.timefmt import iso
 from ringd.host.procid import this_boot
 from ringd.host.procid import same_process, start_ticks

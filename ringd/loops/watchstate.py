@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ringd.core.errors import EX_CONFIG, EX_FAILURE, EX_TEMPFAIL, ConfigError, RingError, exit_for
-from ringd.host.heartbeat import GAVE_UP_FILE, WATCHER_FILE, read_own, watcher_alive, write_json_atomic
+from ringd.host.heartbeat import GAVE_UP_FILE, WATCHER_FILE, read_own, watcher_alive
+from ringd.host.atomicfile import write_json_atomic
 from ringd.core.timefmt import iso, parse_iso
 from ringd.host.heartbeat import watcher_gave_up as gave_up   # (the one rule: status and metrics read it too)
 from ringd.host.safefile import check_state_dir

@@ -771,7 +771,7 @@ def test_watcher_judges_by_process_and_monotonic_view_not_the_timestamp(ring, fo
 def test_status_health_is_not_fooled_by_a_heartbeat_from_the_future():
     """``heartbeat_health`` (what ``ringd status`` shows): a beat stamped well in the
     future means the clock jumped since the driver last beat - stale, not ok."""
-    from ringd.host.heartbeat import heartbeat_health
+    from ringd.core.health import heartbeat_health
     now = 1_000_000.0
     fresh = {"pid": 1, "at_epoch": now - 0.1}
     future = {"pid": 1, "at_epoch": now + 3600}

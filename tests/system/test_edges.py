@@ -21,7 +21,7 @@ import pytest
 
 from conftest import line_written, ring_cmd, wait_until, watch_cmd
 from ringd.inputs.config import MAX_DURATION
-from ringd.host.heartbeat import read_json
+from ringd.host.atomicfile import read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 

@@ -745,7 +745,7 @@ def test_root_waking_another_users_driver_signals_only_what_that_user_could(ring
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv")
     from ringd.host import procid
-    from ringd.host.heartbeat import write_json_atomic
+    from ringd.host.atomicfile import write_json_atomic
     ring.agent("a", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh")
     assert ring.start_driver("--once").wait(timeout=30) == 0   # a journal and a heartbeat, as the ring makes them
