@@ -117,6 +117,18 @@ class FakeEnv:
     def open_notify(self, run_id):
         return None   # no notify socket: the agents here never talk
 
+    def close_notify(self, sock):
+        pass
+
+    def write_notes(self, notes, now):
+        pass
+
+    def watch(self, fd):
+        pass
+
+    def unwatch(self, fd):
+        pass
+
     def start_time(self, child):
         return 123.0
 

@@ -29,6 +29,7 @@ from ringd.inputs import schedule
 from ringd.journal import transitions
 from ringd.inputs.config import Config, ConfigError, load_config
 from ringd.host.env import RealEnv, stderr_logger
+from ringd.host.seam import DriverEnv
 from ringd.core.errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
 from ringd.host.heartbeat import live_writer, read_heartbeat
 from ringd.host.servicemanager import watchdog_interval
@@ -161,7 +162,7 @@ def live_driver(state_dir: Path, me: tuple, journal: Optional[Journal] = None) -
 
 
 class Driver:
-    def __init__(self, env, state_dir: Path, config_path: Optional[Path], config: Config,
+    def __init__(self, env: DriverEnv, state_dir: Path, config_path: Optional[Path], config: Config,
                  roster: RosterSource, journal: Journal, *, lock=None, once: bool = False,
                  agent_umask: int = 0o022, base_env: Optional[dict] = None, leader=None):
         self.env = env

@@ -25,6 +25,7 @@ from ringd.core import runstate
 from ringd.journal import transitions
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import Journal, JournalError
+from ringd.host.seam import DriverEnv
 from ringd.host.notify import CLOSING_CAP, HELD_RETRY, Notes, watchdog_usec
 from ringd.core.policy import Requests
 from ringd.inputs.roster import Agent, resolve_cwd, resolve_program
@@ -36,7 +37,7 @@ PID_RECORD_RETRY = 1.0   # s; a pid record the journal could not take now is tri
 
 class Host(Protocol):
     """What a hop needs from its driver."""
-    env: object
+    env: DriverEnv
     journal: Journal
     config: Config
     state_key: str
