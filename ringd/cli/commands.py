@@ -632,7 +632,7 @@ def init(directory: str) -> None:
         click.echo(f"created {p}")
     here = Path(directory).resolve()
     click.echo(f"next: cd {shell_quote(str(here))} && ringd check && ringwatch   "
-               f"(or: ringd service install, see README)")
+               f"(or: ringd service install, see docs/service.md)")
 
 
 def shell_quote(text: str) -> str:

@@ -368,7 +368,7 @@ def test_skip_other_agent_unknown_and_nothing_running(ring):
 
 
 def test_skip_naming_the_running_agent_ends_its_run(ring):
-    """README "Failure behaviour": a named skip that reaches its agent while it
+    """docs/failures.md: a named skip that reaches its agent while it
     runs ends that run (``skipped``, source ``operator``); its next turn runs."""
     ring.agent("a", "[ -e \"$RING_STATE/a-ran\" ] && exit 0\ntouch \"$RING_STATE/a-ran\"\nexec sleep 30")
     ring.agent("b", "exec sleep 30")
@@ -769,7 +769,7 @@ def test_an_escape_sequence_in_the_journal_never_reaches_the_operators_terminal(
 
 
 def test_ringd_debug_shows_the_traceback_of_an_internal_error(ring, monkeypatch):
-    """README "Operating the ring": errors are one line, but ``RINGD_DEBUG=1``
+    """docs/operating.md, "Conventions": errors are one line, but ``RINGD_DEBUG=1``
     lets an internal error's traceback through."""
     from click.testing import CliRunner
     from ringd.cli import status as status_module

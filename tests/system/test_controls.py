@@ -73,7 +73,7 @@ def test_pause_and_resume_the_ring(ring):
 
 
 def test_a_paused_once_runs_nothing(ring):
-    """README "Operating the ring": a paused ``ringd run --once`` runs nothing
+    """docs/operating.md: a paused ``ringd run --once`` runs nothing
     (it exits 0, no row); resumed, the same command runs its lap."""
     ring.agent("a", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh")

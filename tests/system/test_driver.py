@@ -121,12 +121,12 @@ def test_no_process_of_a_run_survives_it(ring):
     assert len(started) == 4
     assert all(gone(pid) for pid in started), "a descendant outlived its run"
     assert not agent_processes(ring)
-    # README "Failure behaviour": what an exit 0 left behind is killed, and said so
+    # docs/failures.md: what an exit 0 left behind is killed, and said so
     assert re.search(r"run \d+: quitter left [12] process\(es\) behind; killed them", err), err
 
 
 def test_an_agent_sigkilled_by_someone_else_is_failed_signal_9_and_its_tree_dies(ring):
-    """README "Failure behaviour", Agents: an agent killed by someone else (SIGKILL,
+    """docs/failures.md: an agent killed by someone else (SIGKILL,
     the OOM killer) is a ``failed`` row with signal 9, what it left is killed, and
     the ring moves on at once."""
     child_file = ring.base / "child.pid"

@@ -461,7 +461,7 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
 
 
 def test_the_closer_is_born_with_every_signal_blocked(sock, request):
-    """README: both side threads are started with every signal blocked
+    """docs/design.md: both side threads are started with every signal blocked
     (ringd/sidethread.py), so the driver's signals reach its main thread's wait
     and never cut a blocked close short. The closer, caught in a close that
     lingers."""
@@ -498,7 +498,7 @@ def _pass_fds(address: str, text: bytes, fd: int, copies: int) -> None:
 
 def test_a_barrier_pipe_is_closed_at_once_and_any_other_passed_descriptor_waits_close_on_exec(
         stalled_closer, sock):
-    """README: a barrier's pipe is closed at once - by the drain itself, not on
+    """docs/failures.md: a barrier's pipe is closed at once - by the drain itself, not on
     the closer (stalled here); any other passed descriptor arrives close-on-exec,
     so one still waiting for the closer never reaches an agent the driver starts."""
     import fcntl

@@ -765,7 +765,7 @@ def test_a_reload_while_a_start_up_call_waits_is_honoured_once_ready(tmp_path, p
 
 
 def test_a_reload_while_a_database_call_hangs_is_acted_on_once_the_driver_is_ready(tmp_path, pg_dsn):
-    """README: a SIGHUP ends a hung call too once the driver is ready, and is then
+    """docs/failures.md: a SIGHUP ends a hung call too once the driver is ready, and is then
     acted on (SPEC: within 1 s). pgcall decides by the wake-up pipe's ``ready``,
     which only RealEnv.ready sets: unset, the reload waited out the call's bound
     (10 s here), and no other test noticed. A paused ring (no run to wait for:

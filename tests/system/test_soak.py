@@ -1,7 +1,7 @@
 """The fault-injection soak (benchmarks/soak.py), briefly: ~20 s of chaos
 against ringwatch + ringd, then every check of the full soak (nothing lost,
 one at a time, nothing leaked, the ring kept turning, readers never saw a lock
-or a traceback). The 10-minute figures are in the README's failure section."""
+or a traceback). The 10-minute figures are in benchmarks/README.md."""
 import importlib.util
 import sys
 

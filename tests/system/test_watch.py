@@ -235,7 +235,7 @@ def test_sigstopped_driver_is_replaced_after_stale_after(ring):
 
 
 def test_a_hung_drivers_run_is_closed_by_that_driver_once_the_watcher_stops_it(ring):
-    """README "Failure behaviour", The driver: a hung (SIGSTOPped) driver is sent
+    """docs/failures.md: a hung (SIGSTOPped) driver is sent
     SIGTERM with SIGCONT after ``stale_after``, so it stops its agent itself: the
     run is ``interrupted`` with source ``driver`` (not the reaper), its agent is
     gone, and a new driver takes over."""
@@ -351,7 +351,7 @@ def test_the_give_up_alert_is_sent_before_the_watcher_exits(ring, tmp_path):
 
 
 def test_the_wait_for_the_give_up_alert_is_bounded_by_alerts_timeout_plus_10s(ring, monkeypatch, capsys):
-    """README: the watcher waits for its give-up alert "at most alerts.timeout +
+    """docs/service.md: the watcher waits for its give-up alert "at most alerts.timeout +
     10 s". An alert helper that never ends (its supervisor stuck) is given up at
     that bound, and the watcher says so. (The 10 s, REAP_GRACE and
     STARTUP_ALLOWANCE, are cut short here; the figure is checked on its own.)"""
@@ -359,7 +359,7 @@ def test_the_wait_for_the_give_up_alert_is_bounded_by_alerts_timeout_plus_10s(ri
     from ringd.host import alerts
     from ringd.inputs.config import load_config
     from ringd.loops.watcher import Watcher
-    assert alerts.longest(20) == 30 and alerts.longest(0.5) == 10.5   # the README's "+ 10 s"
+    assert alerts.longest(20) == 30 and alerts.longest(0.5) == 10.5   # docs/service.md's "+ 10 s"
     monkeypatch.setattr(alerts, "REAP_GRACE", 0.2)
     monkeypatch.setattr(alerts, "STARTUP_ALLOWANCE", 0.3)
     ring.write_config(alerts={"command": ["true"], "timeout": 0.5})
@@ -936,7 +936,7 @@ def test_a_reset_on_a_disk_still_full_keeps_the_give_up_and_works_once_space_is_
         res = run_cli(ring, "reset", "--state", str(ring.state))
         assert res.returncode == 1 and res.stdout == "", res
         assert (ring.state / watchstate.GAVE_UP_FILE).exists(), "a failed reset lost the give-up"
-        # nothing changed (README): ringwatch.json as it was, or still none
+        # nothing changed (docs/service.md): ringwatch.json as it was, or still none
         if stale:
             assert (ring.state / "ringwatch.json").read_bytes() == before
         else:
@@ -1019,7 +1019,7 @@ def test_a_reset_locked_out_says_so_and_exits_75(ring, monkeypatch, capsys):
     import functools
     from ringwatch import cli as wcli
     from ringd.loops import watchstate
-    assert watchstate.WRITE_LOCK_WAIT == 10.0   # README: "held ... write lock for 10 s"
+    assert watchstate.WRITE_LOCK_WAIT == 10.0   # docs/operating.md: "held ... write lock for 10 s"
     # the lock's wait cut short (reset looks write_lock up at each call)
     monkeypatch.setattr(watchstate, "write_lock", functools.partial(watchstate.write_lock, wait=0.2))
     monkeypatch.setattr(sys, "argv", ["ringwatch", "reset", "--state", str(ring.state)])

@@ -114,7 +114,7 @@ def test_text_from_the_journal_never_carries_a_control_character_to_the_terminal
 
 
 def test_the_notes_the_failure_behaviour_tables_quote():
-    """README "Failure behaviour": what ``ringd status`` shows in each case, as
+    """docs/failures.md: what ``ringd status`` shows in each case, as
     the tables quote it - over budget, skip requested, back-off, quarantine, a
     dead driver's pid, a watcher that is gone or gave up, restarts in window."""
     from ringd.cli.render import status_lines
