@@ -35,6 +35,7 @@ class FakeChild:
     term_delay: Optional[float]
     termed: List[float] = field(default_factory=list)
     start_time: Optional[float] = None
+    exited: bool = False   # seen exited (RealEnv's Child likewise)
 
 
 class FakeEnv:
@@ -134,6 +135,7 @@ class FakeEnv:
 
     def exit_status(self, child):
         if child.exit_at <= self.t:
+            child.exited = True
             return child.code, child.signal
         return None
 

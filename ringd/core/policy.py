@@ -25,13 +25,26 @@ WEDGED = ("timeout", "stalled")
 BACKS_OFF = ("deferred", "error")   # the agent is retried after backoff_initial, doubling
 
 
+SIGTERM = 15   # signal.SIGTERM on every platform ring runs on; core imports no OS module
+
+
+def died_of_term(exit_code: Optional[int], signal: Optional[int]) -> bool:
+    """Did a run's process die of SIGTERM? Killed by it, or a shell reporting
+    that its command was (exit status 128 + 15)."""
+    return signal == SIGTERM or exit_code == 128 + SIGTERM
+
+
 def classify(exit_code: Optional[int], signal: Optional[int], *, ended_by: Optional[str],
-             termed_at_budget: bool, tempfail_exit_code: int) -> str:
+             termed_at_budget: bool, tempfail_exit_code: int, stopping: bool = False) -> str:
     """The terminal status of a run from how it ended.
 
     ``ended_by``: None (the agent exited by itself), ``"stall"`` (killed at the
     stall threshold), ``"watchdog"`` (its watchdog starved), ``"skip"`` (an operator ended it),
-    ``"stop"`` (the driver is shutting down)."""
+    ``"stop"`` (the driver is shutting down). ``stopping``: the driver was told
+    to stop around the run's end. A process that dies of SIGTERM while its
+    driver is stopping is ``interrupted``, whoever sent the signal: a service
+    manager stopping the unit (``KillMode=control-group``) SIGTERMs the agent at
+    the same moment as the driver, and the agent's death may be seen first."""
     if ended_by in ("stall", "watchdog"):
         return "stalled"
     if ended_by == "skip":
@@ -40,6 +53,8 @@ def classify(exit_code: Optional[int], signal: Optional[int], *, ended_by: Optio
         return "interrupted"
     if termed_at_budget:
         return "timeout"
+    if stopping and died_of_term(exit_code, signal):
+        return "interrupted"
     if exit_code == 0:
         return "ok"
     if exit_code == tempfail_exit_code:

@@ -10,9 +10,12 @@ a stall at the same instant as an exit - is a plain function call to test.
 Rules (SPEC "An agent's life"): at the budget SIGTERM to the group; at the stall
 threshold, or when the agent's watchdog starves before the budget (or it says
 WATCHDOG=trigger), the run is killed and counts as ``stalled``; an operator skip
-or a driver stop SIGTERMs the group and kills the tree after a short grace. The first ending decided stays decided: a skipped run
-stays ``skipped`` if the driver stops during the skip's grace. An exit observed
-together with a deadline or a stop is the agent's own ending.
+or a driver stop SIGTERMs the group and kills the tree after a short grace.
+The first ending decided stays decided: a skipped run stays ``skipped`` if the
+driver stops during the skip's grace. An exit observed together with a deadline
+or a stop is the agent's own ending - but a death by a SIGTERM the driver did
+not send waits TERM_SETTLE for the driver's own stop, and is ``interrupted`` if
+it comes (a service manager stopping the unit signals all its processes at once).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple, Union
 
 from ringd.core.errors import EX_TEMPFAIL
-from ringd.core.policy import classify
+from ringd.core.policy import classify, died_of_term
 
 SIGKILL = 9   # signal.SIGKILL on every platform ring runs on; the machine imports no OS module
 
@@ -31,6 +34,10 @@ WATCHDOG_GRACE = 0.5  # s between SIGTERM and SIGKILL when the agent's watchdog 
 # sleep: a hung mount, a frozen cgroup v1): the run is closed without its exit and
 # the ring moves on - a wedged agent costs one slot, never the whole ring
 UNKILLABLE_WAIT = 5.0
+# s an agent's death by a SIGTERM the driver did not send waits for the driver's
+# own stop: a service manager stopping the unit SIGTERMs every process in it at
+# once, and the agent's death can be seen before the driver's signal
+TERM_SETTLE = 0.5
 
 
 # --- events -----------------------------------------------------------------------
@@ -131,6 +138,8 @@ class RunState:
     killed_at: Optional[float] = None   # when the tree kill was sent (UNKILLABLE_WAIT runs from it)
     reason: Optional[str] = None
     phase: Optional[str] = None
+    exited: Optional[Tuple[Optional[int], Optional[int]]] = None   # a SIGTERM death held until settle_at
+    settle_at: Optional[float] = None
     closed: bool = False
 
 
@@ -144,6 +153,8 @@ def start(now: float, *, budget: float, stall: float, beat_at: float, beat_every
 def next_deadline(s: RunState) -> float:
     """The next monotonic time at which a Tick has something to do."""
     times = [s.beat_at]
+    if s.settle_at is not None:
+        return min(times + [s.settle_at])
     if s.kill_at is not None and not s.killed:
         times.append(s.kill_at)
     if s.killed_at is not None:
@@ -166,17 +177,29 @@ def _source(s: RunState) -> str:
     return "operator" if s.ending == "skip" else "driver"
 
 
+def _close(s: RunState, exit_code: Optional[int], signal: Optional[int],
+           stopping: Optional[str] = None) -> Tuple[RunState, List[Action]]:
+    """Close on the agent's exit; ``stopping``: the reason of a driver stop heard with it."""
+    ended_by = s.ending
+    if ended_by == "stall" and signal != SIGKILL:
+        ended_by = None   # it ended by itself (the budget's SIGTERM) before the kill landed
+    status = classify(exit_code, signal, ended_by=ended_by, termed_at_budget=s.termed_at_budget,
+                      tempfail_exit_code=s.tempfail_exit_code, stopping=stopping is not None)
+    reason = stopping if status == "interrupted" and ended_by is None else s.reason
+    # the tree is killed again even after a kill: a process re-parented late is caught now
+    return replace(s, closed=True), [KillTree(), Close(status, _source(s), exit_code, signal, reason)]
+
+
 def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
     if s.closed:
         return s, []
+    if s.exited is not None:
+        return _settling(s, ev, now)
     if isinstance(ev, Exited):
-        ended_by = s.ending
-        if ended_by == "stall" and ev.signal != SIGKILL:
-            ended_by = None   # it ended by itself (the budget's SIGTERM) before the kill landed
-        status = classify(ev.exit_code, ev.signal, ended_by=ended_by, termed_at_budget=s.termed_at_budget,
-                          tempfail_exit_code=s.tempfail_exit_code)
-        # the tree is killed again even after a kill: a process re-parented late is caught now
-        return replace(s, closed=True), [KillTree(), Close(status, _source(s), ev.exit_code, ev.signal, s.reason)]
+        if s.ending is None and not s.termed_at_budget and died_of_term(ev.exit_code, ev.signal):
+            # a SIGTERM the driver did not send: its own stop may be on the way
+            return replace(s, exited=(ev.exit_code, ev.signal), settle_at=now + TERM_SETTLE), [KillTree()]
+        return _close(s, ev.exit_code, ev.signal)
     if isinstance(ev, Stop):
         if s.ending is None and not s.termed_at_budget:
             return _ending(s, "stop", ev.reason, STOP_GRACE, now)
@@ -198,7 +221,28 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
         return s, [Log(f"{s.reason}; ending it like a stall")] + acts
     if isinstance(ev, Phase):
         return replace(s, phase=ev.text), [SetPhase(ev.text)]
-    # Tick
+    return _tick(s, now)
+
+
+def _settling(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
+    """The agent died of a SIGTERM the driver did not send: ``interrupted`` if
+    the driver's own stop comes within TERM_SETTLE, else classified as it ended."""
+    code, sig = s.exited
+    if isinstance(ev, Stop):
+        return _close(s, code, sig, stopping=ev.reason)
+    if isinstance(ev, Tick):
+        acts: List[Action] = []
+        if now >= s.beat_at:
+            acts.append(Beat())
+            s = replace(s, beat_at=now + s.beat_every)
+        if now >= s.settle_at:
+            s, more = _close(s, code, sig)
+            acts += more
+        return s, acts
+    return s, []   # it has exited: skips, pings and phases come too late
+
+
+def _tick(s: RunState, now: float) -> Tuple[RunState, List[Action]]:
     acts: List[Action] = []
     if now >= s.beat_at:
         acts.append(Beat())

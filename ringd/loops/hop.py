@@ -288,7 +288,8 @@ class Hop:
                 deadline = min(deadline, notes_due)
             if self._held_until is not None:
                 deadline = min(deadline, self._held_until)
-            sigs, ready = env.wait(deadline - env.monotonic(), [child.pidfd])
+            # (once it has exited, its pidfd stays readable: a wait on it would spin)
+            sigs, ready = env.wait(deadline - env.monotonic(), [] if child.exited else [child.pidfd])
             if leader is not None and self._lost_lead(child):
                 return None
             now = env.monotonic()
@@ -296,13 +297,12 @@ class Hop:
             if notify_fd is not None and (notify_fd in ready or
                                           (self._held_until is not None and now >= self._held_until)):
                 events += self._hear(now)
-            ended = None
-            if child.pidfd is None or child.pidfd in ready:
+            if not child.exited and (child.pidfd is None or child.pidfd in ready):
                 ended = env.exit_status(child)
                 if ended is not None:
                     events.append(Exited(*ended))   # an exit seen with anything else is the agent's own ending
             if sigs:
-                req = host.absorb(sigs, keep=(child.pid,), agent_exited=ended is not None)
+                req = host.absorb(sigs, keep=(child.pid,), agent_exited=child.exited)
                 if req.wake and self._skip_requested():
                     events.append(Skip())
             if host.stop_requested and not stop_sent:

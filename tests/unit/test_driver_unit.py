@@ -70,6 +70,29 @@ def test_exit_zero_at_the_moment_of_a_sigterm_is_ok(tmp_path):
     assert [r.status for r in rows(j)] == ["ok"]
 
 
+def test_an_agent_sigtermed_with_its_driver_is_interrupted_whichever_death_is_seen_first(tmp_path):
+    """systemctl stop (KillMode=control-group) SIGTERMs the agent and the driver at
+    once: the agent's death can be seen with, or just before, the driver's own
+    signal. The run is interrupted, never failed: the agent did nothing wrong."""
+    for lag in (0.0, 0.05, 0.4):
+        (tmp_path / f"lag{lag}").mkdir()
+        d, env, j = make(tmp_path / f"lag{lag}", "a", default=Behaviour(runs_for=5.0, code=None, signal=signal.SIGTERM))
+        env.send(5.0 + lag, signal.SIGTERM)
+        assert d.run() == 0
+        (r,) = rows(j)
+        assert (r.status, r.signal) == ("interrupted", signal.SIGTERM), lag
+        assert j.agent_state("a").consecutive_failures == 0 and j.agent_state("a").bad_streak == 0
+
+
+def test_an_agent_sigtermed_by_someone_else_while_the_driver_goes_on_is_failed(tmp_path):
+    d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=5.0, code=None, signal=signal.SIGTERM))
+    env.send(7.0, signal.SIGTERM)
+    d.run()
+    first = rows(j)[0]
+    assert (first.status, first.signal) == ("failed", signal.SIGTERM)
+    assert j.agent_state("a").consecutive_failures >= 1
+
+
 def test_sigterm_mid_run_interrupts_and_counts_nothing(tmp_path):
     d, env, j = make(tmp_path, "a", default=Behaviour(runs_for=100.0))
     env.send(2.0, signal.SIGTERM)

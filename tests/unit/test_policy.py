@@ -5,7 +5,7 @@ import pytest
 
 from ringd.core.settings import RingSettings
 from ringd.core.policy import (Action, Spin, TurnInputs, after_run, alerts_after, backoff_delay, classify,
-                          decide, plan_turn, seen_at, spin_after_run, spin_at_lap_end,
+                          decide, died_of_term, plan_turn, seen_at, spin_after_run, spin_at_lap_end,
                           wait_timeout)
 from ringd.core.records import AgentState
 from ringd.host.wakeup import requests_from
@@ -25,6 +25,22 @@ def test_classify():
     assert classify(None, 9, ended_by="stall", termed_at_budget=True, **c) == "stalled"
     assert classify(None, 15, ended_by="skip", termed_at_budget=False, **c) == "skipped"
     assert classify(None, 15, ended_by="stop", termed_at_budget=False, **c) == "interrupted"
+
+
+def test_a_death_by_sigterm_while_the_driver_stops_is_interrupted_whoever_sent_it():
+    """KillMode=control-group: systemd SIGTERMs the agent with the driver. Not the
+    agent's fault, never ``failed``; any other ending keeps its own status."""
+    c = dict(tempfail_exit_code=75, termed_at_budget=False, ended_by=None)
+    assert classify(None, 15, stopping=True, **c) == "interrupted"
+    assert classify(143, None, stopping=True, **c) == "interrupted"     # a shell saying its child died of it
+    assert classify(None, 15, stopping=False, **c) == "failed"
+    assert classify(0, None, stopping=True, **c) == "ok"                # it finished: its own ending
+    assert classify(1, None, stopping=True, **c) == "failed"
+    assert classify(75, None, stopping=True, **c) == "deferred"
+    assert classify(None, 9, stopping=True, **c) == "failed"
+    assert classify(None, 15, stopping=True, **dict(c, termed_at_budget=True)) == "timeout"
+    assert classify(None, 15, stopping=True, **dict(c, ended_by="skip")) == "skipped"
+    assert died_of_term(None, 15) and died_of_term(143, None) and not died_of_term(15, None)
 
 
 def test_backoff_doubles_and_caps():

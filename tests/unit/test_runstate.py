@@ -1,5 +1,5 @@
 """The run state machine: every ordering that matters, in microseconds."""
-from ringd.core.runstate import (STOP_GRACE, SKIP_GRACE, Beat, Close, Exited, Phase, Ping, SetPhase, Skip,
+from ringd.core.runstate import (STOP_GRACE, SKIP_GRACE, TERM_SETTLE, Beat, Close, Exited, Phase, Ping, SetPhase, Skip,
                             Stop, Tick, Trigger, WATCHDOG_GRACE, next_deadline, start, step)
 
 
@@ -170,3 +170,44 @@ def test_a_leader_that_outlives_sigkill_is_closed_a_bounded_while_after_the_kill
                       (1.0 + STOP_GRACE + UNKILLABLE_WAIT, Tick()))
         c = closes(acts)[0]
         assert (c.status, c.source) == (status, source), c
+
+
+def test_a_death_by_sigterm_heard_with_the_drivers_stop_is_interrupted():
+    """A service manager stopping the unit SIGTERMs the agent and the driver at
+    once: the agent's death may come first, in the same wake or just before."""
+    for timeline in ([(3.0, Exited(None, 15)), (3.0, Stop())],
+                     [(3.0, Exited(None, 15)), (3.0, Tick()), (3.0 + TERM_SETTLE / 2, Stop())],
+                     [(3.0, Exited(143, None)), (3.1, Stop())]):          # a shell's report of it
+        s, acts = run(new(), *timeline)
+        (c,) = closes(acts)
+        assert (c.status, c.source, c.reason) == ("interrupted", "driver", "driver stopping"), timeline
+        assert s.closed and kinds(acts) == ["KillTree", "KillTree", "Close"]   # its tree at once, and at the close
+
+
+def test_a_death_by_sigterm_without_a_stop_is_the_agents_own_after_the_settle():
+    s, acts = run(new(), (3.0, Exited(None, 15)), (3.0, Tick()))
+    assert closes(acts) == [] and next_deadline(s) == 3.0 + TERM_SETTLE
+    s, acts = run(s, (3.0 + TERM_SETTLE / 2, Skip()), (3.0 + TERM_SETTLE / 2, Ping()),
+                  (3.0 + TERM_SETTLE, Tick()))
+    (c,) = closes(acts)
+    assert (c.status, c.signal, c.source) == ("failed", 15, "driver")   # a skip after its death changes nothing
+    assert run(s, (4.0, Stop()))[1] == []                               # closed is closed
+
+
+def test_only_a_sigterm_death_waits_for_the_stop():
+    for ev, status in ((Exited(0, None), "ok"), (Exited(1, None), "failed"), (Exited(None, 9), "failed")):
+        s, acts = run(new(), (3.0, ev), (3.0, Stop()))
+        assert [c.status for c in closes(acts)] == [status]
+    # an ending the driver chose stays its own: the budget's SIGTERM, a skip
+    s, acts = run(new(), (10.0, Tick()), (10.5, Exited(None, 15)))
+    assert [c.status for c in closes(acts)] == ["timeout"]
+    s, acts = run(new(), (3.0, Skip()), (3.1, Exited(None, 15)))
+    assert [c.status for c in closes(acts)] == ["skipped"]
+
+
+def test_beats_go_on_while_a_sigterm_death_settles():
+    s = new(beat_at=3.2, beat_every=5.0)
+    s, acts = run(s, (3.0, Exited(None, 15)))
+    assert next_deadline(s) == 3.2
+    s, acts = step(s, Tick(), 3.2)
+    assert acts == [Beat()]
