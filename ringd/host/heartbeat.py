@@ -49,13 +49,14 @@ def read_own(path: Path, state_dir: Path) -> Optional[Dict[str, Any]]:
 
 def live_writer(data: Any, even_stopped: bool = False) -> Optional[Tuple[int, int]]:
     """(pid, start ticks) of the live process that wrote ``data`` (the heartbeat,
-    ringwatch.json), else None: its pid, start ticks *and* boot, so neither a
-    recycled pid nor, after a reboot, a process that got the same pid at the same
-    tick. Not after its clean stop, unless ``even_stopped``."""
+    ringwatch.json), else None: its pid, start ticks, boot *and* pid namespace
+    (procid.same_process), so neither a recycled pid, nor after a reboot a
+    process that got the same pid at the same tick, nor another namespace's
+    process with that pid. Not after its clean stop, unless ``even_stopped``."""
     if not isinstance(data, dict) or (data.get("stopped") and not even_stopped):
         return None
     pid, start = data.get("pid"), data.get("pid_start")
-    return (pid, start) if procid.same_process(pid, start, data.get("boot_id")) else None
+    return (pid, start) if procid.same_process(pid, start, data) else None
 
 
 def watcher_alive(data: Optional[Dict[str, Any]]) -> bool:
@@ -71,19 +72,22 @@ def watcher_gave_up(state_dir: Path, data: Optional[Dict[str, Any]]) -> bool:
     return bool((data or {}).get("gave_up")) or os.path.lexists(Path(state_dir) / GAVE_UP_FILE)
 
 
-def journal_boot(state_dir: Path) -> Optional[str]:
-    """The boot its journal's process identities were recorded in (a ``running``
-    row's driver and agent): its last driver's, as its heartbeat says - a single-host
-    ring has one driver at a time, and a new one reaps before its first beat.
-    None: not known (no heartbeat, one from before ring recorded boots), or this
-    boot's: another live process holds the driver's lock, so the driver that
-    wrote any ``running`` row is of this boot, heartbeat or not (one that could
-    not write its heartbeat yet must not have its run taken for an earlier boot's)."""
-    boot = (read_heartbeat(state_dir) or {}).get("boot_id")
-    if not isinstance(boot, str) or procid.this_boot(boot):
+def journal_boot(state_dir: Path) -> Optional[Dict[str, Any]]:
+    """Where its journal's process identities were recorded (a ``running`` row's
+    driver and agent): its last driver's boot and pid namespace, as its heartbeat
+    says (procid.here's keys) - a single-host ring has one driver at a time, and
+    a new one reaps before its first beat. None: not known (no heartbeat, one
+    from before ring recorded them), or here: another live process holds the
+    driver's lock, so the driver that wrote any ``running`` row is of this boot,
+    heartbeat or not (one that could not write its heartbeat yet must not have
+    its run taken for an earlier boot's)."""
+    hb = read_heartbeat(state_dir) or {}
+    if procid.recorded_here(hb):
         return None   # (so /proc/locks is read only after a reboot)
     from ringd.host.lock import LOCK_FILE, holder_pid
-    return None if holder_pid(Path(state_dir) / LOCK_FILE) not in (None, os.getpid()) else boot
+    if holder_pid(Path(state_dir) / LOCK_FILE) not in (None, os.getpid()):
+        return None
+    return {key: hb.get(key) for key in procid.here()}
 
 
 def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:
@@ -96,9 +100,8 @@ def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:
 
 def whose(state_dir: Path) -> Dict[str, Any]:
     """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`), and
-    to this boot (:func:`live_writer`)."""
-    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir),
-            "boot_id": procid.boot_id()}
+    to this boot and pid namespace (:func:`live_writer`)."""
+    return {"state_dir": os.path.realpath(state_dir), "state_id": state_id(state_dir), **procid.here()}
 
 
 def state_id(state_dir: Path) -> Optional[List[int]]:

@@ -11,12 +11,19 @@ replaces a healthy driver. Ticks since boot never move. Nothing here reads the
 wall clock or ``btime``.
 
 A zombie is dead: it has exited, only its exit status waits to be collected.
+
+Records others read (the heartbeat, ringwatch.json) also say which boot and pid
+namespace their pids are of (:func:`here`); ringd.core.identity decides whether
+a record can name a process this process sees. Not the boot id alone: a unit's
+private procfs (``ProtectProc=``) and a shell in a container read different ones.
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ringd.core import identity
 
 _LINUX = sys.platform.startswith("linux")
 
@@ -81,37 +88,69 @@ def parent_and_ticks(pid: int) -> Optional[Tuple[int, int]]:
         return None
 
 
-def same_process(pid: Any, ticks: Any, boot: Any = None) -> bool:
+def same_process(pid: Any, ticks: Any, rec: Optional[Mapping[str, Any]] = None) -> bool:
     """True when ``pid`` is alive and is the process that started at ``ticks``
     (as returned by :func:`start_ticks`, possibly round-tripped through JSON or a
-    REAL column) in boot ``boot`` (:func:`boot_id` when it was recorded; None:
-    not recorded, taken as this boot). A recycled pid, a zombie, a malformed
-    record or one from before a reboot never match: ticks count from boot, and
-    a deterministic boot hands out the same pid at the same tick again."""
+    REAL column), recorded with ``rec`` (:func:`here`'s keys as its writer read
+    them; None or absent keys: not recorded, taken as here). A recycled pid, a
+    zombie, a malformed record, one from before a reboot or one of another pid
+    namespace never match: ticks count from boot, and a deterministic boot
+    hands out the same pid at the same tick again."""
     want = _as_ticks(ticks)
-    return want is not None and this_boot(boot) and start_ticks(pid) == want
+    return want is not None and (rec is None or recorded_here(rec)) and start_ticks(pid) == want
 
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
-_boot_id: Optional[str] = None
+_here: Optional[Dict[str, Any]] = None
 
 
 def boot_id() -> Optional[str]:
-    """This boot's random id (a new one at every boot); None without one (not Linux)."""
-    global _boot_id
-    if _boot_id is None and _LINUX:
-        try:
-            _boot_id = read_small(_BOOT_ID).decode("ascii", "replace").strip() or None
-        except OSError:
-            pass
-    return _boot_id
+    """This boot's random id as this process reads it (a new one at every boot);
+    None without one (not Linux)."""
+    return here()["boot_id"]
 
 
-def this_boot(boot: Any) -> bool:
-    """Was an identity recorded with ``boot`` (a :func:`boot_id`) recorded in this
-    boot? Yes when it was recorded without one, or there is none to compare."""
-    now = boot_id()
-    return boot is None or now is None or boot == now
+def here() -> Dict[str, Any]:
+    """What a process identity recorded by this process is tied to
+    (ringd.core.identity): ``boot_id``, ``boot_view`` and ``pid_ns``; None
+    where it cannot be read. Read once: none of them changes while a process lives."""
+    global _here
+    if _here is None:
+        _here = {"boot_id": None, "boot_view": None, "pid_ns": None}
+        if _LINUX:
+            _here.update(boot_id=_read_boot_id(), boot_view=_boot_view(), pid_ns=_pid_ns())
+    return dict(_here)
+
+
+def recorded_here(rec: Mapping[str, Any]) -> bool:
+    """Was an identity recorded with ``rec`` (:func:`here`'s keys) recorded in
+    this boot and this pid namespace, as far as both sides can tell?"""
+    return identity.recorded_here(rec, here())
+
+
+def _read_boot_id() -> Optional[str]:
+    try:
+        return read_small(_BOOT_ID).decode("ascii", "replace").strip() or None
+    except OSError:
+        return None
+
+
+def _boot_view() -> Optional[str]:
+    """``"mounted"`` when a file is mounted over the kernel's boot id (its file
+    system is not its folder's: systemd-nspawn's per-container id), else ``"kernel"``."""
+    try:
+        inside, folder = os.stat(_BOOT_ID), os.stat(os.path.dirname(_BOOT_ID))
+    except OSError:
+        return None
+    return "kernel" if inside.st_dev == folder.st_dev else "mounted"
+
+
+def _pid_ns() -> Optional[int]:
+    """The inode of this process's pid namespace: alike in every view of /proc."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def _as_ticks(value: Any) -> Optional[int]:

@@ -38,7 +38,7 @@ from ringd.core.errors import RingError
 from ringd.host.servicemanager import Notifier, watchdog_interval
 from ringd.host.heartbeat import live_writer, read_heartbeat, whose
 from ringd.core.timefmt import iso
-from ringd.host.procid import this_boot
+from ringd.host.procid import recorded_here
 from ringd.host.procid import same_process, start_ticks
 from ringd.host.wakeup import Wakeups
 
@@ -666,11 +666,11 @@ class Watcher:
 
 
 def _this_boots_heartbeat(state_dir: Path) -> Optional[Dict[str, Any]]:
-    """The heartbeat, unless a driver of an earlier boot wrote it: its pid and
-    start tick name nobody now (or a process that got both again, which the
-    watcher would follow, then stop as a hung driver)."""
+    """The heartbeat, unless a driver of an earlier boot (or another pid
+    namespace) wrote it: its pid and start tick name nobody now (or a process
+    that got both again, which the watcher would follow, then stop as a hung driver)."""
     hb = read_heartbeat(state_dir)
-    return hb if isinstance(hb, dict) and this_boot(hb.get("boot_id")) else None
+    return hb if isinstance(hb, dict) and recorded_here(hb) else None
 
 
 def _live_driver(hb: Any):

@@ -41,11 +41,15 @@ def test_an_identity_of_another_boot_never_matches():
     older file), is judged by pid and ticks alone."""
     me, ticks = os.getpid(), procid.start_ticks(os.getpid())
     boot = open("/proc/sys/kernel/random/boot_id").read().strip()
-    assert procid.boot_id() == boot
-    assert procid.same_process(me, ticks, boot) and procid.same_process(me, ticks, None)
+    here = procid.here()
+    assert procid.boot_id() == boot == here["boot_id"]
+    assert here["pid_ns"] == os.stat("/proc/self/ns/pid").st_ino and here["boot_view"] in ("kernel", "mounted")
+    assert procid.same_process(me, ticks, here) and procid.same_process(me, ticks, None)
+    assert procid.same_process(me, ticks, {"boot_id": boot})
     for other in ("00000000-0000-0000-0000-000000000000", "", 7):
-        assert not procid.same_process(me, ticks, other)
-    assert procid.this_boot(None) and procid.this_boot(boot) and not procid.this_boot(boot.upper() + "x")
+        assert not procid.same_process(me, ticks, dict(here, boot_id=other))
+    assert not procid.same_process(me, ticks, dict(here, pid_ns=here["pid_ns"] + 1)), "another pid namespace"
+    assert procid.recorded_here({}) and not procid.recorded_here({"boot_id": boot.upper() + "x"})
 
 
 def test_a_zombie_is_dead_and_a_malformed_identity_never_matches():
@@ -136,6 +140,49 @@ def test_a_clock_step_never_makes_the_watcher_replace_a_live_driver(ring, tmp_pa
     w.communicate(timeout=30)
 
 
+def _container_shell(tmp_path):
+    """argv prefix running a command as a root shell in a systemd-nspawn machine
+    does: with another boot id mounted over the kernel's (nspawn gives each
+    container boot its own), while the driver, like a unit under
+    ``ProtectProc=invisible`` (a private procfs), reads the kernel's."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a private mount namespace")
+    fake = tmp_path / "container-boot-id"
+    fake.write_text("6048d050-2a1b-4e2b-b5d7-159f44ac4d83\n")
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+              f'mount --bind {fake} /proc/sys/kernel/random/boot_id && exec "$@"', "sh"]
+    probe = subprocess.run(prefix + ["cat", "/proc/sys/kernel/random/boot_id"], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount over the boot id here: {probe.stderr.strip()[:200]}")
+    assert probe.stdout == fake.read_text()
+    return prefix
+
+
+def test_a_shell_that_reads_another_boot_id_sees_the_live_driver_and_skips_its_run(ring, tmp_path):
+    """Inside a container, a root shell's ``ringd status`` said ``driver DEAD`` for
+    a live driver, and ``skip`` said no driver was running: the driver recorded
+    the kernel's boot id, the shell read the container's. Both see the same pid
+    namespace: that, the pid and the start ticks identify the driver."""
+    shell = _container_shell(tmp_path)
+    pid_file = _long_run(ring)
+    ring.start_driver()
+    agent = int(line_written(pid_file, 20, message="agent running"))
+    hb = ring.heartbeat()
+    assert hb["boot_view"] == "kernel" and hb["pid_ns"] == os.stat("/proc/self/ns/pid").st_ino
+    r = subprocess.run(shell + ring_cmd("status", "--json", *ring.common()), env=ring.env,
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["driver"]["health"] == "ok", (doc["driver"], r.stderr)
+    assert doc["watcher"]["alive"] is False and doc["current"]["agent"] == "long"
+    assert [row["status"] for row in ring.runs()] == ["running"], "status reaped a live run"
+    r = subprocess.run(shell + ring_cmd("skip", *ring.common()), env=ring.env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    wait_until(lambda: ring.runs() and ring.runs()[0]["status"] == "skipped", 10, message="the run skipped")
+    wait_until(lambda: procid.start_ticks(agent) is None, 10, message="the agent ended")
+
+
 def test_a_run_of_an_earlier_boot_is_reaped_without_killing_whoever_has_its_pid_now(ring):
     """After a reboot a ``running`` row names its dead driver and agent by pid and
     start tick, and a deterministic boot can hand both to other processes. The
@@ -177,10 +224,10 @@ def test_the_journals_boot_is_this_one_while_another_process_holds_the_drivers_l
     from ringd.host.lock import KernelLock
     (tmp_path / "ringd.heartbeat").write_text(json.dumps({"pid": 1, "pid_start": 1, "boot_id": "an-earlier-boot"}))
     (tmp_path / "ringd.lock").touch()
-    assert journal_boot(tmp_path) == "an-earlier-boot"
+    assert journal_boot(tmp_path)["boot_id"] == "an-earlier-boot"
     mine = KernelLock(tmp_path / "ringd.lock").acquire()
     try:
-        assert journal_boot(tmp_path) == "an-earlier-boot"   # our own lock proves nothing
+        assert journal_boot(tmp_path)["boot_id"] == "an-earlier-boot"   # our own lock proves nothing
     finally:
         mine.release()
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
@@ -191,4 +238,4 @@ def test_the_journals_boot_is_this_one_while_another_process_holds_the_drivers_l
     finally:
         holder.kill()
         holder.wait()
-    assert journal_boot(tmp_path) == "an-earlier-boot"
+    assert journal_boot(tmp_path)["boot_id"] == "an-earlier-boot"
