@@ -722,3 +722,60 @@ def service_install(mode: str, user: Optional[str], state: Optional[str], config
     rc = run_enable(r.enable)
     if rc:
         raise fail(f"'{command}' failed (exit {rc})", EX_FAILURE)
+
+
+# --- pictures of the ring ----------------------------------------------------------------
+
+class When(click.ParamType):
+    """A point in time (ringd.inputs.when): 2h, 1d 6h, today, yesterday, 2026-12-06 18:00."""
+    name = "when"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        import time
+        from ringd.inputs.schedule import local_zone
+        from ringd.inputs.when import WhenError, parse_when
+        try:
+            return parse_when(value, time.time(), local_zone())
+        except WhenError as e:
+            self.fail(str(e), param, ctx)
+
+
+WHEN_HELP = "a duration back from now (2h, 1d 6h), today, yesterday, or 2026-12-06 [18:00] (local time)"
+
+
+@main.command()
+@locations
+@click.option("--since", type=When(), default=None, metavar="WHEN",
+              help=f"Runs that started from WHEN: {WHEN_HELP} (default: the last 24 hours).")
+@click.option("--until", type=When(), default=None, metavar="WHEN", help="... until WHEN (default: now).")
+@click.option("-o", "--output", metavar="FILE", default="ring-report.html", show_default=True,
+              help="Where to write the page ('-': standard output).")
+@reading
+@operator_command
+def report(state_dir: Path, config_path: Optional[Path], since: Optional[float], until: Optional[float],
+           output: str) -> None:
+    """Write a self-contained HTML timeline of the ring: one lane per agent, one bar per run."""
+    import time
+    from ringd.cli.report import build, page, write
+    config = load_config(config_path)
+    warnings: List[str] = []
+    now = time.time()
+    timeline = build(state_dir, config, since=since, until=until, now=now, warnings=warnings)
+    _warn(warnings)
+    size = write(output, page(state_dir, config, config_path, timeline, now))
+    if output != "-":
+        click.echo(f"wrote {output}: {len(timeline.bars)} run(s), {size / 1024:.0f} kB")
+
+
+@main.command()
+@locations
+@click.option("--interval", type=click.FloatRange(1.0, 3600.0), default=1.0, show_default=True,
+              help="Seconds between reads of the ring (at least 1).")
+@reading
+@operator_command
+def top(state_dir: Path, config_path: Optional[Path], interval: float) -> None:
+    """A live full-screen view: current run, next turns, each agent's last runs, problems. q quits."""
+    from ringd.cli.top import run_top
+    run_top(state_dir, load_config(config_path), interval)

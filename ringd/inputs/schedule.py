@@ -384,3 +384,29 @@ def record_start(tx, name: str, now: float, tz: Optional[tzinfo] = None) -> None
         kept.pop("set_back", None)   # a start on this clock: nothing lies ahead of it now
         tx.set_meta(_meta_key(name), json.dumps(kept))
 
+
+
+MAX_SLOTS = 500   # due times one agent shows in a picture (an every-minute job over a day is 1440)
+
+
+def due_between(schedule: Schedule, starts: Iterable[float], since: float, until: float,
+                tz: Optional[tzinfo] = None, limit: int = MAX_SLOTS) -> List[float]:
+    """The times a scheduled agent was due within ``[since, until]`` (for the
+    report's picture): a cron schedule's matching minutes in ``tz``; for
+    ``every``, ``every`` seconds after each of its run ``starts``. At most
+    ``limit`` of them, the earliest."""
+    if schedule.every is not None:
+        return sorted(t for t in (s + schedule.every for s in starts) if since <= t <= until)[:limit]
+    from cronsim import CronSim
+    out: List[float] = []
+    try:
+        # (a match exactly at ``since`` counts: cronsim yields only later ones)
+        for match in CronSim(schedule.cron, datetime.fromtimestamp(since - 1, tz=tz or local_zone())):
+            t = match.timestamp()
+            if t > until or len(out) >= limit:
+                break
+            if t >= since:
+                out.append(t)
+    except (StopIteration, OverflowError, ValueError):
+        pass
+    return out
