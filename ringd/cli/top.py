@@ -37,6 +37,7 @@ class Source:
     def __init__(self, state_dir: Path, config: Config):
         self.state_dir, self.config = state_dir, config
         self.strips: Dict[str, List[str]] = {}
+        self.reasons: Dict[str, str] = {}
         self.key: Optional[tuple] = None
 
     def read(self) -> Tuple[dict, List[str]]:
@@ -44,18 +45,26 @@ class Source:
         doc = gather_status(self.state_dir, self.config, warnings=warnings)
         key = topview.strip_key(doc)
         if key != self.key:
-            self.strips = self.last_runs([a["name"] for a in doc["agents"]])
+            self.read_runs([a["name"] for a in doc["agents"]])
             self.key = key
         return doc, warnings
 
-    def last_runs(self, names: List[str]) -> Dict[str, List[str]]:
+    def read_runs(self, names: List[str]) -> None:
+        """Each agent's last statuses (oldest first) and how its last finished run ended (status: reason)."""
         reader = open_reader(self.state_dir, self.config)
-        if reader is None:
-            return {}
-        try:
-            return {n: [r.status for r in reversed(reader.history(n, STRIP_RUNS))] for n in names}
-        finally:
-            reader.close()
+        strips: Dict[str, List[str]] = {}
+        reasons: Dict[str, str] = {}
+        if reader is not None:
+            try:
+                for n in names:
+                    rows = reader.history(n, STRIP_RUNS)
+                    strips[n] = [r.status for r in reversed(rows)]
+                    done = next((r for r in rows if r.status != "running"), None)
+                    if done is not None:
+                        reasons[n] = done.status + (f": {done.reason}" if done.reason else "")
+            finally:
+                reader.close()
+        self.strips, self.reasons = strips, reasons
 
 
 def run_top(state_dir: Path, config: Config, interval: float = 1.0, stream: Optional[TextIO] = None) -> None:
@@ -65,11 +74,14 @@ def run_top(state_dir: Path, config: Config, interval: float = 1.0, stream: Opti
     if not _isatty(stream):
         size = shutil.get_terminal_size((120, 40))
         lines = topview.top_lines(doc, source.strips, time.time(), width=max(size.columns, 120),
-                                  height=1 << 20, plain=True, warnings=warnings)
+                                  height=1 << 20, plain=True, warnings=warnings, reasons=source.reasons)
         stream.write("".join("".join(t for t, _ in line).rstrip() + "\n" for line in topview.safe(lines)))
         stream.flush()
         return
-    live_view(source, (doc, warnings), interval, stream)
+    try:
+        live_view(source, (doc, warnings), interval, stream)
+    except KeyboardInterrupt:   # Ctrl-C is how a person leaves, as q is: success
+        pass
 
 
 def live_view(source: Source, first: Tuple[dict, List[str]], interval: float, stream: TextIO) -> None:
@@ -84,7 +96,8 @@ def live_view(source: Source, first: Tuple[dict, List[str]], interval: float, st
             while True:
                 size = console.size
                 lines = topview.top_lines(data[0], source.strips, time.time(), width=size.width,
-                                          height=size.height, plain=plain, warnings=data[1], error=data[2])
+                                          height=size.height, plain=plain, warnings=data[1], error=data[2],
+                                          reasons=source.reasons)
                 live.update(_rich_text(topview.safe(lines)), refresh=True)
                 woke = wait(key_fd, wake_fd, due - time.monotonic())
                 if woke == "quit":

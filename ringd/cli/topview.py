@@ -55,10 +55,11 @@ def cell(status: Optional[str], plain: bool) -> Seg:
 
 def top_lines(doc: Optional[Mapping[str, Any]], strips: Mapping[str, Sequence[str]], now: float, *,
               width: int, height: int, plain: bool = False, warnings: Sequence[str] = (),
-              error: Optional[str] = None) -> List[Line]:
+              error: Optional[str] = None, reasons: Optional[Mapping[str, str]] = None) -> List[Line]:
     """The whole screen. ``doc``: ``status --json``'s document (None when it
     could not be read: ``error`` says why). ``strips``: each agent's last
-    statuses, oldest first."""
+    statuses, oldest first; ``reasons``: how each agent's last finished run
+    ended (``status: reason``)."""
     width, height = max(20, width), max(5, height)
     out: List[Line] = [title_line(doc, now, width)]
     if doc is None:
@@ -68,7 +69,7 @@ def top_lines(doc: Optional[Mapping[str, Any]], strips: Mapping[str, Sequence[st
     out += current_lines(doc, width, plain)
     out += next_lines(doc, now)
     out += quota_lines(doc, width, plain)
-    out += problem_lines(doc, now, warnings, error)
+    out += problem_lines(doc, now, warnings, error, reasons or {})
     out.append([])
     foot = legend_line(plain)
     room = height - len(out) - 1
@@ -211,8 +212,11 @@ def quota_lines(doc: Mapping[str, Any], width: int, plain: bool) -> List[Line]:
     return out
 
 
-def problems(doc: Mapping[str, Any], now: float, warnings: Sequence[str] = ()) -> List[str]:
-    """What an operator should look at, one short text each."""
+def problems(doc: Mapping[str, Any], now: float, warnings: Sequence[str] = (),
+             reasons: Optional[Mapping[str, str]] = None) -> List[str]:
+    """What an operator should look at, one short text each: the driver, the
+    watcher, the roster and config, quarantines, and each agent failing in a
+    row with how its last run ended."""
     d, w = doc["driver"], doc["watcher"]
     out: List[str] = []
     if d["health"] == "dead":
@@ -233,15 +237,17 @@ def problems(doc: Mapping[str, Any], now: float, warnings: Sequence[str] = ()) -
         if a.get("quarantined_until"):
             out.append(f"{a['name']} quarantined, {fmt_duration((parse_iso(a['quarantined_until']) or now) - now)} "
                        f"left (ringd resume {a['name']})")
-    failing = [f"{a['name']} ({a['consecutive_failures']})" for a in doc["agents"]
-               if (a.get("consecutive_failures") or 0) > 0 and not a.get("quarantined_until")]
-    if failing:
-        out.append("failing in a row: " + ", ".join(failing))
+    for a in doc["agents"]:
+        fails = a.get("consecutive_failures") or 0
+        if fails and not a.get("quarantined_until"):
+            last = (reasons or {}).get(a["name"]) or a.get("last_status") or "?"
+            out.append(f"{a['name']}: {fails} failure(s) in a row, last {' '.join(last.split())}")
     return out
 
 
-def problem_lines(doc: Mapping[str, Any], now: float, warnings: Sequence[str], error: Optional[str]) -> List[Line]:
-    found = problems(doc, now, warnings) + ([f"last refresh failed: {error}"] if error else [])
+def problem_lines(doc: Mapping[str, Any], now: float, warnings: Sequence[str], error: Optional[str],
+                  reasons: Mapping[str, str]) -> List[Line]:
+    found = problems(doc, now, warnings, reasons) + ([f"last refresh failed: {error}"] if error else [])
     if not found:
         return [[("problems ", "bold"), ("none", "green")]]
     return [[("problems " if k == 0 else "         ", "bold"), (p, "yellow")] for k, p in enumerate(found[:6])] + (
