@@ -1,8 +1,9 @@
 """``ringd report``: read the journal as ``status`` and ``history`` do, build the timeline, write the page.
 
-The journal is read through :mod:`ringd.cli.status` (reaping first, then one
-read-only pass over the runs that started in the window, newest first, in
-batches: never a scan of older history); the picture is built by
+The journal is read as ``status`` and ``history`` read it: reaping first
+(:mod:`ringd.cli.reap`), then through :mod:`ringd.cli.status`, one read-only
+pass over the runs that started in the window, newest first, in batches
+(never a scan of older history). The picture is built by
 :func:`ringd.core.timeline.build_timeline` and drawn by :mod:`ringd.cli.reporthtml`.
 The file is written whole or not at all (a temporary file renamed over it).
 """
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ringd.cli import reporthtml
+from ringd.cli.reap import reap_before_reading
 from ringd.cli.status import gather_status, history_since, open_reader, require_state_dir
 from ringd.core.errors import EX_BAD_USAGE, RingError
 from ringd.core.records import RunRow
 from ringd.core.timeline import PoolUse, Timeline, build_timeline, pool_use
-from ringd.host.heartbeat import parse_iso
+from ringd.core.timefmt import parse_iso
 from ringd.inputs import schedule
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import JournalError
@@ -31,7 +33,7 @@ DEFAULT_FILE = "ring-report.html"
 
 
 def gather_runs(state_dir: Path, config: Config, since: float, until: float) -> List[RunRow]:
-    """Runs that started in ``[since, until)``, oldest first (read-only: ``status`` reaped before)."""
+    """Runs that started in ``[since, until)``, oldest first (read-only: reaped before)."""
     try:
         reader = open_reader(state_dir, config)
         if reader is None:
@@ -57,6 +59,9 @@ def build(state_dir: Path, config: Config, *, since: Optional[float], until: Opt
                         f"before --until ({reporthtml.Clock(schedule.local_zone(), now).full(until)})",
                         EX_BAD_USAGE)
     require_state_dir(state_dir)
+    warning = reap_before_reading(state_dir, config)   # (as status and history do)
+    if warning and warnings is not None:
+        warnings.append(warning)
     doc = gather_status(state_dir, config, now=now, warnings=warnings)
     runs = with_live_phase(gather_runs(state_dir, config, since, until), doc)
     roster = [a["name"] for a in doc["agents"]]

@@ -197,8 +197,10 @@ def legend(tl: Timeline) -> str:
         zero = "" if k else " class=\"zero\""
         items.append(f"<li{zero}><span class=\"sw k-{s}\"></span>{s} ({k})</li>")
     items.append("<li><span class=\"sw lap\"></span>lap boundary</li>")
-    items.append("<li><span class=\"sw due\"></span>scheduled agent due</li>")
-    items.append("<li><span class=\"sw now\"></span>now</li>")
+    if any(lane.scheduled for lane in tl.lanes):
+        items.append("<li><span class=\"sw due\"></span>scheduled agent due</li>")
+    if tl.start <= tl.now <= tl.end:
+        items.append("<li><span class=\"sw now\"></span>now</li>")
     return f"<ul class=\"legend\" id=\"legend\">{''.join(items)}</ul>"
 
 

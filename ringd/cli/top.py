@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, TextIO, Tuple
 
 from ringd.cli import topview
+from ringd.cli.reap import reap_before_reading
 from ringd.cli.render import _console, _isatty, _rich_text, plain_output
 from ringd.cli.status import gather_status, open_reader
 from ringd.core.errors import RingError
@@ -41,7 +42,8 @@ class Source:
         self.key: Optional[tuple] = None
 
     def read(self) -> Tuple[dict, List[str]]:
-        warnings: List[str] = []
+        warning = reap_before_reading(self.state_dir, self.config)   # (as status --watch does)
+        warnings: List[str] = [warning] if warning else []
         doc = gather_status(self.state_dir, self.config, warnings=warnings)
         key = topview.strip_key(doc)
         if key != self.key:

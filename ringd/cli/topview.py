@@ -16,7 +16,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from ringd.cli.render import (HEALTH_STYLE, STATUS_STYLE, Line, Seg, budget_bar, fmt_duration, fmt_seconds,
                               shown)
-from ringd.host.heartbeat import parse_iso
+from ringd.core.timefmt import parse_iso
 
 CELL = "\u25a0"   # one run in an agent's strip
 LETTERS = {"ok": ".", "running": ">", "failed": "F", "error": "E", "stalled": "S", "timeout": "T",
