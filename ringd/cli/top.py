@@ -23,9 +23,10 @@ from typing import Dict, Iterator, List, Optional, TextIO, Tuple
 
 from ringd.cli import topview
 from ringd.cli.reap import reap_before_reading
-from ringd.cli.render import _console, _isatty, _rich_text, plain_output
+from ringd.cli.render import Line, _console, _isatty, plain_output
 from ringd.cli.status import gather_status, open_reader
 from ringd.core.errors import RingError
+from ringd.core.records import text
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import JournalError
 
@@ -33,13 +34,20 @@ STRIP_RUNS = 120   # runs kept per agent for its strip (a wide terminal shows ab
 
 
 class Source:
-    """The ring as top shows it: the status document and each agent's last statuses."""
+    """The ring as top shows it: the status document and each agent's last runs.
+
+    The runs are read once in full (the last STRIP_RUNS of each agent), then
+    only from the oldest run that may still change (the one in flight) on:
+    a refresh of a 100-agent ring reads a row or two, not 12,000."""
 
     def __init__(self, state_dir: Path, config: Config):
         self.state_dir, self.config = state_dir, config
+        self.runs: Dict[str, Dict[int, Tuple[str, Optional[str]]]] = {}   # agent -> id -> (status, reason)
+        self.names: Tuple[str, ...] = ()
+        self.low: Optional[int] = None   # runs from this id on are read again
+        self.key: Optional[tuple] = None
         self.strips: Dict[str, List[str]] = {}
         self.reasons: Dict[str, str] = {}
-        self.key: Optional[tuple] = None
 
     def read(self) -> Tuple[dict, List[str]]:
         warning = reap_before_reading(self.state_dir, self.config)   # (as status --watch does)
@@ -47,26 +55,64 @@ class Source:
         doc = gather_status(self.state_dir, self.config, warnings=warnings)
         key = topview.strip_key(doc)
         if key != self.key:
-            self.read_runs([a["name"] for a in doc["agents"]])
+            self.read_runs(tuple(a["name"] for a in doc["agents"]))
             self.key = key
         return doc, warnings
 
-    def read_runs(self, names: List[str]) -> None:
-        """Each agent's last statuses (oldest first) and how its last finished run ended (status: reason)."""
+    def read_runs(self, names: Tuple[str, ...]) -> None:
         reader = open_reader(self.state_dir, self.config)
-        strips: Dict[str, List[str]] = {}
-        reasons: Dict[str, str] = {}
-        if reader is not None:
-            try:
+        if reader is None:
+            self.runs, self.low = {}, None
+            self.shown()
+            return
+        try:
+            newest = reader.con.execute("SELECT max(id) FROM runs").fetchone()[0]
+            newest = newest if isinstance(newest, int) else 0
+            if self.low is None or names != self.names or newest < self.low - 1:   # (a journal made anew)
+                self.runs = {n: {} for n in names}
                 for n in names:
-                    rows = reader.history(n, STRIP_RUNS)
-                    strips[n] = [r.status for r in reversed(rows)]
-                    done = next((r for r in rows if r.status != "running"), None)
-                    if done is not None:
-                        reasons[n] = done.status + (f": {done.reason}" if done.reason else "")
-            finally:
-                reader.close()
-        self.strips, self.reasons = strips, reasons
+                    self.take(n, reader.con.execute("SELECT id, status, reason FROM runs WHERE agent = ? "
+                                                    "ORDER BY id DESC LIMIT ?", (n, STRIP_RUNS)).fetchall())
+                self.names = names
+                running = [k for runs in self.runs.values() for k, (status, _) in runs.items() if status == "running"]
+                self.low = min(running, default=newest + 1)
+            else:
+                self.update(reader.con.execute("SELECT id, agent, status, reason FROM runs WHERE id >= ? "
+                                               "ORDER BY id", (self.low,)).fetchall())
+        finally:
+            reader.close()
+        self.shown()
+
+    def update(self, rows) -> None:
+        """Runs from ``low`` on, read again: new ones added, the one that was in flight as it is now."""
+        running = None
+        for r in rows:
+            agent = text(r[1])
+            if agent in self.runs:
+                self.take(agent, [(r[0], r[2], r[3])])
+            if text(r[2]) == "running" and running is None:
+                running = r[0]
+        top = max((r[0] for r in rows if isinstance(r[0], int)), default=self.low - 1)
+        self.low = running if isinstance(running, int) else top + 1
+
+    def take(self, agent: str, rows) -> None:
+        runs = self.runs[agent]
+        for run_id, status, reason in rows:
+            if isinstance(run_id, int):
+                runs[run_id] = (text(status) or "?", text(reason))
+        for old in sorted(runs)[:-STRIP_RUNS]:
+            del runs[old]
+
+    def shown(self) -> None:
+        """What the screen takes from the runs: each agent's last statuses
+        (oldest first) and how its last finished run ended (``status: reason``)."""
+        self.strips, self.reasons = {}, {}
+        for n, runs in self.runs.items():
+            ids = sorted(runs)
+            self.strips[n] = [runs[k][0] for k in ids]
+            done = next((runs[k] for k in reversed(ids) if runs[k][0] != "running"), None)
+            if done is not None:
+                self.reasons[n] = done[0] + (f": {done[1]}" if done[1] else "")
 
 
 def run_top(state_dir: Path, config: Config, interval: float = 1.0, stream: Optional[TextIO] = None) -> None:
@@ -100,13 +146,31 @@ def live_view(source: Source, first: Tuple[dict, List[str]], interval: float, st
                 lines = topview.top_lines(data[0], source.strips, time.time(), width=size.width,
                                           height=size.height, plain=plain, warnings=data[1], error=data[2],
                                           reasons=source.reasons)
-                live.update(_rich_text(topview.safe(lines)), refresh=True)
+                live.update(Frame(topview.safe(lines)), refresh=True)
                 woke = wait(key_fd, wake_fd, due - time.monotonic())
                 if woke == "quit":
                     return
                 if woke == "timeout":
                     data = refresh(source, data)
                     due = time.monotonic() + interval
+
+
+class Frame:
+    """The screen's lines as rich segments, drawn as they are: rich's Text would
+    lay out, wrap and crop spans the lines already fit (twice the CPU a frame)."""
+
+    def __init__(self, lines: List[Line]):
+        self.lines = lines
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+        style = console.get_style
+        newline = Segment.line()
+        for k, line in enumerate(self.lines):
+            if k:
+                yield newline
+            for text_, name in line:
+                yield Segment(text_, style(name) if name else None)
 
 
 def refresh(source: Source, data):

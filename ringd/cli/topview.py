@@ -29,8 +29,19 @@ NEXT_TURNS = 5
 
 def safe(lines: Sequence[Line]) -> List[Line]:
     """Every segment's control characters as spaces: an escape sequence in a
-    phase or a reason can neither move the cursor nor repaint the screen."""
-    return [[(shown(t), s) for t, s in line] for line in lines]
+    phase or a reason can neither move the cursor nor repaint the screen.
+    Neighbours of one style become one segment (a strip of 80 green cells is
+    one piece of text to draw, not 80)."""
+    out: List[Line] = []
+    for line in lines:
+        merged: Line = []
+        for t, s in line:
+            if merged and merged[-1][1] == s:
+                merged[-1] = (merged[-1][0] + shown(t), s)
+            elif t:
+                merged.append((shown(t), s))
+        out.append(merged)
+    return out
 
 
 def fit(line: Line, width: int) -> Line:

@@ -265,3 +265,47 @@ def test_top_on_a_pipe_prints_one_plain_frame(ring):
     import subprocess
     res = subprocess.run(missing, env=ring.env, capture_output=True, text=True, timeout=30)
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_top_reads_only_new_runs_and_sees_the_one_in_flight_end(tmp_path):
+    """top's strips, read again from the run in flight on, are what a full read of a real journal gives."""
+    from ringd.cli.top import STRIP_RUNS, Source
+    from ringd.inputs.config import load_config
+    from ringd.journal.sqlite import Journal
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = load_config(None)
+    journal = Journal.open(state)
+    t = [1_800_000_000.0]
+
+    def run(agent, status, reason=None):
+        with journal.transaction() as tx:
+            t[0] += 1
+            rid = tx.start_run(agent, "ab".index(agent), now=t[0], run_budget=60, stall_threshold=90,
+                               driver_pid=1, driver_start=None)
+            if status != "running":
+                tx.close_run(rid, status, source="driver", now=t[0] + 0.5, reason=reason)
+        return rid
+
+    try:
+        total = 2 * (STRIP_RUNS + 30)
+        for k in range(total):
+            run("ab"[k % 2], "ok" if k % 7 else "failed")
+        live = Source(state, config)
+        live.read_runs(("a", "b"))
+        assert len(live.strips["a"]) == STRIP_RUNS and live.low == total + 1
+        rid = run("a", "running")
+        live.read_runs(("a", "b"))
+        assert live.strips["a"][-1] == "running" and live.low == rid
+        with journal.transaction() as tx:
+            tx.close_run(rid, "timeout", source="driver", now=t[0] + 5, reason="run budget of 60s reached")
+        run("b", "skipped", reason="operator skipped it")
+        live.read_runs(("a", "b"))
+        fresh = Source(state, config)
+        fresh.read_runs(("a", "b"))
+        assert live.strips == fresh.strips and live.reasons == fresh.reasons
+        assert live.strips["a"][-1] == "timeout" and live.reasons == {
+            "a": "timeout: run budget of 60s reached", "b": "skipped: operator skipped it"}
+        assert live.low == rid + 2 and len(live.strips["a"]) == STRIP_RUNS
+    finally:
+        journal.close()
