@@ -94,8 +94,9 @@ def due_times(config: Config, doc: Mapping[str, Any], runs: Sequence[RunRow], sc
         sched = config.schedule_for(name)
         starts = [r.started_at for r in runs if r.agent == name]
         times = schedule.due_between(sched, starts, since, until, zone)
-        if next_due.get(name) is not None and next_due[name] not in times:
-            times.append(next_due[name])
+        nxt = next_due.get(name)
+        if nxt is not None and all(abs(nxt - t) > 0.5 for t in times):   # (ISO times keep microseconds)
+            times.append(nxt)
         out[name] = times
     return out
 

@@ -211,7 +211,8 @@ def chart(tl: Timeline, clock: Clock, scale: Scale) -> str:
     with_seconds = len(marks) > 1 and marks[1] - marks[0] < 60
     axis = [f"<svg class=\"axis\" width=\"{width}\" height=\"{AXIS_H}\">"]
     for t in marks:
-        axis.append(f"<text x=\"{scale.x(t) + 2:.1f}\" y=\"12\">{clock.at(t, with_seconds)}</text>")
+        if scale.x(t) < width - 60:   # (a label the edge would cut is left out; its grid line stays)
+            axis.append(f"<text x=\"{scale.x(t) + 2:.1f}\" y=\"12\">{clock.at(t, with_seconds)}</text>")
     for lap, _ in shown_laps(tl, scale):
         label = f"lap {lap.number}" if lap.number is not None else "lap"
         x = scale.x(lap.at)
@@ -237,17 +238,17 @@ def lanes(tl: Timeline, clock: Clock, scale: Scale, marks: Sequence[float], heig
             for lane in tl.lanes if lane.index % 2]
     out += [f"<line class=\"tick\" x1=\"{scale.x(t):.1f}\" x2=\"{scale.x(t):.1f}\" y1=\"0\" y2=\"{height}\"/>"
             for t in marks]
+    for lap, more in shown_laps(tl, scale):
+        x = f"{scale.x(lap.at):.1f}"
+        also = f" (and {more} more lap(s) before the next line)" if more else ""
+        out.append(f"<line class=\"lap\" x1=\"{x}\" x2=\"{x}\" y1=\"0\" y2=\"{height}\"><title>lap"
+                   f"{'' if lap.number is None else ' ' + str(lap.number)} began {clock.at(lap.at)}{also}</title></line>")
     top = (LANE_H - BAR_H) // 2
     for b in tl.bars:
         x, w = scale.bar(b)
         out.append(f"<rect data-run-id=\"{b.run_id}\" data-status=\"{b.status}\" x=\"{x:.1f}\" "
                    f"y=\"{b.lane * LANE_H + top}\" width=\"{w:.1f}\" height=\"{BAR_H}\">"
                    f"<title>{tooltip(b, clock)}</title></rect>")
-    for lap, more in shown_laps(tl, scale):
-        x = f"{scale.x(lap.at):.1f}"
-        also = f" (and {more} more lap(s) before the next line)" if more else ""
-        out.append(f"<line class=\"lap\" x1=\"{x}\" x2=\"{x}\" y1=\"0\" y2=\"{height}\"><title>lap"
-                   f"{'' if lap.number is None else ' ' + str(lap.number)} began {clock.at(lap.at)}{also}</title></line>")
     for d in tl.dues:
         x, y = scale.x(d.at), d.lane * LANE_H
         out.append(f"<path class=\"due\" d=\"M{x - 5:.1f},{y}h10l-5,7z\"><title>{text(d.agent)} due "

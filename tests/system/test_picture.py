@@ -123,18 +123,26 @@ def test_report_in_a_real_browser(ring):
     assert lane_rows, "no lanes on the screenshot"
     lanes = colour_counts(rows, max(0, lane_rows[0] - 20), lane_rows[-1] + 20, left=LABEL_W + 20)
     for status in {r["status"] for r in history}:
-        assert lanes.get(hex_rgb(COLOURS[status]), 0) >= 20, f"no {status} bar in colour {COLOURS[status]}"
+        # (the narrowest bar is 2 x 12 px)
+        assert lanes.get(hex_rgb(COLOURS[status]), 0) >= 12, f"no {status} bar in colour {COLOURS[status]}"
 
 
 def test_report_window_output_and_bad_input(ring):
     ring.agent("a", "exit 0")
-    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.write_config(agents={"job": {"every": 1}})
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"job {ring.agents_dir}/a.sh")
     assert ring.start_driver("--once").wait(timeout=20) == 0
     runs = ring.runs()
+    assert {r["agent"] for r in runs} == {"a", "job"}
+    job_start = next(r["started_at"] for r in runs if r["agent"] == "job")
+    wait_until(lambda: time.time() > job_start + 1.5, message="the job due again, in the past")
     # -o -: the page on standard output and nothing else
     res = ring.cli("report", "-o", "-")
     assert res.returncode == 0 and res.stdout.startswith("<!DOCTYPE html>") and res.stdout.endswith("</html>\n")
-    assert f"data-run-id=\"{runs[0]['id']}\"" in res.stdout
+    assert all(f"data-run-id=\"{r['id']}\"" in res.stdout for r in runs)
+    # the scheduled job was due again a second after it started: a due mark, named in the legend
+    assert "<path class=\"due\"" in res.stdout and ">job due " in res.stdout
+    assert "scheduled agent due" in res.stdout
     # the default file, in the working directory
     res = subprocess_in(ring, ring.base, "report")
     assert res.returncode == 0 and (ring.base / "ring-report.html").exists(), res.stderr

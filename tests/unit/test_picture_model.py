@@ -6,7 +6,6 @@ from datetime import datetime, timezone
 from html.parser import HTMLParser
 from zoneinfo import ZoneInfo
 
-import pytest
 
 from ringd.cli import reporthtml, topview
 from ringd.core.records import RunRow
