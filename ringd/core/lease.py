@@ -37,11 +37,19 @@ class Decision:
     retry_in: float              # WAIT: seconds until the lease can lapse (server clock)
 
 
-def decide(row: Optional[LeaseRow], me: str, my_epoch: Optional[int], server_now: float) -> Decision:
-    """What to do with the lease at this beat."""
+def decide(row: Optional[LeaseRow], me: str, my_epoch: Optional[int], server_now: float,
+           my_expires_at: Optional[float] = None) -> Decision:
+    """What to do with the lease at this beat. ``my_expires_at``: when the lease
+    of ``my_epoch`` expires (server epoch seconds, as the server set it)."""
     if row is None or row.holder is None:
         return Decision(TAKE, (row.epoch if row else 0) + 1, None, 0.0)
     expired = row.expires_at is None or server_now >= row.expires_at
+    if row.holder == NOBODY and not expired and my_epoch is not None and my_expires_at is not None \
+            and server_now < my_expires_at:
+        # The row made again (dropped or deleted by hand) while my own lease is good
+        # on the server's clock: nobody else can have led since, so it is mine at once
+        # (a new epoch, above both), and my run goes on.
+        return Decision(TAKE, max(row.epoch, my_epoch) + 1, None, 0.0)
     if row.holder == me and row.epoch == my_epoch and not expired:
         return Decision(RENEW, row.epoch, None, 0.0)
     if expired:
@@ -61,13 +69,25 @@ def stop_deadline(renew_sent_at: float, ttl: float) -> float:
     return renew_sent_at + ttl / 2
 
 
-BEATS_PER_TTL = 4   # twice per half TTL
+# Five beats per TTL, and a call bounded at one beat (pgcall.call_bound): a renewal
+# that fails, at once or after its whole bound, is followed by another at most two
+# beats after the last good one, a tenth of the TTL before the half-TTL switch.
+# (At four, that retry came due exactly at the switch, and one failed renewal
+# stopped a healthy leader.)
+BEATS_PER_TTL = 5
 
 
 def beat_every(ttl: float, heartbeat_interval: float) -> float:
-    """How often a PostgreSQL driver beats (and renews): at least twice before
-    its half-TTL switch, so one slow renewal never stops a healthy leader."""
+    """How often a PostgreSQL driver beats (and renews): so often that a renewal
+    after one failed renewal still comes before the half-TTL switch."""
     return min(heartbeat_interval, ttl / BEATS_PER_TTL)
+
+
+def retry_margin(ttl: float, heartbeat_interval: float) -> float:
+    """How long before the half-TTL switch the renewal after one failed renewal
+    comes due at the latest (the failed one sent a beat after the last good
+    one, and took its whole bound, ``pgcall.call_bound``)."""
+    return ttl / 2 - beat_every(ttl, heartbeat_interval) - ttl / BEATS_PER_TTL
 
 
 def holder_name(host: str, pid: int, start_ticks: Optional[int]) -> str:

@@ -286,7 +286,7 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
         key = f"ring.{k}"
         if k == "heartbeat_interval":
             values[k] = _number(key, v, minimum=MIN_TICK)
-        elif k == "lease_ttl":   # a many-host driver beats every TTL/4 (ringd.core.lease.beat_every)
+        elif k == "lease_ttl":   # a many-host driver beats every TTL/5 (ringd.core.lease.beat_every)
             values[k] = _number(key, v, minimum=BEATS_PER_TTL * MIN_TICK)
         elif k in _RING_DURATIONS:
             values[k] = _number(key, v)

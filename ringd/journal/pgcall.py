@@ -48,7 +48,7 @@ READ, WRITE = _READ, _WRITE = 1, 2
 
 
 def call_bound(ttl: float) -> float:
-    """How long one call may go unanswered: a quarter of the lease's TTL, its
+    """How long one call may go unanswered: a fifth of the lease's TTL, its
     beat period (``lease.beat_every`` never beats less often). So a hung call
     delays the driver's beat by one lease beat period at most, never past the
     half-TTL switch on its own, and far less than ``watch.stale_after``; it is
@@ -129,7 +129,7 @@ def wait(gen, fileno: int, bound: float, tap: Optional[SignalTap] = None,
                 continue
             why = verdict(clock(), deadline, stop_at)
             if why == OVERDUE:
-                raise Abandoned(f"no answer within {bound:g}s (a quarter of ring.lease_ttl); connection dropped")
+                raise Abandoned(f"no answer within {bound:g}s (a fifth of ring.lease_ttl); connection dropped")
             if why == STOPPING:
                 what = "is stopping" if stopping or heard & STOP_SIGNALS else "has a signal to act on"
                 raise Abandoned(f"call ended: the driver {what}; connection dropped")

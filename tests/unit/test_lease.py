@@ -1,7 +1,9 @@
 """The lease's decisions, pure: no database, no processes, microseconds each;
 and the leader's watchdog hand-over, with a stand-in journal."""
-from ringd.core.lease import (RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host, holder_name,
-                         must_stop)
+import pytest
+
+from ringd.core.lease import (NOBODY, RENEW, TAKE, WAIT, LeaseRow, beat_every, decide, holder_host,
+                              holder_name, must_stop)
 
 ME = holder_name("box-a", 100, 555)
 OTHER = holder_name("box-b", 200, 777)
@@ -50,6 +52,21 @@ def test_same_holder_text_with_another_epoch_is_not_renewed():
     assert d.action == WAIT
 
 
+def test_a_lease_row_made_again_is_taken_at_once_by_the_leader_whose_lease_is_still_good():
+    """The lease table dropped (or its row deleted) under a running ring: made
+    again as held by nobody for one TTL. The leader whose own lease is still good
+    on the server's clock takes it at once, a new epoch above both, and its run
+    goes on; nobody else can have led meanwhile. Anyone else waits out the TTL."""
+    made_again = LeaseRow(NOBODY, 0, 1030.0)
+    d = decide(made_again, ME, 7, 1000.0, my_expires_at=1020.0)
+    assert (d.action, d.epoch, d.previous) == (TAKE, 8, None)
+    assert decide(made_again, OTHER, None, 1000.0).action == WAIT          # a standby
+    assert decide(made_again, ME, 7, 1000.0, my_expires_at=999.0).action == WAIT   # my lease lapsed
+    assert decide(made_again, ME, 7, 1000.0).action == WAIT                # expiry not known
+    assert decide(LeaseRow(OTHER, 9, 1030.0), ME, 7, 1000.0, my_expires_at=1020.0).action == WAIT
+    assert decide(LeaseRow(NOBODY, 0, 999.0), OTHER, None, 1000.0).action == TAKE   # its TTL out
+
+
 def test_the_leader_stops_at_half_the_ttl_of_its_own_clock():
     assert not must_stop(100.0, 30, 114.99)
     assert must_stop(100.0, 30, 115.0)
@@ -57,9 +74,23 @@ def test_the_leader_stops_at_half_the_ttl_of_its_own_clock():
 
 
 def test_beats_come_at_least_twice_per_half_ttl():
-    assert beat_every(30, 10) == 7.5
+    assert beat_every(30, 10) == 6.0
     assert beat_every(3, 0.2) == 0.2
     assert beat_every(3, 10) * 2 <= 3 / 2
+
+
+def test_a_renewal_after_one_failed_renewal_comes_before_the_half_ttl_switch():
+    """One renewal failed (at once, or after its whole bound: pgcall.call_bound);
+    the next comes due at the latest one beat plus one bound after the last good
+    one. At four beats per TTL that was exactly the half-TTL switch, and one
+    dropped connection stopped a healthy leader."""
+    from ringd.core.lease import retry_margin
+    from ringd.journal.pgcall import call_bound
+    for ttl, hb in ((30, 10), (3, 10), (3, 0.2), (8, 1.7), (1e6, 10)):
+        latest = beat_every(ttl, hb) + call_bound(ttl)
+        assert latest < ttl / 2 and retry_margin(ttl, hb) == pytest.approx(ttl / 2 - latest)
+        assert retry_margin(ttl, hb) >= ttl / 10 - 1e-9
+        assert not must_stop(0.0, ttl, latest)
 
 
 def test_holder_names_host_pid_and_start_ticks():
