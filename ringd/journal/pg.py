@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -46,15 +47,22 @@ from ringd.journal.schema_sqlite import too_new
 # (keepalives notice a silent peer, tcp_user_timeout unacknowledged data), and
 # no call waits for an answer longer than its bound (``pgcall``: a stopped
 # server process, a peer whose kernel still acknowledges, applies no timeout).
-# Server side (per session, the same bound): no statement or lock wait of ours
-# may outlast a quarter of the lease.
+# Server side (per transaction, the same bound): no statement or lock wait of ours
+# may outlast a fifth of the lease (one beat).
 MAX_WAIT_MS = 2 ** 31 - 1
+_BEGIN_RESULTS = 4   # what ``_Con._begin`` sends: BEGIN and three SET LOCALs, each with its result
+_IDLE = 0            # libpq's PQTRANS_IDLE: no transaction open on the connection
 CONNECT_ARGS = dict(keepalives=1, keepalives_idle=1, keepalives_interval=1, keepalives_count=2)
 
 
 class PgJournalError(JournalError, sqlite3.OperationalError):
-    """The database cannot be reached or refused a write: retrying later may work."""
+    """The database cannot be reached or refused a write: retrying later may work.
+    ``sqlstate``: the server's error code, if it said one; ``dead``: the connection
+    was lost with the call."""
     transient = True
+    retry_until = "the database takes the write"
+    sqlstate: Optional[str] = None
+    dead = False
 
 
 class PgIntegrityError(JournalError, sqlite3.IntegrityError):
@@ -242,48 +250,109 @@ class _Con:
             connecting, self._connecting = self._connecting, None
             self.pg = connecting.take()
             self.pg.ring_bound, self.pg.ring_tap, self.pg.ring_stopping = self.wait_ms / 1000, self.tap, self.stopping
-            # idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP,
-            # paused VM) holds the lease row's lock; the server ends its session,
-            # rolling the write back, so a hand-over is never held up past the TTL
-            settings = [f"SET statement_timeout = {self.wait_ms}", f"SET lock_timeout = {self.wait_ms}",
-                        f"SET idle_in_transaction_session_timeout = {self.wait_ms}"]
-            if self.readonly:
-                settings.append("SET default_transaction_read_only = on")
-            for s in settings:
-                self.pg.execute(s)
         except (psycopg.Error, pgcall.Abandoned) as e:
             self._drop()
             raise PgJournalError(f"{redact(self.dsn)}: cannot connect: {self._say(e)}") from None
 
+    def _begin(self) -> str:
+        """BEGIN with our settings scoped to its transaction: no session SET, which
+        a transaction-mode pooler (pgbouncer) leaves on the server connection for
+        its next client (a reader's read-only made the driver's writes fail).
+        idle_in_transaction too: a leader frozen inside a transaction (SIGSTOP, a
+        paused VM) holds the lease row's lock; the server ends its session, rolling
+        the write back, so a hand-over is never held up past the TTL."""
+        ms = self.wait_ms
+        return (f"BEGIN{' READ ONLY' if self.readonly else ''}; SET LOCAL statement_timeout = {ms}; "
+                f"SET LOCAL lock_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}")
+
+    def _trusted(self) -> bool:
+        """Whether the idle connection may carry the next statement: one the
+        server closed (idle_session_timeout, pg_terminate_backend, a restart)
+        has said goodbye on its socket, which nothing else writes to while no
+        statement of ours is in flight."""
+        pg = self.pg
+        if pg is None or pg.closed or pg.broken:
+            return False
+        poll = select.poll()
+        poll.register(pg.pgconn.socket, select.POLLIN)
+        return not poll.poll(0)
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Cursor:
-        if self.pg is None or self.pg.closed or self.pg.broken:
-            if self.pg is not None and not self.pg.closed:
-                self.pg.close()
-            if sql.strip().upper() in ("COMMIT", "ROLLBACK"):
+        word = sql.strip().upper()
+        if word in ("COMMIT", "ROLLBACK"):
+            if self.pg is None or self.pg.closed or self.pg.broken:
+                self._drop()
                 raise PgJournalError(f"{redact(self.dsn)}: connection lost in a transaction")
-            self.connect()  # a new connection after an outage (its transaction died with it)
-        try:
-            cur = self.pg.execute(translate(sql), tuple(params), prepare=False)
-            rows = cur.fetchall() if cur.description is not None else []
-        except psycopg.IntegrityError as e:
-            raise PgIntegrityError(self._say(e)) from None
-        except psycopg.Error as e:
-            raise PgJournalError(f"{redact(self.dsn)}: {self._say(e)}") from None
-        except pgcall.Abandoned as e:
-            self._drop()   # its state is unknown: a new one for the next call
-            raise PgJournalError(f"{redact(self.dsn)}: {e}") from None
+            return self._call(lambda: self._statement(word, ()))
+        if self.pg is not None and not self.pg.closed and not self.pg.broken \
+                and self.pg.pgconn.transaction_status != _IDLE:
+            return self._call(lambda: self._statement(sql, params))
+        # The start of a transaction, or a statement that is one: nothing of it has
+        # run yet. A connection the server may have closed is checked first, and
+        # one that dies at this first statement all the same is made again and the
+        # statement sent once more: a dead connection is no verdict on anything.
+        run = self._begin_now if word == "BEGIN" else (lambda: self._alone(sql, params))
+        for attempt in (1, 2):
+            if not self._trusted():
+                self._drop()
+                self.connect()
+            try:
+                return self._call(run)
+            except PgJournalError as e:
+                if attempt == 2 or not e.dead:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _begin_now(self) -> _Cursor:
+        self.pg.execute(self._begin())
+        return _Cursor([], None, -1)
+
+    def _statement(self, sql: str, params: Sequence[Any]) -> _Cursor:
+        cur = self.pg.execute(translate(sql), tuple(params), prepare=False)
+        rows = cur.fetchall() if cur.description is not None else []
         lastrowid = rows[0][0] if rows and _INSERT_WITH_ID.match(sql) else None
         return _Cursor(rows, lastrowid, cur.rowcount)
 
-    def script(self, sql: str) -> None:
-        """Statements as written (no placeholders: the schema's DDL)."""
+    def _alone(self, sql: str, params: Sequence[Any]) -> _Cursor:
+        """A statement outside ``write()``: its own transaction with our settings,
+        in one round trip (the parameters bound on our side: psycopg's
+        ClientCursor, so several statements go in one simple query)."""
+        cur = psycopg.ClientCursor(self.pg)
         try:
-            self.pg.execute(sql)
+            cur.execute(f"{self._begin()}; {cur.mogrify(translate(sql), tuple(params))}; COMMIT")
+        except psycopg.Error:
+            if not (self.pg.closed or self.pg.broken) and self.pg.pgconn.transaction_status != _IDLE:
+                try:
+                    self.pg.execute("ROLLBACK")   # the statement failed, the transaction it was in with it
+                except psycopg.Error:
+                    pass   # (the connection died: so did the transaction)
+            raise
+        for _ in range(_BEGIN_RESULTS):
+            cur.nextset()
+        rows = cur.fetchall() if cur.description is not None else []
+        return _Cursor(rows, None, cur.rowcount)
+
+    def _call(self, fn: Callable[[], _Cursor]) -> _Cursor:
+        """``fn()`` with psycopg's failures as ours (``dead``: the connection went with it)."""
+        try:
+            return fn()
+        except psycopg.IntegrityError as e:
+            raise PgIntegrityError(self._say(e)) from None
         except psycopg.Error as e:
-            raise PgJournalError(f"{redact(self.dsn)}: {self._say(e)}") from None
+            err = PgJournalError(f"{redact(self.dsn)}: {self._say(e)}")
+            err.sqlstate = e.sqlstate
+            err.dead = self.pg is None or self.pg.closed or self.pg.broken
+            raise err from None
         except pgcall.Abandoned as e:
-            self._drop()
+            self._drop()   # its state is unknown: a new one for the next call
             raise PgJournalError(f"{redact(self.dsn)}: {e}") from None
+
+    def script(self, sql: str) -> None:
+        """Statements as written (no placeholders: the schema's DDL), in a transaction."""
+        def run() -> _Cursor:
+            self.pg.execute(sql)
+            return _Cursor([], None, -1)
+        self._call(run)
 
     def _drop(self) -> None:
         """Close the connection without a word to the server (libpq's goodbye is
@@ -315,6 +384,12 @@ class Fence:
     """The lease this driver holds: checked by every one of its writes."""
     holder: str
     epoch: int
+    expires_at: Optional[float] = None   # server epoch seconds, as its last take or renewal set it
+
+
+# The server's words for a statement that names what the schema lacks (a table,
+# a function dropped by hand): undefined_table, undefined_function, undefined_object.
+MISSING_OBJECT = frozenset({"42P01", "42883", "42704"})
 
 
 @dataclass(frozen=True)
@@ -333,7 +408,9 @@ class PgJournal(Journal):
         super().__init__(con, redact(dsn))  # type: ignore[arg-type]
         self.fence: Optional[Fence] = None
         self.recording = True   # False: a driver that is not (or no longer) the leader
-        self.repaired: List[str] = []   # what of the schema the last migration made again
+        self.repaired: List[str] = []   # what of the schema a migration made again, not yet said
+        self.ttl: Optional[float] = None   # the lease's (a writer's: it repairs the schema)
+        self._repairing = False
 
     def wait_busy_unless(self, give_up) -> None:
         """Every call is bounded already, and a stop signal ends one in flight
@@ -361,6 +438,7 @@ class PgJournal(Journal):
                                "pip install 'ring[pg]' (or psycopg[binary])")
         j = cls(_Con(dsn, readonly, wait_limit=pgcall.call_bound(ttl), tap=tap), dsn)
         if not readonly:
+            j.ttl = ttl
             try:
                 j._migrate(ttl)
             except JournalError:
@@ -390,7 +468,25 @@ class PgJournal(Journal):
                                  " + make_interval(secs => ?) WHERE id = 1 AND holder IS NULL",
                                  (leaselib.NOBODY, ttl))
         if not fresh:   # (a new journal is no news)
-            self.repaired = sorted(missing - {"version"})
+            self.repaired = sorted(set(self.repaired) | (missing - {"version"}))
+
+    def take_repaired(self) -> List[str]:
+        """What of the schema was made again since last asked (to be said once)."""
+        repaired, self.repaired = self.repaired, []
+        return repaired
+
+    def _repair_after(self, e: BaseException) -> None:
+        """A statement failed on what the schema lacks (a table dropped under a
+        running ring): make it again now, as at start-up (a writer only)."""
+        if self.ttl is None or self._repairing or getattr(e, "sqlstate", None) not in MISSING_OBJECT:
+            return
+        self._repairing = True
+        try:
+            self._migrate(self.ttl)
+        except JournalError:
+            pass   # (the next failure tries again)
+        finally:
+            self._repairing = False
 
     def _schema_missing(self) -> frozenset:
         """What of this ring's schema the journal lacks ("version": its mark is
@@ -414,11 +510,12 @@ class PgJournal(Journal):
         self.con.execute("BEGIN")
         try:
             yield self.con
-        except BaseException:
+        except BaseException as e:
             try:
                 self.con.execute("ROLLBACK")
             except JournalError:
                 pass  # the connection died: so did the transaction
+            self._repair_after(e)   # the caller tries again, as after any outage
             raise
         else:
             self.con.execute("COMMIT")
@@ -455,7 +552,15 @@ class PgJournal(Journal):
         transaction holding the lease row. On TAKE or RENEW this connection's
         writes are fenced with the new epoch; on WAIT they are not fenced (a
         standby writes nothing of the ring). Raises on a database failure."""
-        my_epoch = self.fence.epoch if self.fence is not None and self.fence.holder == me else None
+        try:
+            return self._acquire(me, ttl)
+        except PgJournalError as e:
+            if e.sqlstate not in MISSING_OBJECT:
+                raise
+        return self._acquire(me, ttl)   # the lease table was dropped: made again (_transaction), once more
+
+    def _acquire(self, me: str, ttl: float) -> leaselib.Decision:
+        mine = self.fence if self.fence is not None and self.fence.holder == me else None
         lock = (f"SELECT holder, epoch, {_EXPIRES_AT} AS expires_at,"
                 " extract(epoch FROM clock_timestamp())::float8 AS server_now FROM lease WHERE id = 1"
                 " FOR UPDATE")
@@ -463,26 +568,30 @@ class PgJournal(Journal):
             row = con.execute(lock).fetchone()
             if row is None:
                 # Deleted by hand: whoever led may still run its agent. Made again as
-                # held by nobody for one TTL, so that leader's writes are fenced and
-                # it stops before another driver can take the lease.
+                # held by nobody for one TTL: that leader, its lease still good on the
+                # server's clock, takes it at once (lease.decide); any other driver
+                # waits out the TTL, so no two lead.
                 con.execute("INSERT INTO lease (id, holder, epoch, expires_at) VALUES"
                             " (1, ?, 0, clock_timestamp() + make_interval(secs => ?)) ON CONFLICT (id) DO NOTHING",
                             (leaselib.NOBODY, ttl))
                 row = con.execute(lock).fetchone()
             now = row["server_now"]
             d = leaselib.decide(leaselib.LeaseRow(row["holder"], row["epoch"], row["expires_at"]),
-                                me, my_epoch, now)
+                                me, mine.epoch if mine else None, now, mine.expires_at if mine else None)
+            expires = None
             if d.action == leaselib.TAKE:
-                con.execute("UPDATE lease SET holder = ?, epoch = ?, acquired_at = clock_timestamp(),"
-                            " expires_at = clock_timestamp() + make_interval(secs => ?) WHERE id = 1",
-                            (me, d.epoch, ttl))
+                expires = con.execute(
+                    "UPDATE lease SET holder = ?, epoch = ?, acquired_at = clock_timestamp(),"
+                    f" expires_at = clock_timestamp() + make_interval(secs => ?) WHERE id = 1 RETURNING {_EXPIRES_AT}",
+                    (me, d.epoch, ttl)).fetchone()[0]
             elif d.action == leaselib.RENEW:
-                con.execute("UPDATE lease SET expires_at = clock_timestamp() + make_interval(secs => ?)"
-                            " WHERE id = 1", (ttl,))
+                expires = con.execute(
+                    "UPDATE lease SET expires_at = clock_timestamp() + make_interval(secs => ?)"
+                    f" WHERE id = 1 RETURNING {_EXPIRES_AT}", (ttl,)).fetchone()[0]
         if d.action == leaselib.WAIT:
             self.stop_recording()
         else:
-            self.fence, self.recording = Fence(me, d.epoch), True
+            self.fence, self.recording = Fence(me, d.epoch, expires), True
         return d
 
     def release(self) -> None:

@@ -348,7 +348,7 @@ class Driver:
         journal is opened and the lease taken at start-up only. Taken as read,
         they made the beat follow a lease this driver does not hold (a new
         longer TTL: beats rarer than the running lease needs, and leadership
-        lost between beats; a SQLite ring given a URI: beats at TTL/4)."""
+        lost between beats; a SQLite ring given a URI: beats at TTL/5)."""
         old = self.config.ring
         if (new.ring.journal, new.ring.lease_ttl) == (old.journal, old.lease_ttl):
             return new
@@ -454,8 +454,8 @@ class Driver:
     # --- leadership (a many-host ring) --------------------------------------------------
     def stand_by(self) -> bool:
         """A many-host ring's driver without the lease: beat (each beat tries to
-        take it) until it leads; then close the lapsed leader's run. False if
-        told to stop first."""
+        take it) until it leads; then write the end of its own last run if it
+        knows one, and close the lapsed leader's run. False if told to stop first."""
         leader = self.leader
         if leader.must_stop():
             self.env.notify("STATUS=standby: another driver leads the ring")
@@ -463,11 +463,14 @@ class Driver:
         while not self.stop_requested:
             if not leader.must_stop():
                 try:
-                    leader.settle_takeover(self.config, on_reaped=self.on_reaped)
+                    self.flush()   # a run this driver saw end is written, never reaped
+                    if self.stop_requested:
+                        break
+                    if self.pending is None and not leader.must_stop():
+                        leader.settle_takeover(self.config, on_reaped=self.on_reaped)
+                        return True
                 except (JournalError, OSError) as e:
                     self.log(f"cannot close the lapsed leader's run yet: {e}")
-                else:
-                    return True
             sigs, _ = self.env.wait(self.config.ring.heartbeat_interval)
             self.absorb(sigs)
             self.beat()
@@ -704,17 +707,18 @@ class Driver:
     def flush(self) -> None:
         """Commit the last run's end now (before a wait, a stop, a hand-over).
         While the state dir is full or read-only: say why once, keep beating and
-        retry; give up only when the driver is told to stop or loses its lead
-        (the row then stays ``running`` and the next driver's reaper closes it as
-        ``interrupted``). An unusable journal is raised (the agent is gone)."""
+        retry; give up only when the driver is told to stop (the row then stays
+        ``running`` and the next driver's reaper closes it as ``interrupted``).
+        A many-host driver that loses its lead meanwhile keeps the end it knows,
+        and writes it once it leads again (:meth:`stand_by`): a driver never
+        reaps a run it saw end. An unusable journal is raised (the agent is gone)."""
         pending = self.pending
         if pending is None:
             return
         delay, failing = 0.2, False
         while True:
             if self.leader is not None and self.leader.must_stop():
-                self.pending = None   # the row is the next leader's to close
-                return
+                return   # kept: written if this driver leads again, else the next leader's reaper decides
             try:
                 with self.journal.transaction() as tx:
                     closed = pending.write(tx)
@@ -728,8 +732,8 @@ class Driver:
                                     f"the next driver's reaper closes it")
                     return
                 if not failing:
-                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until the "
-                                    f"state dir is writable")
+                    until = getattr(e, "retry_until", "the state dir is writable")
+                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until {until}")
                 failing = True
                 sigs, _ = self.env.wait(delay)
                 self.absorb(sigs)
@@ -867,9 +871,9 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             # its calls are bounded, and a stop signal ends one in flight (pgcall)
             journal = PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl, tap=env.wakeups)
             journal.stop_recording()  # until this driver takes the lease
-            if journal.repaired:
-                logger(f"journal schema: {', '.join(journal.repaired)} missing (dropped by hand?); "
-                       f"made again")
+            repaired = journal.take_repaired()
+            if repaired:
+                logger(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again")
             leader = Leader(journal, config.ring.lease_ttl, logger)
             config = for_leadership(config)
         else:

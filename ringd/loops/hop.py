@@ -17,6 +17,7 @@ sooner records it with its end).
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Set, Union
@@ -207,8 +208,10 @@ class Hop:
             finally:
                 if leader is not None:
                     leader.guard(None, None)
-            if close is None or (leader is not None and leader.killed_pid == child.pid):
-                # leadership lost: record nothing, the row is the next leader's to close
+            if close is None or (leader is not None and leader.killed_pid == child.pid
+                                 and close.signal == signal.SIGKILL):
+                # leadership lost and the agent killed for it: record nothing, the row
+                # is the next leader's to close (an end of the agent's own is kept)
                 return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
             if self.notify is not None:   # last words: a STATUS= sent just before the exit
                 self.notes.hear(self.notify.drain(), env.wall())
@@ -329,6 +332,8 @@ class Hop:
         records nothing (the next leader reaps the row as interrupted)."""
         if not self.host.leader.must_stop():
             return False
+        if self.env.exit_status(child) is not None:
+            return False   # it has ended on its own: an end this driver knows, kept (Driver.flush)
         self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
         self.env.kill_tree(child, self.host.state_key, self.run_id)
         self.env.reap(child)

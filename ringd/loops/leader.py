@@ -10,7 +10,7 @@ the leader.
 
 The switch is checked by the driver's loop, and also by a watchdog thread:
 a driver blocked on the journal past its switch must still kill its agent in
-time. (A call is bounded, ``ringd.journal.pgcall``, at a quarter of the TTL, a new
+time. (A call is bounded, ``ringd.journal.pgcall``, at a fifth of the TTL, a new
 connection included; but a few of them in a row can outlast the switch.) The thread
 only sends SIGKILL to the run's processes (it never reaps: the loop owns every
 exit status) and stops this driver leading and recording.
@@ -145,12 +145,14 @@ class Leader:
             d = self.journal.acquire(self.me, self.ttl)
             view = self.journal.read_lease()
         except JournalError as e:
+            self._say_repairs()
             if self._failing is None:
                 left = f"leading for at most {self.seconds_left():.1f}s more" if self.leading else "standing by"
-                self.log(f"lease: cannot reach the journal ({e}); {left}")
+                self.log(f"lease: cannot {'renew' if self.leading else 'take'} it ({e}); {left}")
             self._failing = str(e)
             self.must_stop()
             return
+        self._say_repairs()
         if self._failing is not None:
             self.log("lease: journal reachable again")
             self._failing = None
@@ -172,6 +174,13 @@ class Leader:
             self.took_over_from = d.previous if d.action == leaselib.TAKE else self.me
             self.log(f"lease: leading (epoch {d.epoch})"
                      f"{f', after {d.previous}' if d.previous else ''}")
+
+    def _say_repairs(self) -> None:
+        """What of the schema the journal made again (a table dropped under the
+        running ring; by this beat or by any write since the last), said once."""
+        repaired = self.journal.take_repaired()
+        if repaired:
+            self.log(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again")
 
     def _lose(self, why: str) -> None:
         with self._cond:

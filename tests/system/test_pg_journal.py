@@ -209,18 +209,28 @@ def test_the_version_is_decided_again_under_the_migration_lock(pgj, pg_dsn):
 def test_a_lease_row_deleted_by_hand_is_made_again_held_for_one_ttl(pgj, pg_dsn):
     """The lease row deleted (an operator's DELETE, a bad restore): a beat
     crashed the driver (TypeError on the missing row), every restart alike. It
-    must come back - held by nobody for one TTL, so that whoever led notices it
-    lost its lease and kills its agent before anyone else can take it."""
+    must come back - held by nobody for one TTL. The leader whose lease is still
+    good on the server's clock takes it at once (a new epoch: nobody else can
+    have led meanwhile); every other driver waits out that TTL."""
     import psycopg
     from ringd.journal.pg import Fenced
     a, b = pgj(), pgj()
     assert a.acquire("A", 30).action == TAKE
     with psycopg.connect(pg_dsn, autocommit=True) as con:
         con.execute("DELETE FROM lease")
-    assert a.acquire("A", 0.5).action == WAIT       # not its own any more, and nobody's to take yet
+    assert b.acquire("B", 0.5).action == WAIT       # made again: nobody's to take yet
+    d = a.acquire("A", 5)
+    assert (d.action, d.epoch) == (TAKE, 2)         # the leader's own, at once
+    a.set_meta("k", "A goes on")
+    assert b.acquire("B", 5).action == WAIT
+    # a leader whose own lease has lapsed when the row goes is fenced, and waits
+    assert a.acquire("A", 0.3).action == RENEW
+    time.sleep(0.4)
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("DELETE FROM lease")
+    assert a.acquire("A", 0.5).action == WAIT
     with pytest.raises(Fenced):
         a.set_meta("k", "A after the row went")
-    assert b.acquire("B", 0.5).action == WAIT
     d = wait_until(lambda: (d := b.acquire("B", 5)).action == TAKE and d, timeout=5,
                    message="the recreated lease lapsing")
     assert d.epoch == 1
@@ -248,7 +258,7 @@ def test_a_journal_url_that_cannot_be_used_never_prints_its_password(dsn, secret
 
 
 def test_the_longest_lease_ttl_the_config_allows_still_connects(pg_dsn):
-    """ring.lease_ttl is accepted up to 10 years, and a quarter of it bounds every
+    """ring.lease_ttl is accepted up to 10 years, and a fifth of it bounds every
     wait on the server: past ~99 days that is no int of milliseconds, and every
     connect failed ("Value exceeds integer range") - a driver exiting 69 forever."""
     from ringd.inputs.config import MAX_DURATION, parse_config
@@ -495,3 +505,109 @@ def test_check_and_run_refuse_a_journal_uri_libpq_cannot_read(tmp_path):
             assert "ring.journal" in res.stderr and "Traceback" not in res.stderr, res.stderr
     finally:
         r.cleanup()
+
+
+# --- the second round: sessions a pooler shares, connections the server closed, tables dropped while running ---
+
+def _setting(raw, name):
+    return raw.execute(f"SHOW {name}").fetchone()[0]
+
+
+def test_no_session_setting_outlives_a_transaction(pg_dsn):
+    """Behind a transaction-mode pooler (pgbouncer) a session SET stays on the
+    server connection for the next client: a reader's read-only made the
+    driver's writes fail. Every setting of ours is scoped to its transaction
+    (BEGIN READ ONLY, SET LOCAL), and the session keeps the server's defaults."""
+    from ringd.journal.pg import PgJournal
+    from ringd.journal.pgcall import call_bound
+    w = PgJournal.connect(pg_dsn, ttl=30)
+    r = PgJournal.connect(pg_dsn, readonly=True, ttl=30)
+    try:
+        w.acquire("A", 30)
+        w.set_meta("k", "v")
+        assert r.meta("k") == "v" and r.history() == [] and r.running_row() is None
+        with r.snapshot() as tx:
+            assert _setting(tx.con, "transaction_read_only") == "on"
+        with w.transaction() as tx:
+            assert _setting(tx.con, "transaction_read_only") == "off"
+            assert _setting(tx.con, "statement_timeout") == f"{call_bound(30):g}s"
+        for j in (w, r):
+            raw = j.con.pg   # the session itself, past every transaction of ours
+            assert _setting(raw, "default_transaction_read_only") == "off"
+            for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"):
+                assert _setting(raw, name) == "0", name
+        assert _setting(r.con, "transaction_read_only") == "on"   # a reader's statement alone, too
+    finally:
+        w.close()
+        r.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_no_verdict(pgj, pg_dsn):
+    """pg_terminate_backend, or the server's idle_session_timeout, closes the
+    connection between two beats: the next renewal failed ("cannot reach the
+    journal") though the server answered at once. A connection the server may
+    have closed is checked before it is trusted, and made again."""
+    import psycopg
+    a = pgj()
+    assert a.acquire("A", 30).action == TAKE
+
+    def backend():
+        return a.con.pg.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+    def gone(pid):
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            return not con.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+    old = backend()
+    with psycopg.connect(pg_dsn, autocommit=True) as con:
+        con.execute("SELECT pg_terminate_backend(%s)", (old,))
+    wait_until(lambda: gone(old), timeout=5, message="the terminated server process gone")
+    assert a.acquire("A", 30).action == RENEW
+    old = backend()
+    a.con.pg.execute("SET idle_session_timeout = 100")   # (the server's, on this session only)
+    wait_until(lambda: gone(old), timeout=5, message="the idle session closed by the server")
+    assert a.acquire("A", 30).action == RENEW
+    a.set_meta("k", "still leading")
+    assert a.meta("k") == "still leading"
+
+
+def test_a_lease_table_dropped_under_a_running_leader_is_made_again_and_it_goes_on(pg_dsn):
+    """DROP TABLE lease while a driver leads: every beat failed on the missing
+    table ("cannot reach the journal"); the leader stopped at its switch and
+    stood by for good. The beat makes the table again; the leader, its own
+    lease still good on the server's clock, takes the new row at once."""
+    from ringd.journal.pg import PgJournal
+    import psycopg
+    a = PgJournal.connect(pg_dsn, ttl=30)
+    b = PgJournal.connect(pg_dsn, ttl=30)
+    try:
+        assert a.acquire("A", 30).action == TAKE
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            con.execute("DROP TABLE lease")
+        d = a.acquire("A", 30)
+        assert (d.action, d.epoch) == (TAKE, 2) and a.take_repaired() == ["lease"]
+        a.set_meta("k", "A goes on")
+        assert b.acquire("B", 30).action == WAIT
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_table_dropped_under_a_running_driver_is_made_again_at_the_write_that_meets_it(pg_dsn):
+    """Only start-up looked for missing tables: one dropped under a running
+    driver failed every write that needed it for as long as the driver lived.
+    The write that meets the hole makes it again; the next one works."""
+    from ringd.journal.pg import PgJournal
+    from ringd.journal.sqlite import JournalError
+    import psycopg
+    a = PgJournal.connect(pg_dsn, ttl=30)
+    try:
+        assert a.acquire("A", 30).action == TAKE
+        with psycopg.connect(pg_dsn, autocommit=True) as con:
+            con.execute("DROP TABLE meta")
+        with pytest.raises(JournalError):
+            a.set_meta("k", "v")
+        assert a.take_repaired() == ["meta"]
+        a.set_meta("k", "v")
+        assert a.meta("k") == "v"
+    finally:
+        a.close()

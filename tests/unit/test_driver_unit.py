@@ -964,3 +964,61 @@ def test_the_logs_of_pruned_runs_of_agents_since_removed_go_with_their_runs(tmp_
     assert len(list((logs / "stay").glob("*.log"))) == 3   # the roster's agent: its newest, keep_logs
     kept = {r.id for r in journal.history(limit=1000)}
     assert all(int(f.stem) in kept or f.parent.name == "stay" for f in files)   # none reached by no run
+
+
+class Lapsing:
+    """A many-host driver's leadership (the part of ringd.loops.leader.Leader the
+    driver and the hop use) that is lost from ``lost_at`` until ``back_at`` (fake
+    time): the journal away past the half-TTL switch, then back. Its take-over
+    records the row it finds ``running`` instead of reaping it."""
+    host, lease_holder, lease_expires_at, killed_pid = "box", None, None, None
+
+    def __init__(self, env, journal, lost_at, back_at):
+        self.env, self.journal, self.lost_at, self.back_at = env, journal, lost_at, back_at
+        self.took_over, self.lost, self.found_running = False, False, []
+
+    def _leading(self):
+        return not (self.lost_at <= self.env.t < self.back_at)
+
+    @property
+    def role(self):
+        return "leader" if self._leading() else "standby"
+
+    def must_stop(self):
+        self.lost = self.lost or not self._leading()
+        return not self._leading()
+
+    def seconds_left(self):
+        if self.env.t < self.lost_at:
+            return self.lost_at - self.env.t
+        return 10.0 if self._leading() else 0.0   # (renewed again: its switch a while off)
+
+    def beat(self):
+        if self._leading() and self.lost:
+            self.took_over, self.lost = True, False
+
+    def guard(self, *args, **kwargs):
+        pass
+
+    def settle_takeover(self, config, on_reaped=None):
+        self.found_running.append(self.journal.running_row())
+        self.took_over = False
+
+    def release(self):
+        pass
+
+
+def test_a_run_that_ended_as_the_lease_lapsed_keeps_its_end_and_is_never_reaped(tmp_path):
+    """The agent exits 0 at the very moment its driver passes the half-TTL switch
+    (the journal away): the hop killed "its" tree and dropped the exit it had
+    seen, the driver dropped the end it could not write, and on taking the lease
+    again the driver's reaper closed its own row `interrupted`. A driver never
+    reaps a run it saw end: the end is kept and written once it leads again."""
+    d, env, j = make(tmp_path, "ab", default=Behaviour(runs_for=2.0))
+    d.leader = leader = Lapsing(env, j, lost_at=2.0, back_at=4.0)
+    env.send(5.0, signal.SIGTERM)
+    assert d.run() == 0
+    first = rows(j)[0]
+    assert (first.status, first.exit_code) == ("ok", 0), [(r.status, r.exit_code) for r in rows(j)]
+    assert leader.found_running == [None, None]   # at start, and on leading again: nothing of ours to reap
+    assert not any("lost its leadership" in m for _, m in env.logs)
