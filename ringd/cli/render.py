@@ -145,6 +145,8 @@ def cut(text: str, width: int, plain: bool) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Seg]], *, right: Sequence[bool],
           max_widths: Sequence[Optional[int]], width: int, plain: bool) -> List[Line]:
     """Fixed-width columns; the last column takes what is left of ``width``.
+    ``max_widths`` and the cut apply only when fitting a terminal: at
+    ``width`` :data:`UNLIMITED` (a pipe, a file) every cell is whole.
     A cell's control characters are spaces (:func:`shown`)."""
     n = len(headers)
     rows = [[(shown(text), style) for text, style in row] for row in rows]
@@ -152,11 +154,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Seg]], *, right: Seque
     for row in rows:
         for i, (text, _) in enumerate(row):
             widths[i] = max(widths[i], len(text))
-    for i, cap in enumerate(max_widths):
-        if cap is not None:
-            widths[i] = min(widths[i], cap)
-    used = sum(widths[:-1]) + len(GAP) * (n - 1)
-    widths[-1] = max(len(headers[-1]), min(widths[-1], width - used))
+    if width < UNLIMITED:
+        for i, cap in enumerate(max_widths):
+            if cap is not None:
+                widths[i] = min(widths[i], cap)
+        used = sum(widths[:-1]) + len(GAP) * (n - 1)
+        widths[-1] = max(len(headers[-1]), min(widths[-1], width - used))
 
     def line(cells: Sequence[Seg]) -> Line:
         out: Line = []

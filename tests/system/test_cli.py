@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -276,6 +277,27 @@ def test_status_on_a_terminal_colours_unless_no_color(ring):
     assert code == 3 and b"\x1b[" in out and b"failed" in out
     code, out = run_on_tty(argv, dict(env, NO_COLOR="1"))
     assert code == 3 and b"\x1b" not in out and b"failed" in out
+
+
+def test_tables_into_a_pipe_or_file_never_cut_a_column_only_a_terminal_is_fitted(ring):
+    """``history`` and ``status`` into a pipe or a file show every agent's name
+    and reason whole, whatever COLUMNS says; on a terminal of 80 columns the same
+    tables are fitted to it (the name cut with an ellipsis)."""
+    name = "agent-with-a-rather-long-name-of-forty-x"
+    ring.agent("a", "exit 3")
+    ring.roster(f"{name} {ring.agents_dir}/a.sh")
+    ring.start_driver("--once").wait(timeout=20)
+    env = dict(ring.env, COLUMNS="80", NO_COLOR="1")
+    for args in (("history",), ("status",)):
+        piped = ring.cli(*args, env=env)
+        assert piped.returncode in (0, 3) and name in piped.stdout, (args, piped.stdout)
+        assert "..." not in piped.stdout and "\u2026" not in piped.stdout, (args, piped.stdout)
+        out = ring.base / "table.txt"
+        with open(out, "w") as f:
+            subprocess.run(ring_cmd(args[0], *ring.common()), env=env, stdout=f, timeout=30)
+        assert name in out.read_text(), (args, out.read_text())
+        code, shown = run_on_tty(ring_cmd(args[0], *ring.common()), env)
+        assert re.search(rb"agent-with-a-[a-z-]*\.\.\.  ", shown), (args, shown)   # the column, fitted
 
 
 # --- skip -------------------------------------------------------------------------------
