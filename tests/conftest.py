@@ -9,6 +9,7 @@ test's state dir. Never by name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import json
 import os
@@ -98,13 +99,15 @@ FAST_CONFIG = {
 
 
 @contextlib.contextmanager
-def mounted_tmpfs(where: Path, size: str = "64k"):
-    """A small tmpfs (``size``, 0700) at ``where``, root only (else the test is
-    skipped), unmounted afterwards - lazily if something still holds it."""
+def mounted_tmpfs(where: Path, size: str = "64k", inodes: Optional[int] = None):
+    """A small tmpfs (``size``, 0700; at most ``inodes`` files if given) at
+    ``where``, root only (else the test is skipped), unmounted afterwards -
+    lazily if something still holds it."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("needs root to mount a tmpfs")
     where.mkdir(mode=0o700, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+    options = f"size={size},mode=0700" + (f",nr_inodes={inodes}" if inodes else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -368,6 +371,24 @@ def ring(tmp_path):
     r.cleanup()
     leftovers = [p for p in processes_of(r.state) if _not_zombie(p)]
     assert not leftovers, f"processes left behind: {[p.pid for p in leftovers]}"
+
+
+def use_up_inodes(directory: Path) -> List[Path]:
+    """Create empty files in ``directory`` until its file system has no inode
+    left (ENOSPC); returns them (the bytes are left free)."""
+    made = []
+    while True:
+        path = directory / f"inode-filler-{len(made)}"
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            made.append(path)
+            continue
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                return made
+            raise
+        made.append(path)
 
 
 def fill_up(directory: Path) -> Path:

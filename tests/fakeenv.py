@@ -176,7 +176,7 @@ class FakeEnv:
     def index_run_logs(self, agents):
         pass
 
-    def open_run_log(self, agent, run_id, keep=0):
+    def open_run_log(self, agent, run_id):
         return -1, f"/fake/logs/{agent}/{run_id}.log"
 
     def write_fd(self, fd, text):

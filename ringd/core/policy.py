@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.core.settings import RingSettings
+from ringd.core.errors import OUTAGE_ERRNOS
 from ringd.core.records import AgentState
 
 # Endings that count as failures of the agent (consecutive_failures, alerts),
@@ -75,6 +76,25 @@ def backoff_delay(streak: int, initial: float, maximum: float) -> float:
     """initial, 2x, 4x ... per consecutive back-off, capped at maximum."""
     n = max(1, streak)
     return min(maximum, initial * (2 ** min(n - 1, 62)))
+
+
+# s: the first and the longest wait between two tries at a state dir that is full
+# or unwritable (an outage: the driver waits it out, the agent is not blamed)
+OUTAGE_RETRY = (0.2, 5.0)
+
+
+def is_outage(errno_code: Optional[int]) -> bool:
+    """A file system that is full (space or inodes), over quota, read-only or
+    failing: an outage to wait out, never the agent's fault (no ``error`` row,
+    no back-off, no quarantine count)."""
+    return errno_code in OUTAGE_ERRNOS
+
+
+def outage_retry_after(previous: Optional[float]) -> float:
+    """The wait before the next try at an outage: OUTAGE_RETRY[0], doubling per
+    failed try, capped at OUTAGE_RETRY[1]."""
+    first, longest = OUTAGE_RETRY
+    return first if previous is None else min(longest, max(first, previous * 2))
 
 
 @dataclass(frozen=True)

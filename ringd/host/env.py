@@ -76,6 +76,7 @@ class RealEnv:
         self.started_at = self.heartbeat.started_at
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
+        self._aside_said: Set[str] = set()   # agents whose run log path had something set aside (said once)
         # the roster's names (roster_is): the log indexes kept are theirs only, so
         # a ring whose agents are renamed or replaced keeps none of the old ones'
         self._roster: Optional[frozenset] = None
@@ -295,23 +296,36 @@ class RealEnv:
         self.wakeups.ready = True
         self.notify("READY=1")
 
-    def open_run_log(self, agent: str, run_id: int, keep: int = 0) -> Tuple[int, str]:
-        """Open ``logs/<agent>/<run_id>.log`` (0600) without following any symlink a
-        local user planted in the state dir. When the agent already has ``keep``
-        logs, the oldest (due to be pruned) becomes this one (safefile.reuse_file)."""
-        dfd = safefile.open_dir(self.state_dir, ("logs", agent))
+    def open_run_log(self, agent: str, run_id: int) -> Tuple[int, str]:
+        """Create ``logs/<agent>/<run_id>.log`` (0600), a new file, without following
+        any symlink a local user planted in the state dir. Always a new inode: a
+        follower's descriptor on an older run's log never sees this run's bytes.
+        Anything in the way (a symlink, a file, a FIFO or a directory at the log,
+        or a non-directory at ``logs/`` or ``logs/<agent>/``; an old log whose id a
+        new journal hands out again) is set aside, never written through, and
+        said once per agent; the run goes on."""
+        moved: List[safefile.Aside] = []
+        name = f"{run_id}.log"
         try:
-            fd, name = None, f"{run_id}.log"
-            index = self._log_index(agent, dfd) if keep > 0 else None
-            if index is not None and len(index.ids) >= keep:
-                fd = safefile.reuse_file(dfd, f"{index.ids[0]}.log", name)
-                if fd is not None:
-                    index.ids.popleft()
-            if fd is None:
-                fd = safefile.open_in(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            dfd = safefile.open_dir(self.state_dir, ("logs", agent), moved=moved)
+            try:
+                fd = safefile.create_in(dfd, name, moved, f"logs/{agent}/")
+            finally:
+                os.close(dfd)
         finally:
-            os.close(dfd)
+            if moved:
+                self._said_aside(agent, moved)
+        index = self._logs.get(agent)
+        if moved and index is not None and run_id in index.ids:
+            index.ids.remove(run_id)   # that log was set aside: this run's id goes last, as the newest
         return fd, f"{self.state_dir}/logs/{agent}/{name}"
+
+    def _said_aside(self, agent: str, moved: List[safefile.Aside]) -> None:
+        if agent in self._aside_said:
+            return
+        self._aside_said.add(agent)
+        what = "; ".join(f"{old}: {kind} was in the way, set aside as {new}" for old, kind, new in moved)
+        self.log(f"{agent}: run log path: {what} (never written through; said once for {agent})")
 
     def _remove_logs(self, agent: str, run_ids: List[int]) -> None:
         """Unlink run logs in ``logs/<agent>`` (best effort), never through a

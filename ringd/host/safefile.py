@@ -1,8 +1,9 @@
 """Files inside the state dir that a local user must not be able to redirect:
 every directory on the way is opened O_NOFOLLOW (created 0700 if missing) and
 the file is opened relative to it, O_NOFOLLOW, mode 0600. A symlink planted at
-``logs/``, ``logs/<agent>/`` or at the file itself is refused (ELOOP/ENOTDIR/
-EEXIST), never followed. Used for run logs, ``alerts.log`` and ``ringd.log``.
+``logs/``, ``logs/<agent>/`` or at the file itself is never followed: refused
+(ELOOP/ENOTDIR/EEXIST), or for a run log set aside (:func:`set_aside`). Used
+for run logs, ``alerts.log`` and ``ringd.log``.
 Every file a daemon opens by name in the state dir or reads as its input goes
 through :func:`open_regular`: a FIFO or a device there is refused, never waited
 on.
@@ -16,6 +17,7 @@ import errno
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -114,28 +116,94 @@ def open_dir_in(dir_fd: int, name: str) -> int:
     return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
-def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True) -> int:
+# Moved out of the way: (its path in the state dir, what it was, its path now).
+Aside = Tuple[str, str, str]
+
+
+def open_dir(state_dir: Path, parts: Sequence[str], create: bool = True,
+             moved: Optional[List[Aside]] = None) -> int:
     """A descriptor of ``state_dir/parts...`` (no part a symlink), creating
-    missing parts 0700 if ``create``."""
+    missing parts 0700 if ``create``. With ``moved`` (a list), a part that is
+    not a directory (a symlink, a file, a FIFO) is set aside (:func:`set_aside`,
+    appended to ``moved``) and made afresh, never followed; without, it raises
+    (ELOOP, ENOTDIR)."""
     base = os.open(state_dir, _DIR_FLAGS)
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             try:
                 nxt = open_dir_in(base, part)
             except FileNotFoundError:   # made on first use only: a hop usually finds it
                 if not create:
                     raise
-                try:
-                    os.mkdir(part, 0o700, dir_fd=base)
-                except FileExistsError:
-                    pass
-                nxt = open_dir_in(base, part)
+                nxt = _make_dir_in(base, part)
+            except OSError as e:
+                if moved is None or e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                what, new = set_aside(base, part)
+                moved.append(("/".join(parts[:i + 1]), what, "/".join([*parts[:i], new])))
+                nxt = _make_dir_in(base, part)
             os.close(base)
             base = nxt
     except BaseException:
         os.close(base)
         raise
     return base
+
+
+def _make_dir_in(base: int, part: str) -> int:
+    try:
+        os.mkdir(part, 0o700, dir_fd=base)
+    except FileExistsError:
+        pass
+    return open_dir_in(base, part)
+
+
+def kind_of(st: os.stat_result) -> str:
+    """What a file is, for a log line: "a symbolic link", "a directory", ..."""
+    mode = st.st_mode
+    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return what
+    return "a device"
+
+
+def set_aside(dir_fd: int, name: str) -> Tuple[str, str]:
+    """Rename whatever is at ``name`` in ``dir_fd`` (never followed: a symlink is
+    moved as a link) to a fresh name beside it, ``NAME.aside-HEX``. Nothing is
+    deleted: it may be an old run's log (a journal's ids that met older logs)
+    or evidence of tampering for the operator. Returns (what it was, its new
+    name). Raises OSError (FileNotFoundError if it is gone already)."""
+    what = kind_of(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    for _ in range(4):
+        new = f"{name}.aside-{time.time_ns():x}"
+        try:
+            os.rename(name, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return what, new
+        except OSError as e:   # a directory already at the new name: another name
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                raise
+    raise OSError(errno.EEXIST, f"cannot set aside {name}: every name tried is taken", name)
+
+
+def create_in(dir_fd: int, name: str, moved: List[Aside], where: str = "") -> int:
+    """Create ``name`` in ``dir_fd`` as a new regular file for writing (O_EXCL,
+    0600). Whatever is in the way - a symlink, a file, a FIFO, a directory - is
+    set aside first (:func:`set_aside`, appended to ``moved`` with the folder
+    ``where`` before its names): never written through, never opened. Tried
+    three times (something made anew in the way each time: FileExistsError)."""
+    for attempt in range(3):
+        try:
+            return open_in(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            if attempt == 2:
+                raise
+            try:
+                what, new = set_aside(dir_fd, name)
+            except FileNotFoundError:
+                continue   # gone meanwhile: try again
+            moved.append((where + name, what, where + new))
+    raise AssertionError("unreachable")
 
 
 LOG_ROTATE_BYTES = 16 * 1024 * 1024   # a daemon's own log is rotated (one old copy) past this size
@@ -169,66 +237,6 @@ def open_in(dir_fd: int, name: str, flags: int) -> int:
     """Open the regular file ``name`` in the directory ``dir_fd`` with ``flags``
     (plus O_NOFOLLOW, O_CLOEXEC), 0600 (:func:`open_regular`)."""
     return open_regular(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
-
-
-# A bigger log is pruned (unlinked) after the next run has started instead: freeing
-# its blocks must not delay that start, as emptying it in place would.
-REUSE_MAX_BYTES = 1 << 20
-_EUID = os.geteuid()   # whose logs reuse_file takes (a daemon's user never changes)
-
-
-def reuse_file(dir_fd: int, old: str, new: str) -> Optional[int]:
-    """Open ``new`` (in ``dir_fd``) as the inode of ``old``, a file due to be
-    deleted, emptied and mode 0600: a rename that allocates no inode, where a
-    fresh file would (on ext4 without a journal each allocation scans past the
-    inodes freed in the last 30 s). ``old`` is used only if it is a regular
-    file of ours with one link (an agent can write into its log dir: a
-    symlink, a FIFO, a hard link to another file are never opened through, and
-    are left to be pruned), and no bigger than REUSE_MAX_BYTES; else None, and
-    the caller creates ``new`` afresh.
-    Like O_EXCL, raises FileExistsError if ``new`` already exists.
-
-    ``old`` is linked to ``new`` as it is (a symlink stays a symlink) and then
-    checked through ``new``, opened without following a symlink and without
-    blocking on a FIFO: six system calls, where opening ``old`` first and
-    linking its descriptor through ``/proc/self/fd`` took nine."""
-    try:
-        os.link(old, new, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except FileExistsError:
-        raise
-    except OSError:   # gone, a directory, a file system without hard links
-        return None
-    try:
-        fd = os.open(new, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:   # a symlink (ELOOP), a FIFO without a reader (ENXIO) ...
-        _unlink_quietly(new, dir_fd)
-        return None
-    try:
-        st = os.fstat(fd)
-        # (two links: old and new; blocks too: a file preallocated past its size
-        # would free them all at the truncate, before the run's start)
-        if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 2 or st.st_uid != _EUID
-                or max(st.st_size, st.st_blocks * 512) > REUSE_MAX_BYTES):
-            os.close(fd)
-            _unlink_quietly(new, dir_fd)
-            return None
-        os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)   # before the old name goes: a failure leaves the old log as it was
-        _unlink_quietly(old, dir_fd)
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
-        return fd
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(new, dir_fd)
-        raise
-
-
-def _unlink_quietly(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except OSError:
-        pass
 
 
 def run_log_ids(folder: "Path | int") -> List[int]:

@@ -28,7 +28,7 @@ from ringd.inputs.config import Config
 from ringd.journal.sqlite import Journal, JournalError
 from ringd.host.seam import DriverEnv
 from ringd.host.notify import CLOSING_CAP, HELD_RETRY, Notes, watchdog_usec
-from ringd.core.policy import Requests
+from ringd.core.policy import Requests, is_outage, outage_retry_after
 from ringd.inputs.roster import Agent, resolve_cwd, resolve_program
 from ringd.core.runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
 
@@ -102,6 +102,7 @@ class Hop:
         self.after_start: Optional[Callable[[], None]] = None
         self._hook_error: Optional[Exception] = None
         self._pid_deferred = False   # its pid could not be recorded yet (said once)
+        self.lost = False   # leadership lost before the agent started: nothing is recorded
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -110,31 +111,74 @@ class Hop:
     def prepare(self) -> None:
         """Make the run's files and cgroup: its log, its notify socket. Done once
         its row is committed, just before the spawn, so a row that never commits
-        leaves no files. Neither file allocates an inode on a ring that has
-        turned a lap (the socket is the last run's, parked; the log the agent's
-        oldest, due for pruning): see the README's "what a hop costs". Effects
-        only: what went wrong is said by :meth:`run`."""
-        env = self.env
-        self.cgroup = env.make_cgroup(self.run_id)
+        leaves no files. The log is always a new file (a follower holding an
+        older run's log must never read this run's bytes). Effects only: what
+        went wrong is said by :meth:`run`."""
+        self.cgroup = self.env.make_cgroup(self.run_id)
+        if self._open_log():
+            self._open_voice(self.started_at)
+
+    def _open_log(self) -> bool:
         try:
-            self._log_fd, self.log_path = env.open_run_log(self.agent.name, self.run_id,
-                                                           self.host.config.ring.keep_logs)
+            self._log_fd, self.log_path = self.env.open_run_log(self.agent.name, self.run_id)
         except OSError as e:
             self._log_error = e
-            return
+            return False
+        self._log_error = None
+        return True
+
+    def _open_voice(self, started: float) -> None:
+        """The run's environment (its deadline counted from ``started``) and notify socket."""
         self._run_env = agent_env(self.host.base_env, self.agent.name, self.run_id, self.limits.run_budget,
-                                  self.started_at + self.limits.run_budget, self.host.state_key)
+                                  started + self.limits.run_budget, self.host.state_key)
         try:
-            self.notify = env.open_notify(self.run_id)
+            self.notify = self.env.open_notify(self.run_id)
         except OSError as e:
             self._notify_error = e
 
-    def _set_up(self) -> None:
-        """Make the files; then wire the notify socket (SPEC "Agents that
-        talk back"): a socket that could not be made costs the agent its
-        voice, never its run - so its watchdog, which it could not ping, is
-        off for the run."""
-        self.prepare()
+    def _wait_for_room(self) -> Optional[Close]:
+        """The run's log cannot be made because the state dir is full (space or
+        inodes), over quota, read-only or failing: an outage, never the agent's
+        fault (policy.is_outage). The agent is not started until its log can be
+        made: the driver beats, hears its signals and tries again (policy.
+        outage_retry_after), and says so once. A stop or an operator's skip
+        meanwhile closes the run as ``interrupted`` by the driver or ``skipped``
+        (neither counts against the agent); leadership lost: ``self.lost``.
+        None once the log is made (or the error is no longer an outage)."""
+        env, host = self.env, self.host
+        self.say(f"cannot make its run log yet ({env.errno_reason(self._log_error)}): the state dir is full "
+                 f"or unwritable, not the agent's fault; it starts once there is room")
+        delay = outage_retry_after(None)
+        retry_at = env.monotonic() + delay
+        while True:
+            if host.leader is not None and host.leader.must_stop():
+                self.lost = True
+                return None
+            if host.stop_requested:
+                return Close("interrupted", "driver", None, None, f"{host.stop_reason} before it could start "
+                             f"(the state dir was full)")
+            now = env.monotonic()
+            sigs, _ = env.wait(max(0.0, min(retry_at, host.next_beat) - now))
+            if sigs and host.absorb(sigs).wake and self._skip_requested():
+                return Close("skipped", "operator", None, None, "skipped by operator before it could start")
+            now = env.monotonic()
+            if now >= host.next_beat:
+                host.beat(self.agent.name, self.run_id, None, self.started_at)
+            if now < retry_at:
+                continue
+            if self._open_log():
+                self.say("run log made: starting it")
+                self._open_voice(env.wall())
+                return None
+            if not is_outage(self._log_error.errno):
+                return None
+            delay = outage_retry_after(delay)
+            retry_at = env.monotonic() + delay
+
+    def _wire_voice(self) -> None:
+        """Wire the notify socket (SPEC "Agents that talk back"): a socket that
+        could not be made costs the agent its voice, never its run - so its
+        watchdog, which it could not ping, is off for the run."""
         if self._notify_error is not None:
             off = f"; its {self.watchdog:g}s watchdog is off for this run" if self.watchdog else ""
             self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}")
@@ -170,7 +214,17 @@ class Hop:
 
     def _run(self) -> "Union[Pending, HopResult]":
         env, host, name = self.env, self.host, self.agent.name
-        self._set_up()
+        self.prepare()
+        if self._log_error is not None and is_outage(self._log_error.errno):
+            self._started()
+            ended = self._wait_for_room()
+            if ended is not None or self.lost:
+                env.remove_cgroup(self.cgroup)
+                self.cgroup = None
+                if self.lost:
+                    return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
+                return self._close(ended)
+        self._wire_voice()
         cg, self.cgroup = self.cgroup, None
         if self._log_error is not None:
             from ringd.host.env import log_open_reason

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fill_up, mounted_tmpfs, processes_of, wait_until
+from conftest import fill_up, mounted_tmpfs, processes_of, use_up_inodes, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
@@ -593,6 +593,55 @@ def test_state_dir_full_says_why_keeps_alive_and_recovers(small_state):
     log = _fault_and_recover(ring, lambda: fill_up(ring.state), lambda: filler.unlink())
     assert not list(ring.state.glob(".*.tmp")), "failed atomic writes left temp files"
     assert "No space left" in log or "disk is full" in log
+
+
+def test_a_state_dir_out_of_inodes_is_an_outage_never_the_agents_fault(ring):
+    """The state dir out of inodes for a few seconds: each run's log could not
+    be made, so each agent was recorded ``error`` and backed off for 60 s. An
+    outage is never the agent's fault: no ``error`` row, no back-off, no
+    quarantine count; the driver waits (beating, hearing signals), says so
+    once, and the agent runs ``ok`` once there is room."""
+    marks = ring.base / "marks"
+    ring.write_config(ring={"keep_logs": 1000, "backoff_initial": 60, "backoff_max": 600})
+    ring.agent("a", f"echo $RING_RUN_ID >> {marks}; echo out")
+    ring.agent("b", f"echo $RING_RUN_ID >> {marks}")
+    with mounted_tmpfs(ring.state, "16m", inodes=400):
+        try:
+            ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+            err_path, err_file = driver_stderr(ring)
+            drv = ring.start_driver(stderr=err_file)
+            err_file.close()
+            runs_after(ring, 0, 4, message="ring turning before the fault")
+            fillers = use_up_inodes(ring.state)
+            try:
+                waiting = wait_until(lambda: _lines_with(err_path, "cannot make its run log yet"), 20,
+                                     message="the driver says it waits for room")
+                stuck = ring.rows("SELECT * FROM runs WHERE status = 'running'")
+                end = time.monotonic() + 3.0   # a few seconds of outage, inodes freed meanwhile taken again
+                while time.monotonic() < end:
+                    fillers += use_up_inodes(ring.state)
+                    time.sleep(0.05)
+                assert drv.poll() is None, read_text(err_path)[-2000:]
+                assert (ring.heartbeat() or {}).get("pid") == drv.pid
+            finally:
+                for f in fillers:
+                    f.unlink(missing_ok=True)
+            wait_until(lambda: ring.rows("SELECT * FROM runs WHERE id = ? AND status = 'ok'", stuck[0]["id"]),
+                       20, message="the waiting run runs ok once there is room")
+            runs_after(ring, len(ring.runs()), 2, message="the ring turns on")
+            drv.send_signal(signal.SIGTERM)
+            code, _ = finish(drv, 20)
+        finally:
+            ring.cleanup()
+    log = read_text(err_path)
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+    rows = ring.runs()
+    assert not [dict(r) for r in rows if r["status"] in ("error", "failed")], [dict(r) for r in rows]
+    assert len(waiting) == 1 and len(_lines_with(err_path, "cannot make its run log yet")) == 1, log[-3000:]
+    assert len(stuck) == 1 and "run log made: starting it" in log
+    agents = ring.rows("SELECT name, consecutive_failures, backoff_until, bad_streak FROM agents")
+    assert all(a["consecutive_failures"] == 0 and a["backoff_until"] is None and not a["bad_streak"]
+               for a in agents), [dict(a) for a in agents]
 
 
 @pytest.fixture

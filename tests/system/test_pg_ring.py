@@ -1191,3 +1191,26 @@ def test_a_connection_that_dies_at_its_first_statement_is_made_again_and_the_sta
     finally:
         j.close()
         proxy.close()
+
+
+def test_run_ids_that_meet_old_logs_of_a_state_dir_moved_from_sqlite_run_their_agents(ring, pg_dsn):
+    """A state dir that ran on SQLite (its logs up to run 5), now on a fresh
+    PostgreSQL journal whose ids start at 1: each run met an old log at its
+    path and ended ``error`` (0 ok and 2 error in 6 s). The old log is set
+    aside, never written through or thrown away, and the agent runs ``ok``."""
+    ring.write_config(ring={"journal": pg_dsn, "lease_ttl": TTL, "heartbeat_interval": 0.2})
+    ring.agent("a", "echo new run $RING_RUN_ID")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    logs = ring.state / "logs" / "a"
+    logs.mkdir(parents=True, mode=0o700)
+    for i in range(1, 6):
+        (logs / f"{i}.log").write_text(f"old sqlite run {i}\n")
+    for _ in range(2):
+        res = ring.cli("run", "--once", timeout=60)
+        assert res.returncode == 0, res.stderr
+    runs = pg_rows(pg_dsn, "SELECT id, status FROM runs ORDER BY id")
+    assert [r["status"] for r in runs] == ["ok", "ok"], runs
+    for r in runs:
+        assert (logs / f"{r['id']}.log").read_text() == f"new run {r['id']}\n"
+        (old,) = logs.glob(f"{r['id']}.log.aside-*")
+        assert old.read_text() == f"old sqlite run {r['id']}\n"

@@ -18,6 +18,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import List
 
 import psutil
 import pytest
@@ -254,151 +255,77 @@ def _untouched(victim_dir: Path, precious: Path):
     assert os.stat(precious).st_mtime == 1_000_000_000
 
 
-def test_symlinked_agent_log_dir_is_not_followed(ring, victim):
+def _aside(folder: Path, name: str) -> List[Path]:
+    return sorted(folder.glob(f"{name}.aside-*"))
+
+
+@pytest.mark.parametrize("where", ["logs/a", "logs"])
+def test_a_symlinked_log_dir_is_set_aside_never_followed_and_the_agent_runs(ring, victim, where):
+    """A symlink at ``logs/`` or ``logs/<agent>/`` made the agent ``error`` and back
+    off. It is set aside (renamed, never followed), the log dir made afresh, and
+    the agent runs ``ok``; the driver says so once."""
     vdir, precious = victim
     ring.agent("a", "echo secret output")
     ring.roster(f"a {ring.agents_dir}/a.sh")
-    (ring.state / "logs").mkdir(mode=0o700)
-    os.symlink(vdir, ring.state / "logs" / "a")
+    if where == "logs/a":
+        (ring.state / "logs").mkdir(mode=0o700)
+    os.symlink(vdir, ring.state / where)
     code, err = finish(ring.start_driver("--once"))
     assert code == 0, err
     (row,) = ring.runs()
-    assert row["status"] == "error"
-    assert "log" in row["reason"] and "symbolic link" in row["reason"], row["reason"]
+    assert row["status"] == "ok", dict(row)
+    parent, name = (ring.state / where).parent, (ring.state / where).name
+    (moved,) = _aside(parent, name)
+    assert moved.is_symlink() and os.readlink(moved) == str(vdir)
+    assert (ring.state / "logs" / "a" / "1.log").read_text() == "secret output\n"
+    assert [ln for ln in err.splitlines() if "set aside" in ln and "symbolic link" in ln], err
     _untouched(vdir, precious)
 
 
-def test_symlinked_logs_dir_is_not_followed(ring, victim):
+PLANT = {"symlink": 'ln -s {precious} "$next"', "file": 'echo planted > "$next"', "fifo": 'mkfifo "$next"',
+         "directory": 'mkdir "$next"'}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANT))
+def test_anything_planted_at_the_next_run_log_is_set_aside_and_the_run_is_ok(ring, victim, plant):
+    """A symlink (or a file, a FIFO, a directory) planted at the next run's log
+    path - here by the agent itself, every run - made that run ``error`` and its
+    agent back off (60 s, doubling). It is set aside, never written through or
+    opened; every run is ``ok``, its log a new file; said once in the driver's
+    log, not at every run."""
     vdir, precious = victim
-    ring.agent("a", "echo secret output")
+    plant_it = PLANT[plant].format(precious=precious)
+    ring.agent("a", f"""
+        echo run $RING_RUN_ID
+        next="$RING_STATE/logs/a/$((RING_RUN_ID + 1)).log"
+        {plant_it}
+        """)
     ring.roster(f"a {ring.agents_dir}/a.sh")
-    os.symlink(vdir, ring.state / "logs")
-    code, err = finish(ring.start_driver("--once"))
+    ring.write_config(ring={"keep_logs": 1000})
+    drv = ring.start_driver()
+    try:
+        wait_until(lambda: len([r for r in ring.runs() if r["status"] == "ok"]) >= 4, timeout=30,
+                   message="four runs ok")
+    finally:
+        drv.send_signal(signal.SIGTERM)
+        code, err = finish(drv)
     assert code == 0, err
-    (row,) = ring.runs()
-    assert row["status"] == "error" and "symbolic link" in row["reason"], row["reason"]
+    runs = [dict(r) for r in ring.runs()]
+    assert all(r["status"] == "ok" for r in runs[:4]), runs
+    logs = ring.state / "logs" / "a"
+    for r in runs[1:4]:
+        path = logs / f"{r['id']}.log"
+        assert path.read_text() == f"run {r['id']}\n" and not path.is_symlink()
+        (moved,) = _aside(logs, path.name)
+        assert moved.is_symlink() if plant == "symlink" else os.path.lexists(moved)
+    said = [ln for ln in err.splitlines() if "set aside" in ln]
+    assert len(said) == 1 and "2.log" in said[0], err
     _untouched(vdir, precious)
-
-
-def test_symlink_planted_at_the_next_run_log_is_not_followed(ring, victim):
-    vdir, precious = victim
-    ring.write_config(ring={"backoff_initial": 0.01, "backoff_max": 0.01})   # the error's back-off is short
-    ring.agent("a", "echo overwrite-attempt")
-    ring.roster(f"a {ring.agents_dir}/a.sh")
-    code, err = finish(ring.start_driver("--once"))
-    assert code == 0, err
-    nxt = ring.runs()[-1]["id"] + 1
-    os.symlink(precious, ring.state / "logs" / "a" / f"{nxt}.log")
-    code, err = finish(ring.start_driver("--once"))
-    assert code == 0, err
-    row = ring.runs()[-1]
-    assert row["id"] == nxt and row["status"] == "error", dict(row)
-    assert f"{nxt}.log" in row["reason"] and "refusing" in row["reason"], row["reason"]
-    _untouched(vdir, precious)
-    code, err = finish(ring.start_driver("--once"))   # the ring goes on
-    assert code == 0, err
-    assert ring.runs()[-1]["status"] == "ok"
-
-
-# a log due for pruning becomes the next run's (safefile.reuse_file): only a plain file of ours
-
-def _dir_fd(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def test_a_pruned_log_becomes_the_next_run_log_emptied_and_private(tmp_path):
-    old = tmp_path / "1.log"
-    old.write_text("run 1 said a lot\n")
-    old.chmod(0o644)
-    ino = old.stat().st_ino
-    dfd = _dir_fd(tmp_path)
-    try:
-        fd = safefile.reuse_file(dfd, "1.log", "7.log")
-    finally:
-        os.close(dfd)
-    assert fd is not None
-    try:
-        os.write(fd, b"run 7\n")
-    finally:
-        os.close(fd)
-    new = tmp_path / "7.log"
-    st = new.stat()
-    assert (st.st_ino, st.st_nlink, stat.S_IMODE(st.st_mode)) == (ino, 1, 0o600)   # no inode allocated
-    assert new.read_text() == "run 7\n" and not old.exists()
-
-
-def test_a_big_old_log_is_left_to_be_pruned_after_the_next_start(tmp_path):
-    old = tmp_path / "1.log"
-    with open(old, "wb") as f:
-        f.truncate(safefile.REUSE_MAX_BYTES + 1)   # emptying it would free its blocks before the start
-    dfd = _dir_fd(tmp_path)
-    try:
-        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
-    finally:
-        os.close(dfd)
-    assert old.stat().st_size == safefile.REUSE_MAX_BYTES + 1 and not (tmp_path / "7.log").exists()
-
-
-def test_an_old_log_preallocated_past_its_size_is_left_to_be_pruned_too(tmp_path):
-    """``fallocate --keep-size``: 0 bytes long, 2 MiB of blocks, which the truncate
-    would free before the next run's start: judged by its blocks, not its size."""
-    import ctypes
-    old = tmp_path / "1.log"
-    fd = os.open(old, os.O_CREAT | os.O_WRONLY, 0o600)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        keep_size = 1   # FALLOC_FL_KEEP_SIZE
-        if libc.fallocate(fd, keep_size, ctypes.c_long(0), ctypes.c_long(2 * safefile.REUSE_MAX_BYTES)) != 0:
-            pytest.skip(f"no fallocate here: {os.strerror(ctypes.get_errno())}")
-    finally:
-        os.close(fd)
-    assert old.stat().st_size == 0 and old.stat().st_blocks * 512 >= 2 * safefile.REUSE_MAX_BYTES
-    dfd = _dir_fd(tmp_path)
-    try:
-        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
-    finally:
-        os.close(dfd)
-    assert old.stat().st_blocks * 512 >= 2 * safefile.REUSE_MAX_BYTES and not (tmp_path / "7.log").exists()
-
-
-@pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo", "directory"])
-def test_a_planted_old_log_is_never_reused(tmp_path, victim, plant):
-    vdir, precious = victim
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    old = logs / "1.log"
-    if plant == "symlink":
-        os.symlink(precious, old)
-    elif plant == "hardlink":
-        os.link(precious, old)
-    elif plant == "fifo":
-        os.mkfifo(old)           # no reader: an open for writing would block without O_NONBLOCK
-    else:
-        old.mkdir()
-    dfd = _dir_fd(logs)
-    try:
-        assert safefile.reuse_file(dfd, "1.log", "7.log") is None
-    finally:
-        os.close(dfd)
-    assert not (logs / "7.log").exists() and os.path.lexists(old)   # left to be pruned
-    assert precious.read_text() == "precious\n" and os.stat(precious).st_mtime == 1_000_000_000
-
-
-def test_reusing_a_log_refuses_a_file_already_at_the_new_name(tmp_path):
-    (tmp_path / "1.log").write_text("old\n")
-    os.symlink("/etc/passwd", tmp_path / "7.log")
-    dfd = _dir_fd(tmp_path)
-    try:
-        with pytest.raises(FileExistsError):
-            safefile.reuse_file(dfd, "1.log", "7.log")
-    finally:
-        os.close(dfd)
-    assert (tmp_path / "1.log").read_text() == "old\n"
 
 
 def test_a_drivers_log_dirs_are_listed_once_at_start_up_not_at_each_agents_first_run(tmp_path, monkeypatch):
     """Listed back to back at start-up (RealEnv.index_run_logs), not at each
-    agent's first run; what was listed is what the runs prune and reuse."""
+    agent's first run; what was listed is what the runs prune."""
     from ringd.host.env import RealEnv
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -416,21 +343,22 @@ def test_a_drivers_log_dirs_are_listed_once_at_start_up_not_at_each_agents_first
         env.index_run_logs(["a", "b", "c", "d"])   # "c": no log dir yet
         assert len(listed) == 2
         for agent, run_id in (("a", 3), ("c", 4)):
-            fd, _ = env.open_run_log(agent, run_id, keep=2)
+            fd, _ = env.open_run_log(agent, run_id)
             os.close(fd)
             env.keep_logs(agent, run_id, keep=2)
         assert len(listed) == 2, "listed again at a run"
-        assert sorted(os.listdir(state / "logs" / "a")) == ["2.log", "3.log"]   # 1.log became 3.log
+        assert sorted(os.listdir(state / "logs" / "a")) == ["2.log", "3.log"]   # 1.log pruned
         assert os.listdir(state / "logs" / "c") == ["4.log"]
-        with pytest.raises(OSError):
-            env.open_run_log("d", 5, keep=2)
+        fd, _ = env.open_run_log("d", 5)   # the symlink is set aside, never written through
+        os.close(fd)
+        assert (state / "logs" / "d").is_dir() and os.listdir(tmp_path / "state" / "logs" / "d") == ["5.log"]
     finally:
         env.close()
 
 
 def test_an_agent_that_swaps_its_oldest_log_for_a_symlink_writes_nothing_through_it(ring, victim):
     """The driver knows its logs from one listing; run 3 swaps 2.log (the
-    oldest, due for reuse by run 4) for a symlink to a victim file."""
+    oldest, due for pruning after run 4 starts) for a symlink to a victim file."""
     vdir, precious = victim
     ring.write_config(ring={"keep_logs": 2})
     ring.agent("a", f"""
@@ -455,16 +383,15 @@ def test_an_agent_that_swaps_its_oldest_log_for_a_symlink_writes_nothing_through
 
 
 def test_an_agent_that_swaps_its_log_dir_for_a_symlink_gets_nothing_unlinked_through_it(ring, victim):
-    """Run 1's log is too big to be reused (safefile.REUSE_MAX_BYTES): it is
-    pruned by name after run 3. Run 3 swaps its log dir for a symlink to a
-    victim dir holding a ``1.log``: the prune unlinked the victim's file through
-    the link. Never: the victim is untouched, the ring goes on."""
+    """Run 1's log is pruned by name after run 3. Run 3 swaps its log dir for a
+    symlink to a victim dir holding a ``1.log``: the prune unlinked the victim's
+    file through the link. Never: the victim is untouched, the ring goes on (the
+    symlink is set aside at run 4, and its log dir made afresh)."""
     vdir, precious = victim
     other = vdir / "1.log"
     other.write_text("not ring's\n")
     ring.write_config(ring={"keep_logs": 2})
     ring.agent("a", f"""
-        if [ "$RING_RUN_ID" = 1 ]; then head -c {safefile.REUSE_MAX_BYTES + 4096} /dev/zero; fi
         if [ "$RING_RUN_ID" = 3 ]; then
             mv "$RING_STATE/logs/a" "$RING_STATE/logs/a.moved" && ln -s {vdir} "$RING_STATE/logs/a"
         fi
@@ -481,7 +408,8 @@ def test_an_agent_that_swaps_its_log_dir_for_a_symlink_gets_nothing_unlinked_thr
         finish(drv)
     assert other.read_text() == "not ring's\n", "unlinked through the planted symlink"
     assert sorted(os.listdir(vdir)) == ["1.log", "precious.txt"]
-    assert (ring.state / "logs" / "a").is_symlink()
+    (moved,) = _aside(ring.state / "logs", "a")
+    assert moved.is_symlink() and (ring.state / "logs" / "a").is_dir()
 
 
 def test_logs_never_reads_through_a_symlinked_log_dir(ring, victim):

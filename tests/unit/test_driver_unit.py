@@ -311,10 +311,10 @@ def test_a_runs_files_are_made_only_once_its_row_is_committed(tmp_path):
         return [] if parent is None else [p for p in os.listdir(parent) if p.startswith(prefix)]
     real_open_run_log = env.open_run_log
 
-    def open_run_log(agent, run_id, keep=0):
+    def open_run_log(agent, run_id):
         row = reader.run(run_id)   # another connection: what is on disk
         on_disk.append(None if row is None else row.status)
-        return real_open_run_log(agent, run_id, keep)
+        return real_open_run_log(agent, run_id)
     env.open_run_log = open_run_log
     cfg = Config(ring=RingSettings(**{**RING, "heartbeat_interval": 0.2}))
     d = Driver(env, tmp_path, None, cfg, src, FailsFirstCommit(journal), once=True)
@@ -1022,3 +1022,55 @@ def test_a_run_that_ended_as_the_lease_lapsed_keeps_its_end_and_is_never_reaped(
     assert (first.status, first.exit_code) == ("ok", 0), [(r.status, r.exit_code) for r in rows(j)]
     assert leader.found_running == [None, None]   # at start, and on leading again: nothing of ours to reap
     assert not any("lost its leadership" in m for _, m in env.logs)
+
+
+# --- a state dir out of room: an outage, never the agent's fault ------------------------------
+
+class FullUntil(FakeEnv):
+    """The state dir has no room (ENOSPC) for a run log until ``room_at``."""
+    room_at = 5.0
+    code = 28   # errno.ENOSPC
+
+    def open_run_log(self, agent, run_id):
+        if self.t < self.room_at:
+            raise OSError(self.code, os.strerror(self.code))
+        return super().open_run_log(agent, run_id)
+
+
+@pytest.mark.parametrize("code", [28, 122, 30])   # ENOSPC, EDQUOT, EROFS
+def test_a_run_log_that_cannot_be_made_for_want_of_room_waits_and_blames_no_one(tmp_path, code):
+    FullUntil.code = code
+    d, env, j = make(tmp_path, "ab", once=True, env_class=FullUntil)
+    assert d.run() == 0
+    assert [(r.agent, r.status) for r in rows(j)] == [("a", "ok"), ("b", "ok")]
+    for name in "ab":
+        s = j.agent_state(name)
+        assert (s.consecutive_failures, s.bad_streak, s.backoff_until) == (0, 0, None)
+    said = [m for _, m in env.logs if "cannot make its run log yet" in m]
+    assert len(said) == 1 and "not the agent's fault" in said[0], env.logs
+    times = [t for t, _ in env.beats if t <= FullUntil.room_at]
+    assert max(b - a for a, b in zip(times, times[1:])) <= 1.0 + 1e-9   # beating while it waits
+    assert env.children[0].exit_at >= FullUntil.room_at   # started once there was room
+    assert env.waits < 100   # no spin: waits of 0.2 s doubling to 5 s, or a beat
+
+
+def test_a_stop_while_waiting_for_room_interrupts_the_run_and_counts_nothing(tmp_path):
+    FullUntil.code = 28
+    d, env, j = make(tmp_path, "a", env_class=FullUntil)
+    env.send(2.0, signal.SIGTERM)
+    assert d.run() == 0
+    (r,) = rows(j)
+    assert r.status == "interrupted" and "before it could start" in r.reason and env.t < 3.0
+    s = j.agent_state("a")
+    assert (s.consecutive_failures, s.bad_streak, s.backoff_until) == (0, 0, None)
+    assert env.children == []
+
+
+def test_a_skip_while_waiting_for_room_skips_the_run(tmp_path):
+    from ringd.journal import transitions
+    FullUntil.code = 28
+    d, env, j = make(tmp_path, "ab", once=True, env_class=FullUntil)
+    env.at(1.0, lambda: (transitions.request_skip(j, None, 1, now=WALL0 + 1.0), env.send(1.0, signal.SIGUSR1)))
+    assert d.run() == 0
+    assert [(r.agent, r.status) for r in rows(j)] == [("a", "skipped"), ("b", "ok")]
+    assert j.agent_state("a").consecutive_failures == 0

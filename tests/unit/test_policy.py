@@ -282,3 +282,14 @@ def test_a_state_changed_by_nothing_is_the_very_same_state():
         s.with_(no_such_field=1)
     ring = RingSettings()
     assert after_run(s, "ok", "driver", 100.0, ring).state is s
+
+
+def test_an_outage_is_a_full_quota_bound_read_only_or_failing_file_system_and_is_retried_doubling():
+    import errno
+    from ringd.core.policy import OUTAGE_RETRY, is_outage, outage_retry_after
+    assert all(is_outage(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO))
+    assert not any(is_outage(e) for e in (errno.EEXIST, errno.ELOOP, errno.EACCES, errno.ENOENT, None))
+    delays = [outage_retry_after(None)]
+    for _ in range(8):
+        delays.append(outage_retry_after(delays[-1]))
+    assert delays[:4] == [0.2, 0.4, 0.8, 1.6] and delays[-1] == OUTAGE_RETRY[1] == 5.0
