@@ -482,10 +482,11 @@ def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], l
 @locations
 @click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
-              help="This run's log (default: NAME's last run).")
+              help="This run's log (default: NAME's newest run that has a log).")
 @click.option("-f", "--follow", is_flag=True,
               help="Follow: NAME's current run and its later runs (no NAME: the whole ring, lines prefixed "
-                   "NAME[RUN_ID]; with --run: that run until it ends), until Ctrl-C.")
+                   "NAME[RUN_ID] HH:MM:SS, and a line as each run ends; with --run: that run until it ends), "
+                   "until Ctrl-C.")
 @click.option("--lines", "-n", "lines", type=click.IntRange(0, 10_000_000), default=None, metavar="N",
               help="Only the last N lines (with -f: first the last N lines, then what follows).")
 @reading
@@ -495,16 +496,20 @@ def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_
     """Print a run's log, or follow an agent or the whole ring.
 
     Exit 2 for an unknown agent or run."""
-    from ringd.cli.logs import find_run, follow as follow_runs, follow_log, show_log, show_tail
+    from ringd.cli.logs import find_run, follow as follow_runs, follow_log, logless_line, show_log, show_tail
     if name is None and (run_id is not None or not follow):
         raise fail("give an agent NAME, or -f to follow the whole ring (see 'ringd logs --help')", EX_BAD_USAGE)
     config = load_config(config_path)
     out = sys.stdout.buffer
     try:
         if follow and run_id is None:
-            follow_runs(state_dir, config, name, out, lines=lines)
+            colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+            follow_runs(state_dir, config, name, out, lines=lines, colour=colour)
             return
-        row = find_run(state_dir, config, name, run_id)
+        logless: Optional[List] = [] if run_id is None and not follow else None
+        row = find_run(state_dir, config, name, run_id, logless)
+        if logless:
+            click.echo(f"ringd: {one_line(logless_line(name, row, logless))}", err=True)
         if follow:
             follow_log(state_dir, config, row, out)
         elif lines is not None:

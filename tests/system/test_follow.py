@@ -2,8 +2,10 @@
 against a real driver; following ends with Ctrl-C, exit 0."""
 from __future__ import annotations
 
+import os
 import re
 import signal
+import time
 
 from conftest import ring_cmd, wait_until
 
@@ -54,23 +56,45 @@ def test_follow_an_agent_across_runs(ring):
     assert ids == sorted(ids) and len(ids) >= 2 and ids[0] > first
 
 
-def test_follow_the_whole_ring_with_prefixes(ring):
+LINE = re.compile(r"^(a|b)\[(\d+)\] (\d\d:\d\d:\d\d) (.*)$")
+END = re.compile(r"^(a|b)\[(\d+)\] -- (\w+) after \d+\.\ds(?: \((.*)\))?$")
+
+
+def test_follow_the_whole_ring_with_prefixes_times_and_endings(ring):
+    """``NAME[RUN] HH:MM:SS line`` (the name first, then the local time it was
+    read), and one ``NAME[RUN] -- STATUS after N.Ns (REASON)`` line as each run
+    ends; no escape codes into a file."""
     ring.agent("a", 'echo "from a"; sleep 0.2; printf "a again"')
-    ring.agent("b", 'echo "from b" >&2')
+    ring.agent("b", 'echo "from b" >&2; exit 3')
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    ring.write_config(ring={"backoff_initial": 0.01, "backoff_max": 0.01, "keep_logs": 1000})
     p, out = follower(ring, "-f")       # no journal yet: it waits for the first driver
+    before = time.time()
     ring.start_driver()
-    wait_until(lambda: len(re.findall(r"^b\[\d+\] from b$", out.read_text(), re.M)) >= 2, timeout=20,
+    wait_until(lambda: len(re.findall(r"^b\[\d+\] -- failed", out.read_text(), re.M)) >= 2, timeout=20,
                message="two laps followed")
     assert stop(p) == 0
+    after = time.time()
     lines = out.read_text().splitlines()
-    assert lines and all(re.match(r"^(a|b)\[\d+\] ", x) for x in lines), lines
-    runs = {r["id"]: r["agent"] for r in ring.runs()}
+    runs = {r["id"]: dict(r) for r in ring.runs()}
+    ended = {}
     for x in lines:
-        m = re.match(r"^(a|b)\[(\d+)\] (.*)$", x)
-        assert runs[int(m.group(2))] == m.group(1)
-        assert m.group(3) in ("from a", "a again", "from b")
-    assert any(x.endswith("] a again") for x in lines)   # a last line without newline, prefixed too
+        m, e = LINE.match(x), END.match(x)
+        assert m or e, x
+        if e:
+            name, run_id, status, why = e.groups()
+            row = runs[int(run_id)]
+            assert (row["agent"], row["status"]) == (name, status), (x, row)
+            assert why == ("exit 3" if name == "b" else None), x
+            ended[int(run_id)] = True
+            continue
+        name, run_id, hms, text = m.groups()
+        assert runs[int(run_id)]["agent"] == name and int(run_id) not in ended, x   # never after its end
+        assert text in ("from a", "a again", "from b")
+        stamp = time.strftime("%H:%M:%S", time.localtime(before)), time.strftime("%H:%M:%S", time.localtime(after))
+        assert stamp[0] <= hms <= stamp[1] or stamp[0] > stamp[1], (x, stamp)   # (midnight between)
+    assert any(x.endswith(" a again") for x in lines)   # a last line without newline, prefixed too
+    assert len(ended) >= 3 and "\x1b" not in out.read_text()
     assert ring.cli("logs", "ghost", "-f").returncode == 2
 
 
@@ -83,7 +107,7 @@ def test_follow_goes_on_with_a_journal_put_in_place_of_the_one_followed(ring):
     ring.roster(f"b {ring.agents_dir}/b.sh")
     driver = ring.start_driver()
     p, out = follower(ring, "-f")
-    wait_until(lambda: re.search(r"^b\[\d+\] run \d+$", out.read_text(), re.M), timeout=20,
+    wait_until(lambda: re.search(r"^b\[\d+\] \S+ run \d+$", out.read_text(), re.M), timeout=20,
                message="a run followed")
     driver.send_signal(signal.SIGTERM)
     assert driver.wait(timeout=10) == 0
@@ -96,3 +120,38 @@ def test_follow_goes_on_with_a_journal_put_in_place_of_the_one_followed(ring):
     wait_until(lambda: any(int(x) > last_old for x in re.findall(r"^b\[(\d+)\] ", out.read_text(), re.M)),
                timeout=20, message="a run of the new journal followed")
     assert stop(p) == 0
+
+
+def test_following_never_shows_a_later_runs_line_under_an_earlier_run(ring):
+    """``keep_logs: 1`` on a fast ring: each run's log took the inode of the
+    agent's previous one (a hard link, then emptied) while a follower still read
+    that one, and later runs' lines showed under the earlier NAME[RUN_ID] (32 of
+    322). Every run now has a file of its own, and a follower shows only bytes
+    of a file still at its run's path (or pruned): over ~100 runs, a follower
+    paused for a while among them included, every line it shows is the run's
+    own, as the agent itself says ($RING_RUN_ID)."""
+    ring.write_config(ring={"keep_logs": 1})
+    for name in ("a", "b"):
+        ring.agent(name, 'for i in 1 2 3 4 5; do echo "$RING_RUN_ID $i"; done')
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    p, out = follower(ring, "-f")
+    ring.start_driver()
+    wait_until(lambda: len(ring.runs()) >= 30, timeout=30, message="30 runs")
+    os.kill(p.pid, signal.SIGSTOP)   # a reader that falls behind while runs go on
+    try:
+        first = len(ring.runs())
+        wait_until(lambda: len(ring.runs()) >= first + 20, timeout=30, message="20 runs while it is paused")
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    wait_until(lambda: len(ring.runs()) >= 110, timeout=60, message="110 runs")
+    assert stop(p) == 0
+    shown, mismatched = 0, []
+    for x in out.read_text().splitlines():
+        m = re.match(r"^(?:a|b)\[(\d+)\] (?:\d\d:\d\d:\d\d )?(\d+) \d$", x)   # (the time: not needed here)
+        if m is None:
+            assert END.match(x), x
+            continue
+        shown += 1
+        if m.group(1) != m.group(2):
+            mismatched.append(x)
+    assert shown >= 100 and not mismatched, (shown, len(mismatched), mismatched[:5])

@@ -93,10 +93,10 @@ def test_follow_from_the_last_lines_of_a_huge_log_reads_only_its_end(tmp_path, c
     row = run_row()
     write_log(tmp_path, row, b"x\n" * (BIG // 2) + b"last one\nlast two")
     out = io.BytesIO()
-    t = logs._Tracked(row, b"web[7] ")
+    t = logs._Tracked(row, b"web[7]", stamp=lambda: b"18:04:05")
     t.pump(tmp_path, out, skip_to_lines=1)
     t.finish(tmp_path, out)
-    assert out.getvalue() == b"web[7] last two\n"
+    assert out.getvalue() == b"web[7] 18:04:05 last two\n"
     assert counted_reads["bytes"] < 1024 * 1024
 
 
@@ -104,7 +104,7 @@ def test_an_endless_line_is_shown_in_prefixed_pieces_not_held(tmp_path):
     row = run_row()
     path = write_log(tmp_path, row, b"")
     out = io.BytesIO()
-    t = logs._Tracked(row, b"web[7] ")
+    t = logs._Tracked(row, b"web[7]", stamp=lambda: b"18:04:05")
     with open(path, "ab") as f:
         for _ in range(64):
             f.write(b"y" * 65536)
@@ -115,9 +115,10 @@ def test_an_endless_line_is_shown_in_prefixed_pieces_not_held(tmp_path):
     t.pump(tmp_path, out)
     t.finish(tmp_path, out)
     text = out.getvalue()
-    assert all(line.startswith(b"web[7] ") and len(line) <= len(b"web[7] ") + logs.MAX_LINE
+    head = b"web[7] 18:04:05 "
+    assert all(line.startswith(head) and len(line) <= len(head) + logs.MAX_LINE
                for line in text.split(b"\n")[:-1])
-    assert text.replace(b"\nweb[7] ", b"") == b"web[7] " + b"y" * (64 * 65536) + b"tail" + b"next\n"
+    assert text.replace(b"\n" + head, b"") == head + b"y" * (64 * 65536) + b"tail" + b"next\n"
 
 
 def test_split_lines():
@@ -130,13 +131,13 @@ def test_an_agent_cannot_forge_another_agents_line_in_the_whole_ring_view(tmp_pa
     row = run_row(5, "a")
     write_log(tmp_path, row, b"ok\rb[6] forged\n\x1b[1A\x1b[2Kb[6] also\n\xc2\x9b2Kc1 \x7f\ttab \xc3\xa9\nend\r")
     out = io.BytesIO()
-    t = logs._Tracked(row, b"a[5] ")
+    t = logs._Tracked(row, b"a[5]", stamp=lambda: b"18:04:05")
     t.pump(tmp_path, out)
     t.finish(tmp_path, out)
-    assert out.getvalue() == (b"a[5] ok^Mb[6] forged\n"
-                              b"a[5] ^[[1A^[[2Kb[6] also\n"
-                              b"a[5] M-^[2Kc1 ^?\ttab \xc3\xa9\n"
-                              b"a[5] end^M\n")
+    assert out.getvalue() == (b"a[5] 18:04:05 ok^Mb[6] forged\n"
+                              b"a[5] 18:04:05 ^[[1A^[[2Kb[6] also\n"
+                              b"a[5] 18:04:05 M-^[2Kc1 ^?\ttab \xc3\xa9\n"
+                              b"a[5] 18:04:05 end^M\n")
 
 
 def test_visible():
@@ -163,7 +164,7 @@ def test_a_log_an_agent_made_unreadable_is_named_once_and_following_goes_on(tmp_
         folder.symlink_to(tmp_path / "elsewhere")
     said = []
     out = io.BytesIO()
-    t = logs._Tracked(row, b"web[7] ", said.append)
+    t = logs._Tracked(row, b"web[7]", said.append)
     assert t.pump(tmp_path, out) is False
     t.pump(tmp_path, out)
     t.finish(tmp_path, out)
@@ -171,5 +172,103 @@ def test_a_log_an_agent_made_unreadable_is_named_once_and_following_goes_on(tmp_
 
 
 def test_the_whole_ring_views_prefix_shows_a_journal_names_control_characters():
-    assert logs.prefix_of(run_row(5, "a")) == b"a[5] "
-    assert logs.prefix_of(run_row(6, "b\x1b[2K\ra")) == b"b^[[2K^Ma[6] "
+    assert logs.prefix_of(run_row(5, "a")) == b"a[5]"
+    assert logs.prefix_of(run_row(6, "b\x1b[2K\ra")) == b"b^[[2K^Ma[6]"
+
+
+def ended_row(**kw) -> RunRow:
+    base = dict(id=17, agent="web", position=0, status="timeout", started_at=100.0, ended_at=105.02,
+                duration=5.02, exit_code=None, signal=15, reason="run budget of 5s reached", pid=9,
+                pid_start=None, run_budget=5.0, stall_threshold=8.0, log_path=None, driver_pid=None,
+                driver_start=None)
+    base.update(kw)
+    return RunRow(**base)
+
+
+def test_the_end_line_says_status_duration_and_reason():
+    assert logs.end_line(ended_row()) == b"web[17] -- timeout after 5.0s (run budget of 5s reached)\n"
+    assert logs.end_line(ended_row(status="ok", signal=None, exit_code=0, reason=None)) == \
+        b"web[17] -- ok after 5.0s\n"
+    assert logs.end_line(ended_row(status="failed", signal=None, exit_code=3, reason=None)) == \
+        b"web[17] -- failed after 5.0s (exit 3)\n"
+    assert logs.end_line(ended_row(status="failed", signal=9, reason=None)) == \
+        b"web[17] -- failed after 5.0s (SIGKILL)\n"
+    assert logs.end_line(ended_row(reason="a\x1b[2K\rb\nc")) == b"web[17] -- timeout after 5.0s (a^[[2K b c)\n"
+    coloured = logs.end_line(ended_row(), colour=True)
+    assert coloured == b"web[17] \x1b[33m-- timeout after 5.0s (run budget of 5s reached)\x1b[0m\n"
+
+
+def test_the_whole_ring_view_ends_a_run_with_its_end_line(tmp_path):
+    row = ended_row(status="running", ended_at=None, duration=None, reason=None, signal=None)
+    write_log(tmp_path, row, b"working\nhalf")
+    out = io.BytesIO()
+    t = logs._Tracked(row, logs.prefix_of(row), stamp=lambda: b"18:04:05")
+    t.pump(tmp_path, out)
+    t.finish(tmp_path, out, ended_row())
+    assert out.getvalue() == (b"web[17] 18:04:05 working\nweb[17] 18:04:05 half\n"
+                              b"web[17] -- timeout after 5.0s (run budget of 5s reached)\n")
+
+
+def test_a_starting_runs_log_is_read_only_once_its_row_has_a_pid(tmp_path):
+    """Until the driver has made the run's log (its pid is recorded after the
+    spawn, which follows the log), what is at the path may be an old log or a
+    planted file the driver is about to set aside: never shown as the run's."""
+    row = ended_row(status="running", ended_at=None, duration=None, reason=None, signal=None, pid=None)
+    path = write_log(tmp_path, row, b"an old journal's run 17\n")
+    out = io.BytesIO()
+    t = logs._Tracked(row, b"web[17]", stamp=lambda: b"18:04:05")
+    assert t.pump(tmp_path, out) is False and t.fd is None
+    os.rename(path, path.with_name("17.log.aside-1"))   # the driver sets it aside, makes the run's own
+    path.write_bytes(b"run 17 itself\n")
+    t.row = ended_row(status="running", ended_at=None, duration=None, reason=None, signal=None, pid=42)
+    t.pump(tmp_path, out)
+    assert out.getvalue() == b"web[17] 18:04:05 run 17 itself\n"
+
+
+@pytest.mark.parametrize("how", ["hard link", "rename"])
+def test_a_followed_log_given_to_another_run_shows_none_of_that_runs_bytes(tmp_path, how):
+    """A log file whose inode becomes a later run's (linked or renamed to the
+    later run's name): what is written to it afterwards is never shown under
+    the earlier run's NAME[RUN_ID]; said once."""
+    row = ended_row(status="running", ended_at=None, duration=None, reason=None, signal=None)
+    path = write_log(tmp_path, row, b"run 17 line\n")
+    said, out = [], io.BytesIO()
+    t = logs._Tracked(row, b"web[17]", said.append, stamp=lambda: b"18:04:05")
+    t.pump(tmp_path, out)
+    later = path.with_name("18.log")
+    if how == "hard link":
+        os.link(path, later)
+        os.unlink(path)
+    else:
+        os.rename(path, later)
+    with open(later, "ab") as f:
+        f.write(b"run 18 line\n")
+    t.pump(tmp_path, out)
+    t.finish(tmp_path, out, ended_row())
+    text = out.getvalue()
+    assert b"run 18" not in text and text.startswith(b"web[17] 18:04:05 run 17 line\n"), text
+    assert len(said) == 1 and "moved or replaced" in said[0], said
+
+
+def test_a_followed_log_pruned_while_it_is_read_is_read_to_its_end(tmp_path):
+    """Unlinked (keep_logs pruned it as the next run started): a file with no
+    name can be no other run's, so its last lines are still shown."""
+    row = ended_row(status="running", ended_at=None, duration=None, reason=None, signal=None)
+    path = write_log(tmp_path, row, b"first\n")
+    said, out = [], io.BytesIO()
+    t = logs._Tracked(row, b"web[17]", said.append, stamp=lambda: b"18:04:05")
+    t.pump(tmp_path, out)
+    with open(path, "ab") as f:
+        f.write(b"last words\n")
+    os.unlink(path)
+    t.finish(tmp_path, out, ended_row())
+    assert out.getvalue().splitlines()[:2] == [b"web[17] 18:04:05 first", b"web[17] 18:04:05 last words"]
+    assert said == []
+
+
+def test_logs_name_shows_the_newest_run_with_a_log_and_names_the_newer_ones_without():
+    rows = [ended_row(id=9, status="skipped", reason="skipped by operator", pid=None),
+            ended_row(id=8, status="skipped", reason="quarantined until ...", pid=None),
+            ended_row(id=7, status="error", reason="cannot open run log")]
+    line = logs.logless_line("web", ended_row(id=6), rows)
+    assert line == "showing run 6 of web; newer runs had no log: 9 (skipped), 8 (quarantined), 7 (could not start)"
