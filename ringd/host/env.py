@@ -96,6 +96,7 @@ class RealEnv:
         # (proven once: here, or by the driver just before its first run), else
         # the subreaper rule alone - said once.
         self.containment = cgroup.detect(state_dir, prove=False)
+        logline.rotate_stderr(state_dir)   # stderr is logs/ringd.log (under ringwatch): rotated as it grows
         if prove_containment:
             self.prove_containment()
 

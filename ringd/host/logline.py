@@ -79,6 +79,99 @@ def _forget_pid() -> None:
 os.register_at_fork(after_in_child=_forget_pid)
 
 
+def _no_rotation() -> None:
+    global _rotation
+    _rotation = None   # a forked child never rotates its parent's log
+
+
+os.register_at_fork(after_in_child=_no_rotation)
+
+
+class Rotation:
+    """stderr (and stdout, when it is the same file) is ``<state>/logs/ringd.log``:
+    rotated from the writer at its size bound (safefile.log_rotate_bytes), one old
+    copy kept as ``ringd.log.1``, for as long as the process writes - not only
+    when a watcher starts a driver. Looked at once per CHECK_BYTES written here
+    (an fstat), so a line costs nothing more."""
+    CHECK_BYTES = 64 * 1024
+
+    def __init__(self, state_dir, name: str, limit: int, fds: "tuple[int, ...]"):
+        self.state_dir = state_dir
+        self.name = name
+        self.limit = limit
+        self.fds = fds
+        self.check_every = max(1, min(self.CHECK_BYTES, limit // 8))
+        self.written = 0
+        self.failed_said = False
+
+    def wrote(self, n: int) -> None:
+        self.written += n
+        if self.written >= self.check_every:
+            self.written = 0
+            self.check()
+
+    def check(self) -> None:
+        from ringd.host import safefile
+        try:
+            st = os.fstat(self.fds[0])
+            if st.st_size < self.limit:
+                return
+            dfd = safefile.open_dir(self.state_dir, ("logs",), create=False)
+            try:
+                at_path = os.stat(self.name, dir_fd=dfd, follow_symlinks=False)
+                if (at_path.st_dev, at_path.st_ino) == (st.st_dev, st.st_ino):
+                    os.replace(self.name, self.name + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
+                # (else moved away already, by the operator's logrotate: the file at the path goes on)
+                fd = safefile.open_in(dfd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            if not self.failed_said:   # a directory at ringd.log.1, a read-only logs/: appended to all the same
+                self.failed_said = True
+                self._write(f"cannot rotate {self.name} to {self.name}.1 ({e.strerror}); appending on")
+            return
+        try:
+            os.fchmod(fd, 0o600)
+            for target in self.fds:
+                os.dup2(fd, target)
+        finally:
+            os.close(fd)
+
+    def _write(self, message: str) -> None:
+        try:
+            os.write(self.fds[0], format_line("ringd", message, at=time.time(), pid=_pid(),
+                                              level=ERR, journald=False).encode())
+        except OSError:
+            pass
+
+
+_rotation: Optional[Rotation] = None
+
+
+def rotate_stderr(state_dir, name: str = "ringd.log") -> bool:
+    """If stderr is ``<state_dir>/logs/<name>`` (a driver started by ringwatch, or
+    ``2>>``), rotate it at its size bound as lines are written (:class:`Rotation`).
+    True if it is."""
+    global _rotation
+    from ringd.host import safefile
+    try:
+        err = os.fstat(2)
+        at_path = os.stat(os.path.join(state_dir, "logs", name), follow_symlinks=False)
+    except OSError:
+        return False
+    if (err.st_dev, err.st_ino) != (at_path.st_dev, at_path.st_ino):
+        return False
+    fds = [2]
+    try:
+        out = os.fstat(1)
+        if (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino):
+            fds.append(1)
+    except OSError:
+        pass
+    _rotation = Rotation(state_dir, name, safefile.log_rotate_bytes(), tuple(fds))
+    return True
+
+
 def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
     """Write one line to stderr (or ``stream``) and flush it. A line that cannot
     be written (the log's disk is full: ENOSPC, EIO) is lost, never an error: a
@@ -89,8 +182,11 @@ def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[
     stream = stream or sys.stderr
     if _journald is None:   # stderr does not change under a running daemon: look once
         _journald = stream_is_journal(stream, os.environ.get("JOURNAL_STREAM"))
+    line = format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald)
     try:
-        stream.write(format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald))
+        stream.write(line)
         stream.flush()
     except OSError:
-        pass
+        return
+    if _rotation is not None and stream is sys.stderr:
+        _rotation.wrote(len(line))

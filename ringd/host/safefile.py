@@ -207,12 +207,21 @@ def create_in(dir_fd: int, name: str, moved: List[Aside], where: str = "") -> in
 
 
 LOG_ROTATE_BYTES = 16 * 1024 * 1024   # a daemon's own log is rotated (one old copy) past this size
+ROTATE_ENV = "RING_LOG_ROTATE_BYTES"   # another bound (bytes), for tests: a real run rotates at a small size
+
+
+def log_rotate_bytes() -> int:
+    """The size past which ``ringd.log`` and ``alerts.log`` are rotated:
+    ``$RING_LOG_ROTATE_BYTES`` if it is a positive integer, else LOG_ROTATE_BYTES."""
+    raw = os.environ.get(ROTATE_ENV, "")
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) > 0 else LOG_ROTATE_BYTES
 
 
 def open_log(state_dir: Path, parts: Sequence[str], name: str) -> "Tuple[int, Optional[OSError]]":
     """Open a daemon's own log (``logs/ringd.log``, ``logs/alerts.log``) for
-    appending, 0600, never through a symlink; past ``LOG_ROTATE_BYTES`` it is
-    first moved to ``NAME.1`` (one old copy), so it never grows without end.
+    appending, 0600, never through a symlink; past :func:`log_rotate_bytes` it is
+    first moved to ``NAME.1`` (one old copy), so it never grows without end
+    (a writer that lives on rotates it as it writes: logline.rotate_stderr).
     Returns the descriptor and why it could not be rotated (None: it was, or
     needed not be); a log that cannot be rotated (a directory at ``NAME.1``, a
     read-only folder) is appended to all the same - the caller says so."""
@@ -221,7 +230,7 @@ def open_log(state_dir: Path, parts: Sequence[str], name: str) -> "Tuple[int, Op
     try:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if st.st_size > LOG_ROTATE_BYTES and not stat.S_ISLNK(st.st_mode):
+            if st.st_size > log_rotate_bytes() and not stat.S_ISLNK(st.st_mode):
                 os.replace(name, name + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
         except FileNotFoundError:
             pass

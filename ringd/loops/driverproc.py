@@ -22,7 +22,6 @@ from ringd.host.procid import same_process
 from ringd.core import watchpolicy
 
 DRIVER_LOG = "ringd.log"
-ROTATE_BYTES = safefile.LOG_ROTATE_BYTES   # ringd.log is rotated (one old copy) past this size
 KILL_WAIT = 5.0   # s; a driver SIGKILL has not ended by then is left (uninterruptible sleep)
 
 
@@ -38,7 +37,8 @@ def driver_argv(state_dir: Path, config_path: Optional[Path]) -> List[str]:
 def open_log(state_dir: Path) -> int:
     """Open ``<state>/logs/ringd.log`` for appending: 0600, never through a symlink -
     neither a symlinked ``logs/`` nor a symlinked ``ringd.log`` is followed - and
-    rotated past ``ROTATE_BYTES`` (safefile.open_log)."""
+    rotated past its size bound (safefile.open_log); the driver rotates it
+    again as it writes (logline.rotate_stderr)."""
     fd, unrotated = safefile.open_log(state_dir, ("logs",), DRIVER_LOG)
     os.fchmod(fd, 0o600)
     if unrotated is not None:   # a directory at ringd.log.1, a read-only logs/: the driver starts anyway

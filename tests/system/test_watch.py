@@ -158,7 +158,7 @@ def test_a_driver_log_that_cannot_be_rotated_never_stops_the_watcher_starting_th
     """ringd.log past its rotation size with a directory at ringd.log.1: the
     rotation's rename failed, the driver was never started, and the watcher
     gave up. The driver starts; ringd.log says why it grows on."""
-    from ringd.loops.driverproc import ROTATE_BYTES
+    from ringd.host.safefile import LOG_ROTATE_BYTES as ROTATE_BYTES
     simple_ring(ring)
     logs = ring.state / "logs"
     logs.mkdir(mode=0o700, exist_ok=True)
@@ -174,6 +174,31 @@ def test_a_driver_log_that_cannot_be_rotated_never_stops_the_watcher_starting_th
         tail = f.read().decode("utf-8", "replace")
     assert "cannot rotate ringd.log to ringd.log.1" in tail and "appending on" in tail
     assert (logs / "ringd.log.1").is_dir()
+
+
+def test_the_driver_log_is_rotated_at_its_bound_while_the_driver_lives(ring):
+    """logs/ringd.log was rotated only when a watcher started a driver: a fast
+    ring's log grew without end under one long-lived driver. The driver rotates
+    it as it writes: with a 20 kB bound (RING_LOG_ROTATE_BYTES) a chatty ring
+    has a ringd.log.1 while the same driver runs on, and one old copy only."""
+    bound = 20_000
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    ring.env["RING_LOG_ROTATE_BYTES"] = str(bound)
+    watcher = ring.start_watcher()
+    pid = wait_driver(ring)["pid"]
+    logs = ring.state / "logs"
+    wait_until(lambda: (logs / "ringd.log.1").exists(), timeout=60, message="ringd.log.1 while the driver runs")
+    first = (logs / "ringd.log.1").stat().st_ino
+    wait_until(lambda: (logs / "ringd.log.1").exists() and (logs / "ringd.log.1").stat().st_ino != first,
+               timeout=60, message="a second rotation")
+    assert wait_driver(ring)["pid"] == pid, "rotated by a restart, not by the running driver"
+    # the live file stays near its bound: at most one check's worth past it (Rotation.check_every)
+    assert (logs / "ringd.log").stat().st_size < 2 * bound
+    assert (logs / "ringd.log.1").stat().st_size < 2 * bound
+    assert sorted(p.name for p in logs.iterdir() if p.name.startswith("ringd.log")) == ["ringd.log", "ringd.log.1"]
+    assert re.search(r"ringd\[\d+\]: run \d+: a ", (logs / "ringd.log").read_text()), "the driver writes on"
+    stop_watcher(ring, watcher)
 
 
 def test_second_watcher_refuses_naming_the_first(ring):
