@@ -498,6 +498,27 @@ def test_history_and_logs(ring):
 
 # --- force-fail and resume -----------------------------------------------------------------
 
+def test_logs_name_right_after_a_skip_shows_the_newest_run_that_has_a_log(ring):
+    """``ringd logs NAME`` right after NAME's turn was skipped failed with "run
+    2 of a (skipped) has no log". It shows the newest run of NAME that has a
+    log and names, in one stderr line, the newer runs that had none."""
+    ring.agent("a", 'echo "run $RING_RUN_ID said this"')
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    assert ring.start_driver("--once").wait(timeout=20) == 0
+    for _ in range(2):
+        res = ring.cli("skip", "a")
+        assert res.returncode == 0, res.stderr
+        assert ring.start_driver("--once").wait(timeout=20) == 0
+    assert [r["status"] for r in ring.runs()] == ["ok", "skipped", "skipped"]
+    res = ring.cli("logs", "a")
+    assert res.returncode == 0 and res.stdout == "run 1 said this\n", (res.stdout, res.stderr)
+    assert res.stderr == "ringd: showing run 1 of a; newer runs had no log: 3 (skipped), 2 (skipped)\n"
+    res = ring.cli("logs", "a", "--run", "3")   # asked for by id: that run, which has none
+    assert res.returncode == 1 and "has no log" in one_error_line(res)
+    res = ring.cli("logs", "a", "-n", "1")
+    assert res.returncode == 0 and res.stdout == "run 1 said this\n" and "newer runs had no log" in res.stderr
+
+
 def test_force_fail_closes_and_kills_then_nothing_running(ring):
     ring.agent("stuck", """
         setsid sleep 30 &
