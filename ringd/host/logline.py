@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Optional, TextIO
 
@@ -103,6 +104,7 @@ class Rotation:
         self.check_every = max(1, min(self.CHECK_BYTES, limit // 8))
         self.written = 0
         self.failed_said = False
+        self._busy = threading.Lock()
 
     def wrote(self, n: int) -> None:
         self.written += n
@@ -111,6 +113,14 @@ class Rotation:
             self.check()
 
     def check(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            return   # another thread of the daemon is rotating it now
+        try:
+            self._check()
+        finally:
+            self._busy.release()
+
+    def _check(self) -> None:
         from ringd.host import safefile
         try:
             st = os.fstat(self.fds[0])
