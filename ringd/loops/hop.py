@@ -158,7 +158,10 @@ class Hop:
                 return Close("interrupted", "driver", None, None, f"{host.stop_reason} before it could start "
                              f"(the state dir was full)")
             now = env.monotonic()
-            sigs, _ = env.wait(max(0.0, min(retry_at, host.next_beat) - now))
+            until = min(retry_at, host.next_beat)
+            if host.leader is not None:
+                until = min(until, now + host.leader.seconds_left())
+            sigs, _ = env.wait(max(0.0, until - now))
             if sigs and host.absorb(sigs).wake and self._skip_requested():
                 return Close("skipped", "operator", None, None, "skipped by operator before it could start")
             now = env.monotonic()
