@@ -10,8 +10,8 @@ by 30 % and more within minutes (steal time when its host is busy), so a change
 of a few percent is only visible when the two trees are measured in turn, rep
 after rep: the figure to read is the median of the per-rep ratios, new / old,
 and each tree's median ratio to bash within the same reps. Every ring is made
-and warmed up as in bench_lap.py (KEEP_LOGS laps, so each timed hop reuses a
-pruned log), and every process is stopped by pid.
+and warmed up as in bench_lap.py (KEEP_LOGS laps, so each timed hop prunes a
+log), and every process is stopped by pid.
 """
 from __future__ import annotations
 

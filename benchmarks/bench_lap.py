@@ -30,7 +30,7 @@ put on PYTHONPATH so ``python -m ringd`` still works):
 Always exits 0 (unless the harness itself breaks); a missed goal prints MISS.
 The ringd laps run on one state dir after KEEP_LOGS untimed warm-up laps, so
 each timed lap is a steady-state lap (journal exists, every log folder is full:
-each run's log takes the place of the oldest). Processes started here are killed by pid only.
+each run makes a new log and prunes the oldest). Processes started here are killed by pid only.
 """
 
 import argparse
