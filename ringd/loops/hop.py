@@ -331,7 +331,7 @@ class Hop:
                             beat_at=host.next_beat, beat_every=host.config.ring.heartbeat_interval,
                             tempfail_exit_code=host.config.ring.tempfail_exit_code, watchdog=self.watchdog)
         record_at: Optional[float] = t0 + PID_RECORD_DELAY
-        stop_sent = False
+        stop_sent = exit_heard = False
         close: Optional[Close] = None
         leader = host.leader
         notify_fd = self.notify.fileno() if self.notify is not None else None
@@ -357,9 +357,11 @@ class Hop:
             if notify_fd is not None and (notify_fd in ready or
                                           (self._held_until is not None and now >= self._held_until)):
                 events += self._hear(now)
-            if not child.exited and (child.pidfd is None or child.pidfd in ready):
+            # (child.exited: a look elsewhere, e.g. _lost_lead, saw the exit first; it is still delivered once)
+            if not exit_heard and (child.exited or child.pidfd is None or child.pidfd in ready):
                 ended = env.exit_status(child)
                 if ended is not None:
+                    exit_heard = True
                     events.append(Exited(*ended))   # an exit seen with anything else is the agent's own ending
             if sigs:
                 req = host.absorb(sigs, keep=(child.pid,), agent_exited=child.exited)
