@@ -104,17 +104,26 @@ def watchdog_usec(seconds: float) -> str:
     return str(max(1, int(seconds * 1_000_000)))
 
 
-def meaning(fields: Dict[str, str]) -> Tuple[Optional[str], bool, bool]:
-    """(phase or None, pinged, triggered) of one parsed datagram. ``WATCHDOG=trigger``
-    is systemd's "I detected an internal error: act as if my watchdog starved"
-    (with or without a configured watchdog). What else systemd's protocol says
-    is not the agent's to change here: ``WATCHDOG_USEC=`` (its watchdog is the
-    operator's setting), ``EXTEND_TIMEOUT_USEC=`` (the budget is), ``MAINPID=``
-    (the run's process is the one the driver started), ``READY=1``, ``FDSTORE=1``
-    ...: heard and ignored."""
-    phase = clean_phase(fields["STATUS"]) if "STATUS" in fields else None
+@dataclass(frozen=True)
+class Message:
+    """What one heard datagram says, as the driver acts on it."""
+    phase: Optional[str] = None     # STATUS=, as a one-line phase
+    ping: bool = False              # WATCHDOG=1
+    trigger: bool = False           # WATCHDOG=trigger
+
+
+def read_message(fields: Dict[str, str]) -> Message:
+    """What one parsed datagram means: the one place a key of the protocol is
+    understood. ``WATCHDOG=trigger`` is systemd's "I detected an internal
+    error: act as if my watchdog starved" (with or without a configured
+    watchdog). What else systemd's protocol says is not the agent's to change
+    here: ``WATCHDOG_USEC=`` (its watchdog is the operator's setting),
+    ``EXTEND_TIMEOUT_USEC=`` (the budget is), ``MAINPID=`` (the run's process
+    is the one the driver started), ``READY=1``, ``FDSTORE=1`` ...: heard and
+    ignored."""
     watchdog = fields.get("WATCHDOG")
-    return phase, watchdog == "1", watchdog == "trigger"
+    return Message(phase=clean_phase(fields["STATUS"]) if "STATUS" in fields else None,
+                   ping=watchdog == "1", trigger=watchdog == "trigger")
 
 
 # --- who may speak -------------------------------------------------------------------
@@ -225,6 +234,15 @@ class Heard:
     dropped: int = 0
     more: bool = False              # the cap was reached: datagrams may be waiting
     held: bool = False              # nothing more was read: CLOSING_CAP passed fds wait to be closed
+
+    def add(self, message: Message) -> None:
+        """One accepted datagram's message."""
+        self.accepted += 1
+        if message.phase is not None:
+            self.phase = message.phase
+        if message.ping:
+            self.pings += 1
+        self.triggered = self.triggered or message.trigger
 
 
 class NotifySocket:
@@ -362,13 +380,7 @@ class NotifySocket:
             if fields is None or pid is None or pid not in self.members:
                 heard.dropped += 1
                 continue
-            heard.accepted += 1
-            phase, pinged, triggered = meaning(fields)
-            if phase is not None:
-                heard.phase = phase
-            if pinged:
-                heard.pings += 1
-            heard.triggered = heard.triggered or triggered
+            heard.add(read_message(fields))
         heard.more = True
         return heard
 

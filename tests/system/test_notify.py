@@ -18,7 +18,7 @@ import pytest
 
 from ringd.host import notify
 from ringd.host.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
-                          clean_phase, meaning, parse_datagram, read_notes, send, watchdog_usec, write_notes)
+                          Message, clean_phase, parse_datagram, read_message, read_notes, send, watchdog_usec, write_notes)
 
 from conftest import REPO, wait_until
 
@@ -53,11 +53,11 @@ def test_exactly_four_kib_is_heard():
 def test_phase_is_one_line_cut_to_200_characters():
     assert clean_phase("a" * 500) == "a" * 200
     assert clean_phase("red \x1b[31mtext\r\tand\x07") == "red  [31mtext  and"
-    assert meaning({"STATUS": "x" * 300, "WATCHDOG": "1"}) == ("x" * 200, True, False)
-    assert meaning({"WATCHDOG": "0"}) == (None, False, False)
-    assert meaning({"WATCHDOG": "trigger"}) == (None, False, True)     # systemd: act as if it starved
+    assert read_message({"STATUS": "x" * 300, "WATCHDOG": "1"}) == Message("x" * 200, ping=True)
+    assert read_message({"WATCHDOG": "0"}) == Message()
+    assert read_message({"WATCHDOG": "trigger"}) == Message(trigger=True)     # systemd: act as if it starved
     for ignored in ("WATCHDOG_USEC", "EXTEND_TIMEOUT_USEC", "MAINPID", "READY"):   # not the agent's to change
-        assert meaning({ignored: "1"}) == (None, False, False)
+        assert read_message({ignored: "1"}) == Message()
 
 
 def test_phase_is_one_line_in_unicode_aware_tools_too():
