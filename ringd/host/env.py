@@ -468,13 +468,7 @@ class RealEnv:
         self.wakeups.close()
         parked, self._parked_notify = self._parked_notify, None
         if parked is not None:
-            # and its idle file. Anything sent to it since the last run may still
-            # be queued: then it is closed on the closer (NotifySocket._close_sock),
-            # a daemon thread this exit never waits for; a process gone before
-            # that thread's close is closed by the kernel's exit, which does not
-            # linger (Linux 6.18: 0.01 s, against 5 s for the close() of the same
-            # socket, which Python's exit would do for a socket left open)
-            parked.close()
+            parked.close()   # and its idle file (whatever is queued on it goes into a grave: notify.bury)
 
     # --- the run's notify socket (ringd.host.notify) ----------------------------------------
     def open_notify(self, run_id: int):

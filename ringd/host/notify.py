@@ -2,7 +2,8 @@
 protocol), what a datagram means, who may speak, and the small file that shows
 the current run's phase to ``ringd status``.
 
-Each run gets ``<state>/notify-<run_id>.sock``: a SOCK_DGRAM unix socket, mode
+Each run gets ``<state>/notify-<run_id>.sock`` (in a short private directory if
+that path is too long for a socket address): a SOCK_DGRAM unix socket, mode
 0600, with SO_PASSCRED, so every datagram carries its sender's pid
 (SCM_CREDENTIALS). Only processes of the current run are heard: the agent, a
 member of its session or process group, or a process whose ancestry reaches the
@@ -10,8 +11,7 @@ agent (``systemd-notify`` run by a script), or an orphan of the run re-parented
 to the subreaper driver that carries the run's key (``RING_STATE`` +
 ``RING_RUN_ID``). Datagrams over 4 KiB, malformed ones and strangers' are
 dropped; file descriptors passed along (sd_notify_barrier's) are closed at once,
-or on a short-lived thread if their close may block; while too many wait for it
-(:data:`CLOSING_CAP`) the socket is not read at all. The driver drains the
+never waiting on one (:func:`bury`). The driver drains the
 socket non-blocking with a cap per wake-up, so a flood can never keep it from
 beating.
 
@@ -20,13 +20,11 @@ This module is on the path of ``ringd notify``: stdlib only at import time.
 from __future__ import annotations
 
 import array
-import collections
 import os
 import re
 import socket
 import stat
 import struct
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,20 +34,13 @@ MAX_DATAGRAM = 4096        # bytes; anything larger is dropped (SPEC)
 PHASE_CHARS = 200          # a longer STATUS= is cut to this many characters
 DRAIN_CAP = 256            # datagrams read per wake-up: a flood never starves the loop
 PURGE_CAP = 1024           # datagrams purged from a parked socket before its reuse (then a fresh one)
-# passed fds waiting for the closer (_close_passed), at most: from there on no
-# datagram is read (reading one installs its fds in our process), so an agent
-# passing fds whose close blocks fills its socket's queue, never the driver's
-# fd table (at EMFILE it could open no journal, log or pidfd). One datagram read
-# just under the cap adds at most _MAX_FDS.
-CLOSING_CAP = 256
-HELD_RETRY = 0.5           # s between reads of a socket that cap holds (unwatched meanwhile: ringd/hop.py)
 NOTES_MIN_INTERVAL = 1.0   # s between writes of notify.json (phase, last ping)
 NOTES_FILE = "notify.json"
 SOCKET_PREFIX = "notify-"
 IDLE_SOCKET = SOCKET_PREFIX + "idle.sock"   # a parked socket between runs (swept like the others)
 # fds one datagram can carry (the kernel's SCM_MAX_FD): room for all of them, since
 # those that do not fit are released by the kernel inside our recvmsg - a release
-# that can block as a close can (_close_passed)
+# that can block as a close can (bury)
 _MAX_FDS = 253
 _UCRED = struct.Struct("3i")
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
@@ -233,7 +224,6 @@ class Heard:
     accepted: int = 0
     dropped: int = 0
     more: bool = False              # the cap was reached: datagrams may be waiting
-    held: bool = False              # nothing more was read: CLOSING_CAP passed fds wait to be closed
 
     def add(self, message: Message) -> None:
         """One accepted datagram's message."""
@@ -255,41 +245,43 @@ class NotifySocket:
         self.env = env
         self.members = members
         self.ident = ident   # (st_dev, st_ino) of the socket file we bound: renames must find it
+        self.folder: Optional[str] = None   # the private dir it is in, removed with it (private_dir)
 
     @classmethod
     def open(cls, state_dir: Path, run_id: int, state_key: Optional[str] = None,
              sweep: bool = True) -> "NotifySocket":
         """Create and bind the run's socket (0600). ``sweep``: sockets left by a
         dead driver (or a close that could not unlink) are removed first (we
-        hold the lock: no other run of this ring exists).
-        A state dir whose path is too long for a socket address gets an
-        abstract socket (``@...``) instead; senders are checked the same way."""
+        hold the lock: no other run of this ring exists). A state dir whose
+        path is too long for a socket address gets its socket in a short
+        private directory instead (:func:`private_dir`), never an abstract
+        one: those have no permissions. Raises OSError."""
         if sweep:
             remove_stale(state_dir)
+        name = f"{SOCKET_PREFIX}{run_id}.sock"
+        folder = None
+        path = f"{state_dir}/{name}"
+        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+            folder = private_dir(state_dir, len(name) + 1, sweep)
+            path = f"{folder}/{name}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            path: Optional[str] = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
-            if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-                old = os.umask(0o177)   # born 0600 (bind applies the umask): no window, no chmod
-                try:
-                    sock.bind(path)
-                finally:
-                    os.umask(old)
-                env = path
-                st = os.lstat(path)
-                ident: Optional[Tuple[int, int]] = (st.st_dev, st.st_ino)
-            else:
-                path = None
-                name = f"ring-notify-{os.getpid()}-{run_id}-{os.urandom(6).hex()}"
-                sock.bind("\0" + name)
-                env = "@" + name
-                ident = None
+            old = os.umask(0o177)   # born 0600 (bind applies the umask): no window, no chmod
+            try:
+                sock.bind(path)
+            finally:
+                os.umask(old)
+            st = os.lstat(path)
         except BaseException:
             _close_socket(sock)   # bound, it may have been sent to already
+            if folder is not None:
+                _rmdir_quietly(folder)
             raise
         members = RunMembers(state_key or str(state_dir), run_id)
-        return cls(sock, path, env, members, ident)
+        ns = cls(sock, path, path, members, (st.st_dev, st.st_ino))
+        ns.folder = folder
+        return ns
 
     def park(self, state_dir: Path) -> bool:
         """The run has ended: its socket file leaves its path (renamed to
@@ -298,7 +290,7 @@ class NotifySocket:
         A rename costs no inode; on a file system that avoids reusing recently
         freed inodes (ext4 without a journal) every fresh bind scans for one.
         False (nothing parked) for an abstract socket or when the rename fails."""
-        if self.path is None or self.ident is None:
+        if self.path is None or self.ident is None or self.folder is not None:
             return False
         idle = f"{state_dir}/{IDLE_SOCKET}"
         try:
@@ -313,8 +305,7 @@ class NotifySocket:
         anything still queued from earlier runs dropped); None (and the
         parked socket closed) when the file at the idle path is not the one we
         bound - it was removed or replaced - or no longer 0600, or when the
-        purge of what is queued did not finish (:data:`PURGE_CAP` datagrams,
-        or :data:`CLOSING_CAP` passed fds waiting: then closed on the closer):
+        purge of what is queued did not finish (:data:`PURGE_CAP` datagrams):
         the caller binds a fresh socket."""
         idle = self.path
         path = f"{state_dir}/{SOCKET_PREFIX}{run_id}.sock"
@@ -332,12 +323,9 @@ class NotifySocket:
         # datagrams of an earlier run (its processes are gone): never heard. A
         # bounded purge: whoever keeps writing to the idle socket as fast as we
         # read (the path is well known) would otherwise hold the driver here for
-        # ever; past the bound, or while passed fds wait to be closed
-        # (CLOSING_CAP), the socket is given up and a fresh one bound.
+        # ever; past the bound the socket is given up and a fresh one bound.
         purged = False
         for _ in range(PURGE_CAP):
-            if _closing_full():
-                break
             try:
                 _, anc, _, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except OSError:
@@ -363,12 +351,8 @@ class NotifySocket:
 
     def drain(self, cap: int = DRAIN_CAP) -> Heard:
         """Read up to ``cap`` waiting datagrams without blocking."""
-        _run_closer()   # one that could not be started is tried again
         heard = Heard()
         for _ in range(cap):
-            if _closing_full():
-                heard.held = True
-                return heard
             try:
                 data, anc, flags, _ = self.sock.recvmsg(MAX_DATAGRAM + 1, _CMSG_SPACE, _RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
@@ -397,36 +381,22 @@ class NotifySocket:
                 pass
             except OSError:
                 return False
+        if self.folder is not None:
+            _rmdir_quietly(self.folder)
         return True
 
     def _close_sock(self) -> None:
         _close_socket(self.sock)
 
 
-def _close_socket(sock) -> None:
-    """Close a notify socket; never here while datagrams may be queued on it.
-    Its close releases the fds they carry, a last close of each that may block
-    (_close_passed) - and one can arrive any time before the close (after the
-    last drain, between runs, while a cap stopped the reading): a socket not
-    known empty goes to the closer. Known empty costs two syscalls, paid only
-    when a socket is closed (a parked one is reused instead): its reading side
-    is shut first, so from then on a sender gets EPIPE and nothing more is
-    queued, then a peek that finds nothing (EAGAIN). (Not FIONREAD: for a
-    datagram socket it is the first datagram's length, 0 for an empty one
-    carrying fds. The peek takes no control buffer: no fd is installed.)"""
-    try:
-        sock.shutdown(socket.SHUT_RD)
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        sock.close()   # known empty, and stays so
-        return
-    except OSError:
-        pass           # unknown: the closer
-    _close_passed([sock.detach()])
+def _close_socket(sock: socket.socket) -> None:
+    """Close a notify socket: its close would release whatever its queued
+    datagrams carry, so it goes into a grave (:func:`bury`), never waiting."""
+    bury([sock.detach()], sockets=True)
 
 
 def _sender_and_close_fds(ancdata) -> Optional[int]:
-    """The sender's pid from SCM_CREDENTIALS; every passed fd is closed."""
+    """The sender's pid from SCM_CREDENTIALS; every passed fd is closed (:func:`bury`)."""
     pid = None
     for level, kind, data in ancdata:
         if level != socket.SOL_SOCKET:
@@ -436,61 +406,59 @@ def _sender_and_close_fds(ancdata) -> Optional[int]:
         elif kind == socket.SCM_RIGHTS:
             fds = array.array("i")
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-            _close_passed(fds)   # sd_notify_barrier waits for exactly this
+            bury(fds)   # sd_notify_barrier waits for exactly this
     return pid
 
 
-# The last close of a file can block for as long as whoever made it likes: a TCP
-# socket with SO_LINGER and unsent data (up to its linger time), a FUSE file whose
-# daemon never answers its flush, a unix socket holding such a file in flight. An
-# agent that passes one along must not stop the driver's loop (it would neither
-# beat nor end the run): a barrier's pipe is closed at once, anything else on a
-# thread of its own that lives only while it has something to close (the driver
-# is one thread otherwise: tests/system/test_footprint.py).
-_closing: "collections.deque[int]" = collections.deque()
-_closing_lock = threading.Lock()
-_closer_running = False
+# SCM_RIGHTS installs a sender's fds in our process before we can see who sent
+# them, and the last close of some blocks for as long as their maker likes: a TCP
+# socket lingering on unsent data, a unix socket holding such a one in flight. A
+# pipe's close never waits (a barrier's: the common case), so it is closed at once.
+# Any other fd goes into a grave: a fresh unix socket pair whose two ends are passed
+# into one of its own queues, then the fds into the other's. Once we close our
+# copies, the pair is a cycle only the kernel's garbage collector reaches, and it
+# releases all of it on a kernel worker (Linux 6.10 and later): none of our closes
+# is the last one, so none waits, whoever sent the fds and however many.
 
-
-def _close_passed(fds) -> None:
-    slow = []
+def bury(fds, sockets: bool = False) -> None:
+    """Close ``fds`` (passed to us: never trusted) without waiting on any.
+    ``sockets``: none is a pipe (no need to look)."""
+    rest = []
     for fd in fds:
-        if _is_pipe(fd):
-            _close_quietly(fd)   # a pipe's close never waits: the common case, no thread
+        if not sockets and _is_pipe(fd):
+            _close_quietly(fd)
         else:
-            slow.append(fd)
-    if not slow:
-        return
-    with _closing_lock:
-        _closing.extend(slow)
-    _run_closer()
+            rest.append(fd)
+    for i in range(0, len(rest), _MAX_FDS):
+        batch = rest[i:i + _MAX_FDS]
+        if not _into_grave(batch):
+            for fd in batch:   # the kernel refused a grave (docs/agents.md): the last resort
+                _close_quietly(fd)
 
 
-def _run_closer() -> None:
-    """Start the closer if fds wait for it and none runs. With no thread to be
-    had (RuntimeError: a thread limit, no memory) they wait for the next call
-    (the next passed fd, the next drain): never closed here instead, where a
-    close that blocks would stop the driver's loop; CLOSING_CAP bounds them."""
-    global _closer_running
-    with _closing_lock:
-        if _closer_running or not _closing:
-            return
-        _closer_running = True
-    started = False
+def _into_grave(fds) -> bool:
+    """Pass ``fds`` into a grave and close our copies; False (ours kept) if the
+    kernel refused (no memory, or a non-root process with more fds in flight
+    than its open-file limit: ETOOMANYREFS)."""
     try:
-        _start_closer()
-        started = True
-    except RuntimeError:
-        pass
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        b.sendmsg([b"."], [_rights([a.fileno(), b.fileno()])], socket.MSG_DONTWAIT)   # both ends in a's queue
+        a.sendmsg([b"."], [_rights(fds)], socket.MSG_DONTWAIT)                       # the fds in b's
+    except OSError:
+        return False
     finally:
-        if not started:
-            with _closing_lock:
-                _closer_running = False
+        a.close()
+        b.close()
+    for fd in fds:
+        _close_quietly(fd)
+    return True
 
 
-def _closing_full() -> bool:
-    """Do :data:`CLOSING_CAP` passed fds wait for the closer? (Then no datagram is read.)"""
-    return len(_closing) >= CLOSING_CAP   # (one read of a deque's length: no lock needed)
+def _rights(fds):
+    return socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds)
 
 
 def _is_pipe(fd: int) -> bool:
@@ -501,27 +469,84 @@ def _is_pipe(fd: int) -> bool:
         return False
 
 
-def _start_closer() -> None:
-    from ringd.host import sidethread
-    sidethread.start(_closer, name="ringd-close-passed-fds")
-
-
-def _closer() -> None:
-    global _closer_running
-    while True:
-        with _closing_lock:
-            if not _closing:
-                _closer_running = False
-                return
-            fd = _closing.popleft()
-        _close_quietly(fd)
-
-
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
     except OSError:
         pass
+
+
+def private_dir(state_dir: Path, room: int, sweep: bool = False) -> str:
+    """A short directory of ours, mode 0700, named after the ring, for the
+    sockets of a ring whose state dir's path is too long for a socket address
+    (with ``room`` bytes to spare for a name in it): ``/run/ring-<id>`` as root,
+    else ``$XDG_RUNTIME_DIR/ring-<id>``, else a fresh ``/tmp/ring-<id>-<random>``
+    (a fixed name there could be taken first by another user). Its sockets are
+    0600 as in the state dir: no other user can reach them. ``sweep``: also
+    remove what a dead driver left there. Raises OSError."""
+    from ringd.host.cgroup import ring_prefix
+    name = ring_prefix(state_dir)
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    for base in (["/run"] if os.geteuid() == 0 else []) + ([xdg] if xdg.startswith("/") else []):
+        folder = f"{base}/{name}"
+        if len(os.fsencode(folder)) + room > _SUN_PATH_MAX:
+            continue
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        if _is_private(folder) and _is_private(base, shared=True):
+            if sweep:
+                remove_stale(Path(folder))
+            return folder
+    if sweep:
+        _remove_stale_folders("/tmp", name + "-")
+    for _ in range(16):
+        folder = f"/tmp/{name}-{os.urandom(4).hex()}"
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue
+        if _is_private(folder):   # (a umask cannot add bits; an odd file system could)
+            return folder
+        _rmdir_quietly(folder)
+        break
+    raise PermissionError(13, "no private directory for the notify socket (/run, $XDG_RUNTIME_DIR, /tmp)")
+
+
+def _is_private(folder: str, shared: bool = False) -> bool:
+    """A directory (not a symlink) that we own and no one else may enter;
+    ``shared``: root's or ours, not writable by others (a base like /run)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if shared:
+        return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def _remove_stale_folders(base: str, prefix: str) -> None:
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        folder = f"{base}/{name}"
+        if name.startswith(prefix) and _is_private(folder):
+            remove_stale(Path(folder))
+            _rmdir_quietly(folder)
+
+
+def _rmdir_quietly(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass   # not empty (a file someone put there), or gone: left as it is
 
 
 def remove_stale(state_dir: Path) -> None:

@@ -27,7 +27,7 @@ from ringd.journal import transitions
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import Journal, JournalError
 from ringd.host.seam import DriverEnv
-from ringd.host.notify import CLOSING_CAP, HELD_RETRY, Notes, watchdog_usec
+from ringd.host.notify import Notes, watchdog_usec
 from ringd.core.policy import Requests, is_outage, outage_retry_after
 from ringd.inputs.roster import Agent, resolve_cwd, resolve_program
 from ringd.core.runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping, SetPhase, Skip, Stop, Term, Tick, Trigger
@@ -90,8 +90,6 @@ class Hop:
         self.notify = None   # the run's notify socket (ringd.host.notify.NotifySocket), if one could be made
         self.notes = None    # what the agent said, as published for status (ringd.host.notify.Notes)
         self._notes_failing = False   # its last publication failed (said once, until one succeeds)
-        self._held_until: Optional[float] = None   # its socket, unwatched while held (Heard.held), is read then
-        self._held_said = False
         self.cgroup = None   # the run's cgroup until the spawn hands it to the child
         self._log_fd: Optional[int] = None
         self._log_error: Optional[OSError] = None
@@ -281,19 +279,6 @@ class Hop:
     def _hear(self, now: float) -> list:
         """Drain what the agent said (capped per wake) into run-state events."""
         heard = self.notify.drain()
-        if heard.held:
-            # nothing read, the socket still readable: watched, it would end
-            # every wait at once - read again in HELD_RETRY instead
-            if self._held_until is None:
-                self.env.unwatch(self.notify.fileno())
-            self._held_until = now + HELD_RETRY
-            if not self._held_said:
-                self._held_said = True
-                self.say(f"is not heard for now: {CLOSING_CAP} or more descriptors passed over notify sockets "
-                         "wait to be closed (their close may block); its socket is read again once fewer wait")
-        elif self._held_until is not None:
-            self._held_until = None
-            self.env.watch(self.notify.fileno())
         self.notes.hear(heard, self.env.wall())
         events = []
         if heard.phase is not None:
@@ -346,16 +331,13 @@ class Hop:
             notes_due = self.notes.due_at() if self.notes is not None else None
             if notes_due is not None:
                 deadline = min(deadline, notes_due)
-            if self._held_until is not None:
-                deadline = min(deadline, self._held_until)
             # (once it has exited, its pidfd stays readable: a wait on it would spin)
             sigs, ready = env.wait(deadline - env.monotonic(), [] if child.exited else [child.pidfd])
             if leader is not None and self._lost_lead(child):
                 return None
             now = env.monotonic()
             events = []
-            if notify_fd is not None and (notify_fd in ready or
-                                          (self._held_until is not None and now >= self._held_until)):
+            if notify_fd is not None and notify_fd in ready:
                 events += self._hear(now)
             # (child.exited: a look elsewhere, e.g. _lost_lead, saw the exit first; it is still delivered once)
             if not exit_heard and (child.exited or child.pidfd is None or child.pidfd in ready):

@@ -15,6 +15,7 @@ import time
 from typing import Tuple
 
 import pytest
+from pathlib import Path
 
 from ringd.host import notify
 from ringd.host.notify import (IDLE_SOCKET, MAX_DATAGRAM, Heard, Notes, NotifyError, NotifySocket, ProcStat, RunMembers,
@@ -273,18 +274,98 @@ def test_a_parked_socket_flooded_between_runs_is_given_up_not_drained_for_ever(t
         fresh.close()
 
 
-def test_a_too_long_state_dir_gets_an_abstract_socket(tmp_path):
-    deep = tmp_path / ("d" * 100)
+def _long_state_dir(parent) -> "Path":
+    deep = parent / ("d" * 100)
     deep.mkdir()
+    return deep
+
+
+# another user's python: the test's own may be under root's home, which that user cannot enter
+OTHER_PYTHON = "/usr/bin/python3"
+
+_CONNECT = """import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    s.sendto(b"STATUS=stranger", sys.argv[1])
+except PermissionError:
+    sys.exit(3)
+"""
+
+
+def test_a_too_long_state_dir_gets_a_0600_socket_file_in_a_private_dir_no_other_user_reaches(tmp_path):
+    """A state dir's path too long for a socket address: the socket is a file,
+    mode 0600, in /run/ring-<id> (0700, ours) - never an abstract socket, which
+    every local user can reach. Another user cannot send to it; the run's own
+    processes can. Socket and directory go with the run."""
+    from ringd.host.cgroup import ring_prefix
+    deep = _long_state_dir(tmp_path)
     ns = NotifySocket.open(deep, 5)
+    path = Path(ns.env)
     try:
-        assert ns.env.startswith("@ring-notify-") and ns.path is None
+        assert path == Path("/run") / ring_prefix(deep) / "notify-5.sock" and ns.path == ns.env
+        st, folder = path.lstat(), path.parent.lstat()
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        assert stat.S_ISDIR(folder.st_mode) and stat.S_IMODE(folder.st_mode) == 0o700
+        assert folder.st_uid == os.geteuid()
+        other = subprocess.run(["runuser", "-u", "nobody", "--", OTHER_PYTHON, "-I", "-c", _CONNECT, ns.env],
+                               timeout=30)
+        assert other.returncode == 3                    # EACCES: not even queued
         ns.set_agent(os.getpid())
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(b"STATUS=deep", "\0" + ns.env[1:])
+        _raw_send(ns.env, b"STATUS=deep")
         assert ns.drain().phase == "deep"
     finally:
         ns.close()
+    assert not path.exists() and not path.parent.exists()
+
+
+_AS_USER = """import json, os, stat, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from ringd.host.notify import NotifySocket
+ns = NotifySocket.open(Path(sys.argv[2]), 7)
+st, folder = os.lstat(ns.env), os.lstat(os.path.dirname(ns.env))
+print(json.dumps({"env": ns.env, "mode": stat.S_IMODE(st.st_mode), "sock": stat.S_ISSOCK(st.st_mode),
+                  "folder": stat.S_IMODE(folder.st_mode), "uid": folder.st_uid, "me": os.getuid()}))
+ns.close()
+print(json.dumps({"left": os.path.exists(ns.env) or os.path.exists(os.path.dirname(ns.env))}))
+"""
+
+
+@pytest.mark.parametrize("runtime_dir", [True, False])
+def test_a_users_too_long_state_dir_gets_its_socket_in_its_runtime_dir_or_a_fresh_tmp_dir(request, runtime_dir):
+    """Not root: ``$XDG_RUNTIME_DIR/ring-<id>``, or without one a fresh
+    ``/tmp/ring-<id>-<random>`` (a fixed name in /tmp could be taken first by
+    another user) - 0700 and the socket 0600 either way, both gone at close."""
+    import json
+    import pwd
+    import shutil
+    import tempfile
+    from ringd.host.cgroup import ring_prefix
+    nobody = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="ring-user-"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o755)
+    home = top / "u"
+    home.mkdir(mode=0o700)
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    env = {"PATH": os.environ["PATH"]}
+    if runtime_dir:
+        env["XDG_RUNTIME_DIR"] = str(home)
+    state = home / ("s" * 110)
+    r = subprocess.run(["runuser", "-u", "nobody", "--", "mkdir", "-m", "0700", str(state)], timeout=30)
+    assert r.returncode == 0
+    r = subprocess.run(["runuser", "-u", "nobody", "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                        OTHER_PYTHON, "-I", "-c", _AS_USER, str(REPO), str(state)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    made, after = (json.loads(line) for line in r.stdout.splitlines())
+    folder = os.path.dirname(made["env"])
+    if runtime_dir:
+        assert folder == f"{home}/{ring_prefix(state)}"
+    else:
+        assert folder.startswith(f"/tmp/{ring_prefix(state)}-") and len(folder) == len(f"/tmp/{ring_prefix(state)}-") + 8
+    assert (made["sock"], made["mode"], made["folder"], made["uid"]) == (True, 0o600, 0o700, made["me"])
+    assert after == {"left": False}
 
 
 def test_the_agent_is_heard_and_a_stranger_is_not(sock):
@@ -460,48 +541,20 @@ def test_a_passed_descriptor_whose_close_blocks_never_stops_the_drain(sock, requ
     wait_until(lambda: _sees_the_end(peer), message="the slow one's peer to see its close")
 
 
-def test_the_closer_is_born_with_every_signal_blocked(sock, request):
-    """docs/design.md: both side threads are started with every signal blocked
-    (ringd/sidethread.py), so the driver's signals reach its main thread's wait
-    and never cut a blocked close short. The closer, caught in a close that
-    lingers."""
-    import threading
-    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
-    sock.set_agent(os.getpid())
-    slow, _ = _lingering_tcp_socket(request, LINGER)
-    _pass_fds(sock.env, b"STATUS=slow", slow.fileno(), 1)
-    slow.close()
-    sock.drain()
-    closer = wait_until(lambda: next((t for t in threading.enumerate() if t.name == "ringd-close-passed-fds"),
-                                     None), message="the closer thread")
-    with open(f"/proc/self/task/{closer.native_id}/status") as f:
-        blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
-    assert all(blocked >> (sig - 1) & 1 for sig in
-               (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)), hex(blocked)
-
-
-@pytest.fixture
-def stalled_closer(monkeypatch):
-    """The closer as if stuck on a close that blocks: passed descriptors wait
-    (notify._closing) until the test ends, then are closed here."""
-    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
-    monkeypatch.setattr(notify, "_start_closer", lambda: None)
-    yield
-    notify._closer()   # closes every one waiting, then marks no closer running
-
-
 def _pass_fds(address: str, text: bytes, fd: int, copies: int) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.connect(address)
         s.sendmsg([text], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * copies))])
 
 
-def test_a_barrier_pipe_is_closed_at_once_and_any_other_passed_descriptor_waits_close_on_exec(
-        stalled_closer, sock):
-    """docs/failures.md: a barrier's pipe is closed at once - by the drain itself, not on
-    the closer (stalled here); any other passed descriptor arrives close-on-exec,
-    so one still waiting for the closer never reaches an agent the driver starts."""
-    import fcntl
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_barrier_pipe_is_closed_by_the_drain_itself(sock):
+    """A barrier's pipe is closed at once, in the drain: ``systemd-notify``
+    waits for exactly that (the other descriptor passed beside it goes into a
+    grave, released by the kernel a little later)."""
     sock.set_agent(os.getpid())
     r, w = os.pipe()
     with open(os.devnull) as f:
@@ -510,87 +563,60 @@ def test_a_barrier_pipe_is_closed_at_once_and_any_other_passed_descriptor_waits_
             s.sendmsg([b"BARRIER=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w, f.fileno()]))])
     os.close(w)
     try:
+        fds = _fds()
         assert sock.drain().accepted == 1
         poller = select.poll()
         poller.register(r, select.POLLHUP)
-        assert poller.poll(0), "the barrier's pipe waits for the closer"
-        assert len(notify._closing) == 1               # the other one, waiting
-        assert fcntl.fcntl(notify._closing[0], fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        assert poller.poll(0), "the barrier's pipe is still open"
+        assert _fds() == fds                           # and nothing passed is left in our table
     finally:
         os.close(r)
 
 
-def test_while_passed_descriptors_wait_to_be_closed_no_datagram_is_read(stalled_closer, sock):
-    """An agent passing descriptors faster than they close fills its own
-    socket's queue, never the driver's descriptor table: from CLOSING_CAP
-    waiting on, nothing is read (a datagram read installs its descriptors)
-    until they are closed."""
+def _unix_carrying(request, slow: socket.socket) -> socket.socket:
+    """A unix socket holding ``slow`` in flight (in a queued datagram): its
+    last close releases ``slow``, a last close of that too."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slow.fileno()]))])
+    a.close()
+    request.addfinalizer(b.close)
+    return b
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix carrying tcp"])
+def test_a_flood_of_descriptors_whose_close_blocks_is_read_at_once_and_kept_nowhere(sock, request, kind):
+    """Three datagrams of 200 descriptors each, every one a last copy whose close
+    blocks (a lingering TCP socket, or a unix socket holding one in flight):
+    one drain reads all three at once (no cap of descriptors waiting to be
+    closed holds the socket), starts no thread, leaves none of them in the
+    driver's table, and the kernel still releases them in the end."""
+    import threading
     sock.set_agent(os.getpid())
-    with open(os.devnull) as f:   # not a pipe: closed on the closer
-        for i in range(3):
-            _pass_fds(sock.env, b"STATUS=%d" % i, f.fileno(), 200)
+    slow, peer = _lingering_tcp_socket(request, LINGER)
+    passed = slow if kind == "tcp" else _unix_carrying(request, slow)
+    for i in range(3):
+        _pass_fds(sock.env, b"STATUS=%d" % i, passed.fileno(), 200)
+    passed.close()
+    slow.close()
+    fds, threads = _fds(), threading.active_count()
+    t0 = time.monotonic()
     heard = sock.drain()
-    assert heard.phase == "1"                       # 400 wait after the second: the third is left queued
-    assert heard.held and not heard.more
-    assert len(notify._closing) == 400 < notify.CLOSING_CAP + 253
-    fds = len(os.listdir("/proc/self/fd"))
-    assert sock.drain().accepted == 0 and len(os.listdir("/proc/self/fd")) == fds
-    notify._closer()                                # closed at last: the socket is read again
-    heard = sock.drain()
-    assert (heard.phase, heard.held) == ("2", False)
+    assert time.monotonic() - t0 < LINGER / 2      # (a close that waited takes LINGER)
+    assert (heard.accepted, heard.phase, heard.more) == (3, "2", False)
+    assert _fds() == fds and threading.active_count() == threads
+    wait_until(lambda: _sees_a_close(peer), message="the lingering socket released by the kernel")
 
 
-def test_a_socket_closed_with_datagrams_left_unread_is_closed_off_the_loop(stalled_closer, sock, request):
+def test_a_socket_closed_with_datagrams_left_unread_never_waits(sock, request):
     """Closing a socket releases the descriptors its queued datagrams carry, a
-    last close of each that may block: a socket the cap left unread is closed
-    on the closer."""
-    sock.set_agent(os.getpid())
-    with open(os.devnull) as f:
-        for _ in range(2):                          # (CLOSING_CAP, 256, waiting after these)
-            _pass_fds(sock.env, b"STATUS=fill", f.fileno(), 128)
-    slow, _ = _lingering_tcp_socket(request, LINGER)
+    last close of each that may block: the socket goes into a grave instead."""
+    slow, peer = _lingering_tcp_socket(request, LINGER)
     _pass_fds(sock.env, b"STATUS=slow", slow.fileno(), 1)
     slow.close()
-    assert sock.drain().held                        # the slow one is left in the queue
     t0 = time.monotonic()
     sock.close()
     assert time.monotonic() - t0 < LINGER / 2   # (a close that waited takes LINGER)
-
-
-def test_a_parked_socket_is_given_up_while_passed_descriptors_wait_to_be_closed(stalled_closer, tmp_path):
-    """The purge before a parked socket's reuse reads no datagram past the cap
-    either: the socket is given up (closed on the closer) and a fresh one bound."""
-    ns = NotifySocket.open(tmp_path, 5)
-    assert ns.park(tmp_path)
-    with open(os.devnull) as f:
-        for _ in range(3):
-            _pass_fds(str(tmp_path / IDLE_SOCKET), b"STATUS=old", f.fileno(), 128)
-    assert ns.reuse(tmp_path, 6) is None
-    assert len(notify._closing) == 2 * 128 + 1      # two datagrams' descriptors (CLOSING_CAP), and the socket
-
-
-def test_a_closer_that_cannot_be_started_is_tried_again_at_the_next_drain(sock, monkeypatch, request):
-    """No thread to be had ("can't start new thread") never escapes into the
-    driver: the passed descriptor waits (never closed on the loop, where its
-    close could block), and the next drain starts the closer."""
-    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
-    request.addfinalizer(lambda: notify._closer_running or notify._closer())   # (whatever a failure left)
-    sock.set_agent(os.getpid())
-    mine, passed = socket.socketpair()
-    request.addfinalizer(mine.close)
-    _pass_fds(sock.env, b"STATUS=passed", passed.fileno(), 1)
-    passed.close()                                  # the driver's copy is the last one
-
-    def no_thread():
-        raise RuntimeError("can't start new thread")
-    monkeypatch.setattr(notify, "_start_closer", no_thread)
-    assert sock.drain().phase == "passed"
-    assert not notify._closer_running and len(notify._closing) == 1
-    monkeypatch.undo()
-    sock.drain()                                    # nothing to read: the closer is started now
-    poller = select.poll()
-    poller.register(mine, select.POLLIN)
-    assert poller.poll(10_000) and mine.recv(1) == b""   # the peer sees the end: closed
+    wait_until(lambda: _sees_a_close(peer), message="the lingering socket released by the kernel")
 
 
 def test_drain_is_capped_per_wake(sock):
@@ -680,56 +706,21 @@ def _sees_a_close(peer: socket.socket) -> bool:
         return True
 
 
-@pytest.mark.parametrize("where", ["path", "abstract"])
+@pytest.mark.parametrize("where", ["state dir", "private dir"])
 def test_a_datagram_that_came_after_the_last_drain_never_makes_the_close_wait(tmp_path, request, where):
     """The run ends: its socket was drained to the end, then a process of the run
     (or of the ring's user) passes a descriptor whose close blocks. The socket's
-    close (an abstract socket's at every run end; a path socket's when it cannot
-    be parked) never waits for it."""
-    state = tmp_path
-    if where == "abstract":
-        state = tmp_path / ("d" * 100)
-        state.mkdir()
+    close (a private dir's at every run end; a state dir's when it cannot be
+    parked) never waits for it."""
+    state = tmp_path if where == "state dir" else _long_state_dir(tmp_path)
     ns = NotifySocket.open(state, 5)
     ns.set_agent(os.getpid())
     assert ns.drain().accepted == 0                 # drained: nothing was left unread
-    address = ns.env if where == "path" else "\0" + ns.env[1:]
-    peer = _late_pass(request, address)
+    peer = _late_pass(request, ns.env)
     t0 = time.monotonic()
     ns.close()
     assert time.monotonic() - t0 < LINGER / 2   # (a close that waited takes LINGER)
     wait_until(lambda: _sees_a_close(peer), message="the passed descriptor closed off the loop")
-
-
-class _SenderAtClose:
-    """The notify socket, with a sender that comes just before its close - after
-    the check that found it empty."""
-    def __init__(self, real, address: str):
-        self.real, self.address, self.refused = real, address, None
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-    def close(self):
-        try:
-            _raw_send(self.address, b"STATUS=too late")
-            self.refused = False
-        except BrokenPipeError:
-            self.refused = True
-        self.real.close()
-
-
-def test_a_drained_socket_is_closed_at_once_and_no_sender_gets_in_after(tmp_path):
-    """Known empty (nothing to peek) it is closed on the loop: no thread. Its
-    reading side is shut first, so a sender between that check and the close is
-    refused, never queued."""
-    wait_until(lambda: not notify._closer_running, message="an earlier test's closer to finish")
-    ns = NotifySocket.open(tmp_path, 5)
-    ns.drain()
-    ns.sock = late = _SenderAtClose(ns.sock, ns.env)
-    ns.close()
-    assert late.refused is True and late.real.fileno() == -1
-    assert not notify._closer_running and not notify._closing
 
 
 @pytest.mark.parametrize("tamper", ["removed", "replaced", "chmod", "rename fails"])

@@ -13,8 +13,7 @@ from ringd.loops.driver import Driver
 from ringd.core.errors import EX_CONFIG
 from ringd.journal.sqlite import Journal, JournalError
 from ringd.inputs.roster import RosterSource
-from ringd.host import notify
-from ringd.host.notify import IDLE_SOCKET, Heard
+from ringd.host.notify import IDLE_SOCKET
 
 make = make_driver
 
@@ -725,75 +724,6 @@ def test_a_driver_that_takes_over_goes_on_at_the_lap_the_journal_holds(tmp_path)
     j.set_meta("lap", "7")   # laps the other leader counted
     d.resume_from_journal()
     assert d.lap == 7
-
-
-class HeldNotify:
-    """A run's notify socket holding one datagram (STATUS=late) that is not read
-    while passed descriptors wait to be closed - until ``frees_at`` - and is
-    readable all along."""
-    env = "/fake/notify.sock"
-
-    def __init__(self, fake, frees_at):
-        self.fake, self.frees_at, self.queued, self.drains = fake, frees_at, True, 0
-
-    def fileno(self):
-        return 7777
-
-    def set_agent(self, pid):
-        pass
-
-    def drain(self):
-        self.drains += 1
-        heard = Heard()
-        if self.fake.t < self.frees_at:
-            heard.held = True
-        elif self.queued:
-            heard.phase, heard.accepted, self.queued = "late", 1, False
-        return heard
-
-
-class NotifyingEnv(FakeEnv):
-    """FakeEnv with a notify socket: a watched readable one ends a wait at once."""
-    def __init__(self, *a, frees_at, **kw):
-        super().__init__(*a, **kw)
-        self.sock, self.watched, self.phases = HeldNotify(self, frees_at), set(), []
-
-    def open_notify(self, run_id):
-        return self.sock
-
-    def close_notify(self, sock):
-        pass
-
-    def watch(self, fd):
-        self.watched.add(fd)
-
-    def unwatch(self, fd):
-        self.watched.discard(fd)
-
-    def write_notes(self, notes, now):
-        notes.written_at, notes.dirty = now, False
-        self.phases.append(notes.phase)
-
-    def wait(self, timeout, fds=()):
-        if self.sock.queued and self.sock.fileno() in self.watched:
-            self.waits += 1
-            if self.sock.drains > 1000:
-                raise AssertionError("the driver spins")
-            return self._due_signals(), {self.sock.fileno()}
-        return super().wait(timeout, fds)
-
-
-def test_a_notify_socket_held_by_descriptors_waiting_to_be_closed_never_makes_the_driver_spin(tmp_path):
-    """Nothing is read from a socket while passed descriptors wait to be closed
-    (notify.CLOSING_CAP), so it stays readable: the hop stops watching it, reads
-    it again every HELD_RETRY, says so once, and hears it once they are closed."""
-    d, env, j = make(tmp_path, "a", once=True, default=Behaviour(runs_for=10.0), env_class=NotifyingEnv,
-                     env_args={"frees_at": 3.0})
-    assert d.run() == 0
-    assert [r.status for r in rows(j)] == ["ok"]
-    assert env.sock.drains <= 3.0 / notify.HELD_RETRY + 4   # a read every HELD_RETRY while held, no more
-    assert sum("is not heard for now" in m for _, m in env.logs) == 1
-    assert env.phases[-1] == "late" and not env.sock.queued
 
 
 def test_a_journal_no_restart_can_help_is_refused_even_with_a_stop_pending():
