@@ -8,10 +8,11 @@ import os
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 
-from conftest import wait_until
+from conftest import kill_tree, wait_until
 
 NOTIFY = f"{sys.executable} -m ringd notify"
 
@@ -394,3 +395,116 @@ def test_a_phase_that_cannot_be_published_is_said_once_a_run_not_once_a_second(r
     assert row["status"] == "ok" and row["phase"] == "step 40" and row["duration"] > 2.5, dict(row)
     log = drv.communicate()[1].decode()
     assert log.count("cannot publish its phase") == 1, log
+
+
+# --- a flood of descriptors whose close blocks, from outside the run --------------------------
+
+FLOOD = """import array, json, os, socket, struct, sys, time
+seconds, prefixes = float(sys.argv[1]), sys.argv[2:]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+srv.bind(("127.0.0.1", 0))
+srv.listen(256)
+peers = []   # never read: each passed socket's close lingers until this process exits
+
+
+def lingering():
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    c.connect(srv.getsockname())
+    peers.append(srv.accept()[0])
+    c.setblocking(False)
+    try:
+        while True:
+            c.send(b"x" * 4096)
+    except BlockingIOError:
+        pass
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 5))
+    return c
+
+
+def targets():
+    with open("/proc/net/unix") as f:
+        for line in list(f)[1:]:
+            parts = line.split()
+            if len(parts) > 7 and parts[7].startswith(tuple(prefixes)):
+                yield parts[7]
+
+
+got = {"sent": 0, "refused": 0, "full": 0}
+out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    for name in set(targets()):
+        c = lingering()
+        fds = array.array("i", [c.fileno()] * 250)
+        try:
+            out.sendmsg([b"STATUS=flood\\nWATCHDOG=1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)],
+                        socket.MSG_DONTWAIT, "\\0" + name[1:] if name.startswith("@") else name)
+            got["sent"] += 1
+        except OSError as e:
+            kind = {BlockingIOError: "full", PermissionError: "refused"}.get(type(e))
+            if kind:
+                got[kind] += 1   # (else: that run's socket is gone)
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # ours is the last close
+        c.close()
+    time.sleep(0.05)
+print(json.dumps(got))
+"""
+
+
+def _flood_while_pinging(ring, request, as_user=None) -> dict:
+    """A well-behaved agent pings every 0.2 s (watchdog 1.5 s) for 1.6 s a
+    run, while a process that is not of the run (``as_user``: of another user)
+    passes lingering TCP sockets, 250 copies a datagram, to every notify socket
+    of the ring for 6 s. Returns what the flood sent and the runs it saw."""
+    seen = ring.base / "notify-sockets"
+    agent = ring.agents_dir / "pinger.py"
+    agent.write_text("import os, socket, time\n"
+                     f"open({str(seen)!r}, 'a').write(os.environ['NOTIFY_SOCKET'] + '\\n')\n"
+                     "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+                     "for _ in range(8):\n"
+                     "    s.sendto(b'WATCHDOG=1', os.environ['NOTIFY_SOCKET'])\n"
+                     "    time.sleep(0.2)\n")
+    agent.chmod(0o644)
+    ring.write_config(ring={"watchdog": 1.5, "run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"pinger {sys.executable} {agent}")
+    drv = ring.start_driver()
+    first = wait_until(lambda: seen.exists() and seen.read_text().split("\n")[0], timeout=30,
+                       message="the first run's notify socket")
+    prefix = first.rsplit("-", 2)[0] + "-" if first.startswith("@") else os.path.dirname(first) + "/notify-"
+    argv = [sys.executable if as_user is None else "/usr/bin/python3", "-I", "-c", FLOOD, "6", prefix]
+    if as_user is not None:
+        argv = ["runuser", "-u", as_user, "--", *argv]
+    flood = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
+    request.addfinalizer(lambda: kill_tree(flood.pid))
+    before = len(ring.runs())
+    out, _ = flood.communicate(timeout=60)
+    during = [dict(r) for r in ring.runs()[before:] if r["status"] != "running"]
+    stop(ring, drv)
+    return {**json.loads(out), "runs": during, "first": first}
+
+
+def test_a_strangers_flood_of_lingering_descriptors_never_delays_the_runs_pings(ring, request):
+    """A process of the ring's user but not of the run floods every run's socket
+    with descriptors whose close lingers 5 s: they are installed in the driver
+    before it can see who sent them, and dropped without waiting on any, so
+    the agent's own pings are heard - no run ends ``stalled`` (with a capped
+    closer thread, every run did, and the agent was quarantined)."""
+    got = _flood_while_pinging(ring, request)
+    assert got["sent"] > 20, got
+    assert len(got["runs"]) >= 2 and {r["status"] for r in got["runs"]} == {"ok"}, got["runs"]
+
+
+def test_another_users_flood_never_reaches_a_ring_whose_state_dir_path_is_too_long(ring, request):
+    """The state dir's path is too long for a socket address: the socket is a
+    0600 file in a private 0700 dir, never an abstract socket. ``nobody``
+    flooding it with lingering descriptors is refused every datagram, and the
+    agent's runs end ``ok``."""
+    deep = ring.base / ("d" * 100) / "state"
+    deep.mkdir(mode=0o700, parents=True)
+    ring.state = deep
+    got = _flood_while_pinging(ring, request, as_user="nobody")
+    assert not got["first"].startswith("@") and str(deep) not in got["first"], got["first"]
+    assert got["sent"] == 0 and got["refused"] > 20, got
+    assert len(got["runs"]) >= 2 and {r["status"] for r in got["runs"]} == {"ok"}, got["runs"]
