@@ -173,11 +173,9 @@ class RealEnv:
         be started. ``pid_var``: also give the child that variable set to its own
         pid (``WATCHDOG_PID``, as systemd does)."""
         def start() -> proctree.Child:
-            return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask)
+            return proctree.spawn(argv, cwd=cwd, env=env, stdout_fd=stdout_fd, umask=umask, pid_var=pid_var)
         cg = run_cgroup
         try:
-            if pid_var:
-                argv = _exec_with_pid(argv, cwd, env, pid_var)
             if cg is None:
                 started = start()
             else:
@@ -496,24 +494,6 @@ class RealEnv:
     def write_notes(self, notes, now: float) -> None:
         self._notes_written = True   # set first: a partial write is removed too
         voice.write_notes(self.state_dir, notes, now)
-
-
-def _exec_with_pid(argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str],
-                   pid_var: str) -> List[str]:
-    """``argv`` started through ``sh``, which sets ``pid_var`` to its own pid
-    (``$$``) and execs the agent in its place: the pid exists only after the
-    fork, and exec keeps it. (A preexec_fn could do the same, but is unsafe once
-    the driver has a thread - the many-host lease watchdog.) A program that
-    cannot be run is refused here, so it still ends ``error``, not ``failed``."""
-    prog = argv[0]
-    if "/" in prog and not os.path.isabs(prog):
-        prog = os.path.join(cwd or ".", prog)
-    path = proctree.executable(prog, env)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), prog)
-    if not os.access(path, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), prog)
-    return ["/bin/sh", "-c", f'{pid_var}=$$; export {pid_var}; exec "$0" "$@"', *argv]
 
 
 def log_open_reason(e: OSError) -> str:

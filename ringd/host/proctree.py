@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import gc
 import os
 import signal
 import sys
@@ -93,7 +94,7 @@ _DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.S
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-          umask: int = -1, signals_held: bool = False) -> Child:
+          umask: int = -1, signals_held: bool = False, pid_var: Optional[str] = None) -> Child:
     """Start ``argv`` in its own session (so it leads a new process group),
     stdin /dev/null, stdout and stderr to ``stdout_fd``. One ``posix_spawn``
     (glibc's is a vfork: no Python code between fork and exec, and a fraction
@@ -103,14 +104,20 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     (posix_spawn has no chdir in Python 3.11), then restored.
     ``signals_held``: it starts with SIGTERM/SIGINT/SIGHUP/SIGUSR1 blocked (a
     daemon of ours, which unblocks them once it can handle them: earlysig).
-    Raises OSError if it cannot be started (not found, not executable ...)."""
+    ``pid_var``: also give it that variable set to its own pid (``WATCHDOG_PID``,
+    as systemd does): :func:`_fork_exec`, since the pid exists only after the fork.
+    Raises OSError if it cannot be started (not found, not executable, not a
+    format the kernel runs ...)."""
     actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                (os.POSIX_SPAWN_DUP2, stdout_fd, 1), (os.POSIX_SPAWN_DUP2, stdout_fd, 2)]
     with earlysig.held() if signals_held else contextlib.nullcontext(), _cwd_and_umask(cwd, umask):
         # looked up in the child's cwd, as exec in a child that chdir'ed would
         path = executable(argv[0], env)
-        pid = os.posix_spawn(path, list(argv), env, file_actions=actions, setsid=True,
-                             setsigdef=_DEFAULT_SIGNALS)
+        if pid_var is None:
+            pid = os.posix_spawn(path, list(argv), env, file_actions=actions, setsid=True,
+                                 setsigdef=_DEFAULT_SIGNALS)
+        else:
+            pid = _fork_exec(path, list(argv), env, stdout_fd, pid_var)
     pidfd = None
     if hasattr(os, "pidfd_open"):
         try:
@@ -118,6 +125,71 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
         except OSError:
             pidfd = None
     return Child(pid=pid, pidfd=pidfd)
+
+
+def _fork_exec(path: str, argv: List[str], env: Mapping[str, str], stdout_fd: int, pid_var: str) -> int:
+    """What :func:`spawn`'s posix_spawn does, by hand, for a child that sets
+    ``pid_var`` to its own pid before its exec: no shell in between, so a
+    program exec refuses (ENOEXEC: a script without ``#!``) raises OSError
+    here as it does there. Between fork and exec the child only makes system
+    calls: the collector is off and every signal blocked around the fork, so
+    no finaliser or handler of the driver's runs in it. Exec's error comes back
+    over a close-on-exec pipe; the child that failed is reaped here, by its
+    pid - nothing else ever knew it."""
+    env = dict(env)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    collecting = gc.isenabled()
+    gc.disable()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _exec_child(path, argv, env, stdout_fd, pid_var, w, mask)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if collecting:
+            gc.enable()
+        os.close(w)
+    try:
+        failed = b""
+        while chunk := os.read(r, 4):
+            failed += chunk
+    finally:
+        os.close(r)
+    if failed:
+        os.waitpid(pid, 0)
+        code = int.from_bytes(failed[:4], "little") or errno.EINVAL
+        raise OSError(code, os.strerror(code), argv[0])
+    return pid
+
+
+def _exec_child(path: str, argv: List[str], env: Dict[str, str], stdout_fd: int, pid_var: str, w: int,
+                mask) -> None:
+    """The forked child's part of :func:`_fork_exec`: never returns."""
+    code = errno.EINVAL
+    try:
+        os.setsid()
+        os.dup2(stdout_fd, 1)
+        os.dup2(stdout_fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+        for sig in _DEFAULT_SIGNALS:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass   # one the C library keeps for itself
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        env[pid_var] = str(os.getpid())
+        os.execve(path, argv, env)
+    except OSError as e:
+        code = e.errno or code
+    finally:
+        try:
+            os.write(w, code.to_bytes(4, "little"))
+        finally:
+            os._exit(127)
 
 
 def executable(prog: str, env: Mapping[str, str]) -> str:

@@ -19,7 +19,8 @@ PROBE = r"""
 import json, os, signal, sys
 print(json.dumps({"cwd": os.getcwd(), "umask": os.umask(0), "sid": os.getsid(0), "pid": os.getpid(),
                   "fds": sorted(int(n) for n in os.listdir("/proc/self/fd")),
-                  "stdin": os.readlink("/proc/self/fd/0"), "env": os.environ.get("ONLY")}), flush=True)
+                  "stdin": os.readlink("/proc/self/fd/0"), "env": os.environ.get("ONLY"),
+                  "wd": os.environ.get("WATCHDOG_PID")}), flush=True)
 print("to stderr", file=sys.stderr)
 """
 
@@ -45,7 +46,12 @@ def _run(tmp_path, argv, **kw):
     return child, os.waitstatus_to_exitcode(status), log.read_text()
 
 
-def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_path):
+# the second way in: by hand (fork, exec), for a child that is given its own pid (WATCHDOG_PID)
+BOTH_WAYS = pytest.mark.parametrize("pid_var", [None, "WATCHDOG_PID"], ids=["posix_spawn", "fork+exec"])
+
+
+@BOTH_WAYS
+def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_path, pid_var):
     import json
     proctree.close_on_exec_all()   # as a daemon does at start-up (this test process inherited some)
     work = tmp_path / "work"
@@ -55,7 +61,7 @@ def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_pa
     os.umask(before_umask)
     try:
         child, code, out = _run(tmp_path, [sys.executable, "-c", PROBE], cwd=str(work),
-                                env={"ONLY": "this", "PATH": os.environ["PATH"]}, umask=0o027)
+                                env={"ONLY": "this", "PATH": os.environ["PATH"]}, umask=0o027, pid_var=pid_var)
     finally:
         os.close(mine)
     assert code == 0, out
@@ -64,6 +70,7 @@ def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_pa
     assert doc["cwd"] == str(work) and doc["umask"] == 0o027
     assert doc["sid"] == doc["pid"] == child.pid                    # leads its own session
     assert doc["stdin"] == "/dev/null" and doc["env"] == "this"
+    assert doc["wd"] == (None if pid_var is None else str(child.pid))   # its own pid, known only after the fork
     assert [fd for fd in doc["fds"] if fd > 2] in ([], [3]), doc["fds"]   # 3: the probe's own listdir
     assert (os.getcwd(), os.umask(before_umask)) == (before_cwd, before_umask)   # ours, unchanged
     # Python (this process) ignores SIGPIPE and SIGXFSZ, and a driver started by
@@ -73,7 +80,8 @@ def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_pa
     inherited = (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
     before = [signal.signal(s, signal.SIG_IGN) for s in inherited]
     try:
-        _, code, status = _run(tmp_path, ["cat", "/proc/self/status"], cwd=None, env={"PATH": os.environ["PATH"]})
+        _, code, status = _run(tmp_path, ["cat", "/proc/self/status"], cwd=None, env={"PATH": os.environ["PATH"]},
+                               pid_var=pid_var)
     finally:
         for s, old in zip(inherited, before):
             signal.signal(s, old)
@@ -82,15 +90,37 @@ def test_the_child_gets_its_session_cwd_umask_signals_and_nothing_of_ours(tmp_pa
     assert not _mask(status, "SigBlk"), "nothing blocked"
 
 
-def test_a_missing_cwd_or_program_is_an_oserror_and_changes_nothing_of_ours(tmp_path):
+@BOTH_WAYS
+def test_a_missing_cwd_or_program_is_an_oserror_and_changes_nothing_of_ours(tmp_path, pid_var):
     before = os.getcwd()
     with pytest.raises(FileNotFoundError):
-        _run(tmp_path, ["/bin/true"], cwd=str(tmp_path / "gone"), env={})
+        _run(tmp_path, ["/bin/true"], cwd=str(tmp_path / "gone"), env={}, pid_var=pid_var)
     with pytest.raises(FileNotFoundError):
-        _run(tmp_path, [str(tmp_path / "nope")], cwd=str(tmp_path), env={})
+        _run(tmp_path, [str(tmp_path / "nope")], cwd=str(tmp_path), env={}, pid_var=pid_var)
     with pytest.raises(FileNotFoundError):
-        _run(tmp_path, ["no-such-program-anywhere"], cwd=str(tmp_path), env={"PATH": "/bin:/usr/bin"})
+        _run(tmp_path, ["no-such-program-anywhere"], cwd=str(tmp_path), env={"PATH": "/bin:/usr/bin"},
+             pid_var=pid_var)
     assert os.getcwd() == before
+
+
+@BOTH_WAYS
+def test_a_file_exec_refuses_is_an_oserror_and_its_child_is_reaped(tmp_path, pid_var):
+    """A text file without ``#!`` (ENOEXEC), or one that is not executable
+    (EACCES): an OSError from the spawn, as from exec itself, and no child of
+    ours is left behind unreaped."""
+    plain = tmp_path / "plain"
+    plain.write_text("echo ran\n")
+    plain.chmod(0o755)
+    with pytest.raises(OSError) as refused:
+        _run(tmp_path, [str(plain)], cwd=str(tmp_path), env={}, pid_var=pid_var)
+    assert refused.value.errno == 8    # ENOEXEC
+    plain.chmod(0o644)
+    with pytest.raises(PermissionError):
+        _run(tmp_path, [str(plain)], cwd=str(tmp_path), env={}, pid_var=pid_var)
+    try:
+        assert os.waitpid(-1, os.WNOHANG)[0] == 0, "a child of ours was left to be reaped"
+    except ChildProcessError:
+        pass                           # no child of ours at all
 
 
 def test_a_bare_name_is_found_on_the_childs_path_as_execvp_would(tmp_path):

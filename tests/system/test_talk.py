@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import kill_tree, wait_until
 
 NOTIFY = f"{sys.executable} -m ringd notify"
@@ -358,6 +360,25 @@ def test_with_a_watchdog_a_missing_program_is_still_an_error(ring):
     assert code == 0
     row = ring.runs()[0]
     assert row["status"] == "error" and "No such file" in row["reason"], dict(row)
+
+
+@pytest.mark.parametrize("watchdog", [None, 1.0])
+def test_a_script_without_a_shebang_is_an_error_with_or_without_a_watchdog(ring, watchdog):
+    """An executable text file without ``#!`` is refused by exec (ENOEXEC): the
+    run is an ``error`` and nothing of it runs - with a watchdog too, whose
+    WATCHDOG_PID is set without a shell (``sh -c 'exec "$0"'`` ran such a
+    file as a shell script)."""
+    ran = ring.base / "ran"
+    agent = ring.agents_dir / "plain"
+    agent.write_text(f"touch {ran}\n")
+    agent.chmod(0o755)
+    ring.write_config(ring={"watchdog": watchdog})
+    ring.roster(f"plain {agent}")
+    code = ring.start_driver("--once").wait(timeout=30)
+    assert code == 0
+    row = ring.runs()[0]
+    assert row["status"] == "error" and "Exec format error" in row["reason"], dict(row)
+    assert not ran.exists()
 
 
 def test_a_journal_from_before_phases_gets_the_column(ring):
