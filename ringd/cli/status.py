@@ -108,6 +108,11 @@ def _round(value: Optional[float], digits: int = 3) -> Optional[float]:
     return None if value is None else round(value, digits)
 
 
+def _count(value: Any) -> Optional[int]:
+    """A count read from a file agents can write: a non-negative int, else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
 def _future(ts: Optional[float], now: float) -> Optional[str]:
     """ISO time of ``ts`` if it is still ahead, else None (a passed back-off is over)."""
     return iso(ts) if ts is not None and ts > now else None
@@ -165,6 +170,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         # additions to the SPEC shape
         "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
         "last_pid": hb.get("pid") if hb else None,
+        "notify_dropped": _count(hb.get("notify_dropped")) if hb else None,   # in the driver's life
     }
 
     w = dict(watcher) if watcher else None
@@ -198,6 +204,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             # additions
             "started_at": iso(running.started_at),
             "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
+            "notify_dropped": (notes or {}).get("dropped"),   # datagrams of this run's socket not heard
         }
 
     if roster is not None:

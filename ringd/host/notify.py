@@ -577,6 +577,7 @@ class Notes:
     phase: Optional[str] = None
     ping_at: Optional[float] = None      # wall clock of the last WATCHDOG=1
     pings: int = 0
+    dropped: int = 0                     # datagrams not heard (a stranger's, malformed, a sender gone)
     dirty: bool = False
     written_at: float = float("-inf")    # monotonic
 
@@ -586,6 +587,8 @@ class Notes:
         if heard.pings:
             self.ping_at, self.dirty = wall_now, True
             self.pings += heard.pings
+        if heard.dropped:
+            self.dropped, self.dirty = self.dropped + heard.dropped, True
 
     def due_at(self) -> Optional[float]:
         """Monotonic time of the next write (None: nothing to write)."""
@@ -593,7 +596,7 @@ class Notes:
 
     def as_json(self) -> Dict:
         return {"run_id": self.run_id, "phase": self.phase, "agent_beat_at": self.ping_at,
-                "pings": self.pings}
+                "pings": self.pings, "dropped": self.dropped}
 
 
 def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
@@ -603,7 +606,7 @@ def write_notes(state_dir: Path, notes: Notes, mono_now: float) -> None:
 
 
 def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
-    """``phase`` and ``agent_beat_at`` of run ``run_id`` as last published
+    """``phase``, ``agent_beat_at`` and ``dropped`` of run ``run_id`` as last published
     (empty when the file is about another run, missing or corrupt). The file
     is in a state dir agents can write: it is read as input, never trusted -
     the phase as :func:`clean_phase` keeps one (status shows it, the reaper
@@ -617,9 +620,10 @@ def read_notes(state_dir: Path, run_id: Optional[int]) -> Dict:
     data = read_json(state_dir / NOTES_FILE)
     if data is None or type(data.get("run_id")) is not int or data["run_id"] != run_id:
         return {}
-    phase = data.get("phase")
+    phase, dropped = data.get("phase"), data.get("dropped")
     return {"phase": clean_phase(phase) if isinstance(phase, str) else None,
-            "agent_beat_at": epoch(data.get("agent_beat_at"))}
+            "agent_beat_at": epoch(data.get("agent_beat_at")),
+            "dropped": dropped if type(dropped) is int and dropped >= 0 else None}
 
 
 def remove_notes(state_dir: Path) -> None:

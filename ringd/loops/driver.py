@@ -186,6 +186,7 @@ class Driver:
         self.exit_code = EX_OK
         # the ring's position
         self.lap = 1
+        self.notify_dropped = 0   # datagrams the runs' notify sockets did not hear (status: driver.notify_dropped)
         self.cursor: "tuple[Optional[str], Optional[int]]" = (None, None)
         self.cursor_roster: Optional[Sequence[str]] = None   # the roster's names at the last turn (None: not known)
         self.spin = Spin()
@@ -249,7 +250,8 @@ class Driver:
         try:
             self.env.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
                           run_started_at=run_started_at,
-                          extra={"roster_error": self.roster.error, **role_fields(self.leader)})
+                          extra={"roster_error": self.roster.error, "notify_dropped": self.notify_dropped,
+                                 **role_fields(self.leader)})
         except OSError as e:
             if self.beat_error is None:
                 self.log(f"cannot write the heartbeat ({self.env.errno_reason(e)}); "
@@ -837,7 +839,8 @@ class Driver:
             self.leader.release()  # a standby takes over at once, not after the TTL
         self.write_metrics()
         try:
-            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True)
+            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True,
+                          extra={"notify_dropped": self.notify_dropped})
         except OSError as e:
             self.log(f"cannot record the clean stop in the heartbeat: {e}")
         self.log("driver stopped")

@@ -48,6 +48,7 @@ class Host(Protocol):
     stop_requested: bool
     stop_reason: str
     next_beat: float
+    notify_dropped: int   # datagrams its runs' notify sockets did not hear, in the driver's life
     leader: object   # leader.Leader of a many-host ring (None: SQLite, always leading)
 
     def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
@@ -269,7 +270,7 @@ class Hop:
                 # is the next leader's to close (an end of the agent's own is kept)
                 return HopResult(self.run_id, name, "running", env.wall() - self.started_at, None)
             if self.notify is not None:   # last words: a STATUS= sent just before the exit
-                self.notes.hear(self.notify.drain(), env.wall())
+                self._note(self.notify.drain())
             self._close_notify()          # gone before the row says the run has ended
             return self._close(close)
         finally:
@@ -278,8 +279,7 @@ class Hop:
     # --- the agent's voice (SPEC "Agents that talk back") ----------------------------------
     def _hear(self, now: float) -> list:
         """Drain what the agent said (capped per wake) into run-state events."""
-        heard = self.notify.drain()
-        self.notes.hear(heard, self.env.wall())
+        heard = self._note(self.notify.drain())
         events = []
         if heard.phase is not None:
             events.append(Phase(heard.phase))
@@ -288,6 +288,11 @@ class Hop:
         if heard.triggered:
             events.append(Trigger())
         return events
+
+    def _note(self, heard):
+        self.notes.hear(heard, self.env.wall())
+        self.host.notify_dropped += heard.dropped
+        return heard
 
     def _publish_notes(self, now: float, force: bool = False) -> None:
         due = self.notes.due_at() if self.notes is not None else None

@@ -114,10 +114,10 @@ def test_notes_are_written_at_most_once_a_second(tmp_path):
     write_notes(tmp_path, notes, mono_now=50.0)
     notes.hear(Heard(phase="two", pings=2), wall_now=1001.0)
     assert notes.due_at() == 51.0
-    notes.hear(Heard(phase="two"), wall_now=1001.5)
+    notes.hear(Heard(phase="two", dropped=3), wall_now=1001.5)
     write_notes(tmp_path, notes, mono_now=51.0)
     assert notes.due_at() is None
-    assert read_notes(tmp_path, 3) == {"phase": "two", "agent_beat_at": 1001.0}
+    assert read_notes(tmp_path, 3) == {"phase": "two", "agent_beat_at": 1001.0, "dropped": 3}
     assert read_notes(tmp_path, 4) == {} and read_notes(tmp_path, None) == {}
     assert stat.S_IMODE(os.stat(tmp_path / "notify.json").st_mode) == 0o600
 
@@ -131,7 +131,7 @@ def test_notes_written_by_someone_else_never_reach_status_raw(tmp_path, beat):
     (tmp_path / "notify.json").write_text(
         '{"run_id": 3, "phase": "\\u001b[31mred\\nnext' + "x" * 300 + '", "agent_beat_at": ' + beat + '}')
     notes = read_notes(tmp_path, 3)
-    assert notes["agent_beat_at"] is None
+    assert notes["agent_beat_at"] is None and notes["dropped"] is None
     assert notes["phase"] == clean_phase("\x1b[31mred\nnext" + "x" * 300) and "\x1b" not in notes["phase"]
     (tmp_path / "notify.json").write_text('{"run_id": true, "phase": "p", "agent_beat_at": 1000.0}')
     assert read_notes(tmp_path, 1) == {}

@@ -529,3 +529,36 @@ def test_another_users_flood_never_reaches_a_ring_whose_state_dir_path_is_too_lo
     assert not got["first"].startswith("@") and str(deep) not in got["first"], got["first"]
     assert got["sent"] == 0 and got["refused"] > 20, got
     assert len(got["runs"]) >= 2 and {r["status"] for r in got["runs"]} == {"ok"}, got["runs"]
+
+
+def test_datagrams_of_senders_gone_before_they_are_read_are_counted_in_status(ring):
+    """docs/agents.md "Talking back": a helper that sends and exits at once may
+    be gone (reaped) before the driver reads its datagram, and then cannot be
+    told from a stranger. Every such datagram is counted: ``current.notify_dropped``
+    while the run goes on, ``driver.notify_dropped`` for the driver's life. Of
+    40 pings from send-and-exit helpers, heard plus dropped is 40."""
+    agent = ring.agents_dir / "burst.py"
+    agent.write_text("import os, socket, time\n"
+                     "for _ in range(40):\n"
+                     "    pid = os.fork()\n"
+                     "    if pid == 0:\n"
+                     "        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(\n"
+                     "            b'WATCHDOG=1', os.environ['NOTIFY_SOCKET'])\n"
+                     "        os._exit(0)\n"
+                     "    os.waitpid(pid, 0)\n"
+                     "time.sleep(30)\n")
+    ring.write_config(ring={"run_budget": 60, "stall_threshold": 70})
+    ring.roster(f"burst {sys.executable} {agent}")
+    drv = ring.start_driver()
+
+    def counted():
+        notes = json.loads((ring.state / "notify.json").read_text()) if (ring.state / "notify.json").exists() else {}
+        cur = current(ring)
+        if notes.get("pings", 0) + notes.get("dropped", 0) == 40 and cur.get("notify_dropped") == notes["dropped"]:
+            return notes
+    notes = wait_until(counted, timeout=30, message="40 datagrams heard or dropped, in status")
+    wait_until(lambda: status_json(ring)["driver"]["notify_dropped"] == notes["dropped"], timeout=10,
+               message="the driver's count in its heartbeat")
+    stop(ring, drv)
+    assert status_json(ring)["driver"]["notify_dropped"] == notes["dropped"]   # kept by the clean stop
+    print(f"send-and-exit helpers: {notes['pings']} heard, {notes['dropped']} dropped of 40")

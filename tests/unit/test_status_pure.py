@@ -143,3 +143,14 @@ def test_the_notes_the_failure_behaviour_tables_quote():
     assert "DEAD" in text(dead) and "pid 42 gone without a clean stop" in text(dead)
     stale = text(doc(heartbeat=hb(25), driver_alive=True))
     assert "STALE" in stale and "likely stuck: heartbeat 25 s old" in stale
+
+
+def test_notify_dropped_for_the_run_and_the_drivers_life():
+    run = RunRow(id=9, agent="b", position=1, status="running", started_at=NOW - 2, ended_at=None,
+                 duration=None, exit_code=None, signal=None, reason=None, pid=77, pid_start=1.0,
+                 run_budget=60, stall_threshold=90, log_path=None, driver_pid=42, driver_start=1.0)
+    d = doc(heartbeat=hb(1, notify_dropped=31), driver_alive=True, running=run, notes={"dropped": 9})
+    assert (d["driver"]["notify_dropped"], d["current"]["notify_dropped"]) == (31, 9)
+    for junk in (-1, 1.5, True, "9"):   # the heartbeat is in a state dir agents can write
+        assert doc(heartbeat=hb(1, notify_dropped=junk), driver_alive=True)["driver"]["notify_dropped"] is None
+    assert doc()["driver"]["notify_dropped"] is None and doc(running=run)["current"]["notify_dropped"] is None
