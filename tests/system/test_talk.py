@@ -527,6 +527,7 @@ def test_another_users_flood_never_reaches_a_ring_whose_state_dir_path_is_too_lo
     ring.state = deep
     got = _flood_while_pinging(ring, request, as_user="nobody")
     assert not got["first"].startswith("@") and str(deep) not in got["first"], got["first"]
+    assert not os.path.exists(os.path.dirname(got["first"]))   # the private dir went with the last run
     assert got["sent"] == 0 and got["refused"] > 20, got
     assert len(got["runs"]) >= 2 and {r["status"] for r in got["runs"]} == {"ok"}, got["runs"]
 
