@@ -44,7 +44,7 @@ IDLE_SOCKET = SOCKET_PREFIX + "idle.sock"   # a parked socket between runs (swep
 _MAX_FDS = 253
 _UCRED = struct.Struct("3i")
 _CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size) + socket.CMSG_SPACE(_MAX_FDS * 4)
-# passed fds arrive close-on-exec: one still waiting to be closed never reaches an agent we start
+# passed fds arrive close-on-exec: none can reach an agent started before it is closed
 _RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 _KEY = re.compile(r"[A-Z][A-Z0-9_]*")
 # C0 and C1 controls (escape sequences, newlines), and what splits a line or

@@ -1,7 +1,7 @@
-"""The driver's short-lived side threads (a passed descriptor's close, a new
-PostgreSQL connection): started with every signal blocked, so the kernel
-gives the driver's signals to its main thread, whose wait hears them, and
-never interrupts a side thread's system call with one."""
+"""The driver's short-lived side threads (a new PostgreSQL connection):
+started with every signal blocked, so the kernel gives the driver's signals
+to its main thread, whose wait hears them, and never interrupts a side
+thread's system call with one."""
 from __future__ import annotations
 
 import signal
