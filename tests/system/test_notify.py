@@ -265,7 +265,7 @@ def test_a_parked_socket_flooded_between_runs_is_given_up_not_drained_for_ever(t
     fd, ino = flooded.fileno(), os.fstat(flooded.fileno()).st_ino
     assert ns.reuse(tmp_path, 6) is None            # the caller binds a fresh socket
     assert flooded.reads == notify.PURGE_CAP == 1024 and flooded.real.fileno() == -1   # (README: 1024)
-    # closed on the closer (its queue, left unread, may hold descriptors whose close blocks)
+    # buried (its queue, left unread, may hold descriptors whose close blocks)
     wait_until(lambda: _fd_gone(fd, ino), message="the given-up socket closed")
     fresh = NotifySocket.open(tmp_path, 6)          # (sweeping the idle file it left)
     try:
