@@ -289,7 +289,8 @@ class NotifySocket:
         (:meth:`reuse`), instead of being closed, unlinked and bound again.
         A rename costs no inode; on a file system that avoids reusing recently
         freed inodes (ext4 without a journal) every fresh bind scans for one.
-        False (nothing parked) for an abstract socket or when the rename fails."""
+        False (nothing parked) for a socket in a private dir (its state dir's
+        path is too long for one) or when the rename fails."""
         if self.path is None or self.ident is None or self.folder is not None:
             return False
         idle = f"{state_dir}/{IDLE_SOCKET}"
