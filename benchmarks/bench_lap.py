@@ -67,6 +67,9 @@ HEARTBEAT_INTERVAL = 10   # s, as in CONFIG below
 # timed hop pays its share of log pruning, as on a ring that has run for days
 # (with the default of 50, a benchmark's 20 laps would never prune a log).
 KEEP_LOGS = 5
+# `python -m ringd` puts its cwd first on sys.path: run from a checkout, it would
+# import that checkout whatever PYTHONPATH names (bench_ab.py's two trees alike)
+RINGD_CWD = "/"
 CONFIG = f"""\
 ring:
   run_budget: 3600
@@ -77,15 +80,13 @@ ring:
 
 
 def ringd_env():
-    """Environment for the driver: make ``-m ringd`` importable without an install."""
+    """Environment for the driver: ``-m ringd`` imports this checkout, installed
+    or not (an install of another checkout would come after it)."""
     env = dict(os.environ)
     env.pop("NOTIFY_SOCKET", None)
     env.pop("RING_STATE", None)
     env.pop("RING_CONFIG", None)
-    probe = subprocess.run([sys.executable, "-c", "import ringd"], env=env, cwd="/",
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if probe.returncode != 0:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
 
 
@@ -130,7 +131,7 @@ def ringd_once(state: Path, config: Path, env) -> float:
     cmd = [sys.executable, "-m", "ringd", "run", "--once", "--state", str(state), "--config", str(config)]
     with driver_log(state) as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=RINGD_CWD)
         pidfd = os.pidfd_open(proc.pid)
         try:
             ended = select.select([pidfd], [], [], 300)[0]
@@ -175,7 +176,8 @@ def time_ringd_running(state: Path, config: Path, n: int, env) -> float:
     before = journal_query(state, "SELECT coalesce(max(id), 0) FROM runs")[0][0]
     cmd = [sys.executable, "-m", "ringd", "run", "--state", str(state), "--config", str(config)]
     with driver_log(state) as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=RINGD_CWD)
     try:
         deadline = time.monotonic() + 300
         while journal_query(state, "SELECT count(*) FROM runs WHERE id > ? AND status <> 'running'",
@@ -427,7 +429,7 @@ def bench_idle(root: Path, seconds: float, env) -> dict:
     log = open(root / "idle-driver.log", "wb")
     cmd = [sys.executable, "-m", "ringd", "run", "--state", str(state), "--config", str(config)]
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=RINGD_CWD)
     children = []
     out = {}
     sup, sup_children = None, []
