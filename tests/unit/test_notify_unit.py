@@ -1,5 +1,4 @@
-"""What a datagram says and what a run's notes keep (ringd.host.notify), and
-the count of datagrams not heard, through a fake-clock driver: pure."""
+"""ringd.host.notify's pure parts: a datagram's message, a run's notes, the count of datagrams not heard."""
 from ringd.host.notify import Heard, Message, Notes, read_message
 from fakeenv import Behaviour, FakeEnv, make_driver
 
