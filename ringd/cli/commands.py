@@ -606,20 +606,53 @@ def next_(state_dir: Path, config_path: Optional[Path], name: str) -> None:
 @click.option("--status", "text", metavar="TEXT", type=ArgText(), default=None,
               help="Tell the ring the run's phase (STATUS=; cut to 200 characters).")
 @click.option("--ping", is_flag=True, help="Tell the ring the agent is alive (WATCHDOG=1).")
-def notify(text: Optional[str], ping: bool) -> None:
+@click.option("--used", metavar="POOL:N", type=ArgText(), default=None,
+              help="Tell the ring the run has spent N units of quota POOL so far (X_RING_USED=).")
+@click.option("--exhausted", metavar="POOL", type=ArgText(), default=None,
+              help="Tell the ring the provider refuses quota POOL (X_RING_EXHAUSTED=), until --until.")
+@click.option("--until", metavar="SECONDS|ISO", type=ArgText(), default=None,
+              help="With --exhausted: seconds from now (like Retry-After) or an ISO time (UTC if no zone).")
+def notify(text: Optional[str], ping: bool, used: Optional[str], exhausted: Optional[str],
+           until: Optional[str]) -> None:
     """For agents: speak to the ring's $NOTIFY_SOCKET like systemd-notify.
 
-    Exit 1 when NOTIFY_SOCKET is not set or the message cannot be sent."""
+    Exit 1 when NOTIFY_SOCKET is not set or the message cannot be sent, 2 for
+    a report that does not parse."""
     from ringd.host.notify import PHASE_CHARS, NotifyError, send   # stdlib only: no journal, no rich, no psutil
     # cut as the ring cuts it (SPEC): a long text is a phase, never a datagram too big to be heard
     phase = " ".join(text.splitlines())[:PHASE_CHARS] if text is not None else None
     lines = ([f"STATUS={phase}"] if phase is not None else []) + (["WATCHDOG=1"] if ping else [])
-    if not lines:
-        raise fail("nothing to send: give --status TEXT and/or --ping", EX_BAD_USAGE)
+    if not lines and used is None and exhausted is None and until is None:
+        raise fail("nothing to send: give --status TEXT, --ping, --used POOL:N or --exhausted POOL --until WHEN",
+                   EX_BAD_USAGE)
+    if not os.environ.get("NOTIFY_SOCKET"):   # whatever it was asked to send (SPEC)
+        raise fail("NOTIFY_SOCKET is not set (not running under ring or systemd)", EX_FAILURE)
+    lines += quota_lines(used, exhausted, until)
     try:
         send("\n".join(lines))
     except NotifyError as e:
         raise fail(str(e), EX_FAILURE)
+
+
+def quota_lines(used: Optional[str], exhausted: Optional[str], until: Optional[str]) -> List[str]:
+    """``X_RING_USED=`` / ``X_RING_EXHAUSTED=`` lines of ``ringd notify``, checked
+    as the driver checks them (any pool name: only the driver knows the config)."""
+    import time
+    from ringd.core import quota
+    out = []
+    if (exhausted is None) != (until is None):
+        raise fail("--exhausted POOL and --until SECONDS|ISO go together", EX_BAD_USAGE)
+    for key, value in ((quota.USED_KEY, used),
+                       (quota.EXHAUSTED_KEY, None if exhausted is None else f"{exhausted}:{until}")):
+        if value is None:
+            continue
+        try:
+            report = quota.parse_report(key, value.strip(), time.time(), quota.ANY_POOL)
+        except quota.BadReport as e:
+            raise fail(f"--{'used' if key == quota.USED_KEY else 'exhausted/--until'}: {e}", EX_BAD_USAGE)
+        out.append(f"{key}={report.pool}:{report.units}" if isinstance(report, quota.Used)
+                   else f"{key}={report.pool}:{until.strip()}")
+    return out
 
 
 # --- setting up ------------------------------------------------------------------------

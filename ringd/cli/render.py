@@ -287,6 +287,7 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
     if r.get("error"):
         segs.append((f"\nERROR: {r['error']}", "bold red"))
     out += labelled("roster", segs, width)
+    out += quota_status_lines(doc.get("quotas") or (), now, width)
     for warning in warnings:
         out += labelled("warning", [(warning, "yellow")], width)
     out.append([])
@@ -309,6 +310,9 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
         if a.get("backoff_until"):
             notes.append(f"back-off {fmt_left(a['backoff_until'], now)}")
             style = style or "blue"
+        if a.get("quota_held"):
+            notes.append(f"waits: {a['quota_held']}")
+            style = style or "yellow"
         fails = a.get("consecutive_failures") or 0
         rows.append([
             (str(a["position"]), ""), (a["name"], ""),
@@ -328,6 +332,25 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             row.insert(len(row) - 1, (text, ""))
     out += table(heads, rows, right=right, max_widths=(None, 20) + (None,) * (len(heads) - 2),
                  width=width, plain=plain)
+    return out
+
+
+def quota_status_lines(pools: Sequence[Mapping[str, Any]], now: float, width: int) -> List[Line]:
+    """A line per quota pool: used / limit in the window, reserved, left, and
+    until when it is held (exhausted, or nothing left)."""
+    out: List[Line] = []
+    for k, p in enumerate(pools):
+        segs: List[Seg] = [(f"{p['name']}  {p['used']:,} / {p['limit']:,} in {fmt_duration(p['window'])}", "")]
+        if p.get("reserved"):
+            held = ", ".join(sorted(p.get("reserves") or {}))
+            segs.append((f", {p['reserved']:,} reserved" + (f" for {held}" if held else ""), ""))
+        segs.append((f", {p['left']:,} left", "bold red" if not p["left"] else ""))
+        if p.get("exhausted_until"):
+            segs.append((f"  EXHAUSTED until {fmt_local(p['exhausted_until'], now)} "
+                         f"({fmt_left(p['exhausted_until'], now)})", "bold red"))
+        elif p.get("reset_at"):
+            segs.append((f"; oldest use leaves {fmt_ago(p['reset_at'], now)}", "dim" if p["left"] else "yellow"))
+        out += labelled("quota" if k == 0 else "", segs, width)
     return out
 
 

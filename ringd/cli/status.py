@@ -134,6 +134,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
                  next_due: Optional[Mapping[str, float]] = None,
                  turn_from: Optional[RunRow] = None,
                  ran_scheduled: Sequence[str] = (),
+                 quota_use: Optional[Tuple[Mapping[str, Any], Mapping[str, Any]]] = None,
                  ) -> Dict[str, Any]:
     """Pure: the ``ringd status --json`` document.
 
@@ -154,7 +155,9 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     not a turn: ringd.inputs.schedule.last_turn). ``ring_paused``,
     ``paused_agents`` and ``next_requested``: the operator's controls.
     ``ran_scheduled``: the driver's round (policy.round_after, kept in the
-    journal); a driver that is not alive has none (the next one starts anew)."""
+    journal); a driver that is not alive has none (the next one starts anew).
+    ``quota_use``: each pool's use in its window and its exhausted reports, as
+    the journal holds them (Tx.quota_use)."""
     hb = dict(heartbeat) if heartbeat else None
     health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
                               locked=lock_holder is not None)
@@ -207,6 +210,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "notify_dropped": (notes or {}).get("dropped"),   # datagrams of this run's socket not heard
         }
 
+    gate = quota_gate(config, now, quota_use, next_due, paused_agents)
     if roster is not None:
         names = list(roster)
     else:  # the last good roster is the driver's; the journal knows where agents ran
@@ -235,6 +239,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
             "quarantined_until": _future(a.get("quarantined_until"), now),
             "paused": name in paused_agents,
             "next_due": iso((next_due or {}).get(name)),
+            **agent_quota(config, gate, name),
             # additions
             "last_ended_at": iso(last.get("last_ended_at")),
             "last_signal": last.get("last_signal"),
@@ -244,7 +249,7 @@ def build_status(*, state_dir: Path, config: Config, now: float,
     if roster_lines and not ring_paused:
         turn = next_turn(roster_lines, states or {}, turn_from or running or last_run, now, config,
                          paused=paused_agents, requested=next_requested, next_due=next_due,
-                         ran_scheduled=ran_scheduled if driver_alive else ())
+                         ran_scheduled=ran_scheduled if driver_alive else (), gate=gate)
     upcoming = None
     if turn is not None:
         name, at = turn
@@ -260,16 +265,52 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "current": current,
         "roster": {"path": str(roster_path), "agents": len(names), "error": roster_error},
         "agents": agents,
+        "quotas": quota_docs(config, gate),
         # addition: who takes the next turn, and when (estimated from the journal)
         "next": upcoming,
     }
+
+
+def quota_gate(config: Config, now: float, quota_use, next_due: Optional[Mapping[str, float]],
+               paused: Sequence[str]):
+    """Pure: the pools as the driver's turn would see them now (None: no pools)."""
+    if not config.quotas:
+        return None
+    from ringd.core.quota import Gate
+    uses, exhausted = quota_use or ({}, {})
+    return Gate(config.quotas, config.quota_for, uses, now, exhausted=exhausted, due=next_due or {},
+                paused=frozenset(paused))
+
+
+def agent_quota(config: Config, gate, name: str) -> Dict[str, Any]:
+    """``quota`` of an agent in ``status --json`` (its pool, or None), and as
+    additions its ``RING_QUOTA_LEFT`` now and what holds it (None: nothing)."""
+    pool = config.quota_for(name)
+    if gate is None or pool not in config.quotas:
+        return {"quota": None}
+    hold = gate.hold(name)
+    return {"quota": pool, "quota_left": gate.standing(pool).left_for(name),
+            "quota_held": hold.reason if hold is not None else None}
+
+
+def quota_docs(config: Config, gate) -> List[Dict[str, Any]]:
+    """``quotas`` of ``status --json``: one entry per pool of the config."""
+    out = []
+    for name, pool in (config.quotas.items() if gate is not None else ()):
+        st = gate.standing(name)
+        out.append({"name": name, "limit": pool.limit, "window": pool.window, "used": st.used,
+                    "reserved": st.reserved_total, "left": st.left_for(None),
+                    "exhausted_until": iso(st.exhausted_until), "reset_at": iso(st.reset_at),
+                    # addition: the reserves held now, by agent
+                    "reserves": dict(st.reserved)})
+    return out
 
 
 def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
               last: Optional[RunRow], now: float, config: Config, paused: Sequence[str] = (),
               requested: Optional[str] = None,
               next_due: Optional[Mapping[str, float]] = None,
-              ran_scheduled: Sequence[str] = ()) -> Optional[Tuple[str, float]]:
+              ran_scheduled: Sequence[str] = (), gate=None) -> Optional[Tuple[str, float]]:
     """Pure: (the agent that takes the next turn, when it starts), as the driver
     chooses it - ``policy.plan_turn``, the driver's own rule (``states``: name ->
     AgentState; ``next_due``: scheduled agents' next due times): an operator's
@@ -287,7 +328,7 @@ def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
         return None
     start = next_index(names, last.agent if last else None, last.position if last else None)
     inputs = TurnInputs(roster, start, states, now, paused=frozenset(paused), requested=requested,
-                        scheduled=dict(next_due or {}), ran_scheduled=frozenset(ran_scheduled))
+                        scheduled=dict(next_due or {}), ran_scheduled=frozenset(ran_scheduled), quota=gate)
     plan, at = plan_turn(inputs), now
     if plan.again:   # the driver ends its round first, then chooses again
         plan = plan_turn(replace(inputs, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
@@ -295,7 +336,8 @@ def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
         if plan.until is None or not math.isfinite(plan.until):
             return None   # every agent paused, or waiting for nothing that comes by itself
         at = max(now, plan.until)
-        plan = plan_turn(replace(inputs, now=at, ran_scheduled=round_after(inputs.ran_scheduled, plan, names)))
+        plan = plan_turn(replace(inputs, now=at, ran_scheduled=round_after(inputs.ran_scheduled, plan, names),
+                                 quota=gate.at(at) if gate is not None else None))
         if plan.index is None:
             return None
     last_index = names.index(last.agent) if last is not None and last.agent in names else None
@@ -315,19 +357,23 @@ def status_exit_code(doc: Mapping[str, Any]) -> int:
 
 
 def read_journal_view(reader: Journal, now: float, ring: RingSettings,
-                      lines: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+                      lines: Optional[Mapping[str, str]] = None, quotas: Optional[Mapping[str, Any]] = None
+                      ) -> Dict[str, Any]:
     """In one snapshot: the running row, per-agent rows (each agent's state as it
     stands at ``now``, as the driver sees it, plus ``last_*`` keys of its last
     finished run), the agents' states, the newest row and the driver's notes
     (roster error, lap). Cost is independent of the journal's size (primary-key
     and index lookups only). ``lines``: the roster's line of each agent (a hold
-    begun under another line is over: :func:`ringd.core.policy.seen_at`)."""
+    begun under another line is over: :func:`ringd.core.policy.seen_at`).
+    ``quotas``: the config's pools, whose use in their windows is read too."""
     lines = lines or {}
     with reader.snapshot() as tx:
         running, states, last = tx.running_row(), tx.agents(), reader.last_runs()
         newest, roster_error, lap = tx.last_run(), tx.meta("roster_error"), tx.meta("lap")
         controls = tx.controls()   # read as the driver reads them, in the same snapshot
         ran_scheduled = schedule.read_round(tx)
+        quota_use = (tx.quota_use({n: p.window for n, p in quotas.items()}, now)
+                     if quotas and reader.knows_quotas() else None)
     ring_paused, paused_agents, next_requested = controls.ring_paused, sorted(controls.paused), controls.next
     states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
@@ -341,7 +387,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
         agents[name] = row
     return {"running": running, "last_run": newest, "agent_rows": agents, "states": states,
             "roster_error": roster_error, "ring_paused": ring_paused, "paused_agents": paused_agents,
-            "next_requested": next_requested, "ran_scheduled": sorted(ran_scheduled),
+            "next_requested": next_requested, "ran_scheduled": sorted(ran_scheduled), "quota_use": quota_use,
             "lap": int(lap) if lap is not None and lap.isascii() and lap.isdigit() else None}
 
 
@@ -352,7 +398,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     warnings = warnings if warnings is not None else []
     view: Dict[str, Any] = {"running": None, "last_run": None, "agent_rows": {}, "states": {}, "lap": None,
                             "ring_paused": False, "paused_agents": [], "next_requested": None,
-                            "ran_scheduled": []}
+                            "ran_scheduled": [], "quota_use": None}
     lease = None
     next_due: Dict[str, float] = {}
     turn_from: Optional[RunRow] = None   # the run the ring resumes after (schedule.last_turn)
@@ -364,7 +410,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         else:
             try:
                 view = read_journal_view(reader, time.time() if now is None else now, config.ring,
-                                         dict(roster) if roster is not None else None)
+                                         dict(roster) if roster is not None else None, config.quotas)
                 turn_from = schedule.last_turn(reader, config, view["running"] or view["last_run"])
                 if config.ring.journal:
                     lease_view = reader.read_lease()
@@ -395,6 +441,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         journal_lap=view["lap"], states=view["states"], ring_paused=view["ring_paused"],
         paused_agents=view["paused_agents"], next_requested=view["next_requested"],
         next_due=next_due, turn_from=turn_from, ran_scheduled=view["ran_scheduled"],
+        quota_use=view["quota_use"],
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)
@@ -437,13 +484,13 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
 
 # --- history --------------------------------------------------------------------
 
-def run_dict(row: RunRow) -> Dict[str, Any]:
-    """One run in the SPEC's ``history --json`` shape."""
+def run_dict(row: RunRow, used: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
+    """One run in the SPEC's ``history --json`` shape (``used``: what it spent, by pool)."""
     return {
         "id": row.id, "agent": row.agent, "status": row.status,
         "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
         "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
-        "reason": row.reason, "phase": row.phase, "cpu_seconds": row.cpu_seconds,
+        "reason": row.reason, "phase": row.phase, "cpu_seconds": row.cpu_seconds, "used": dict(used or {}),
     }
 
 
@@ -498,8 +545,9 @@ def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit:
                 rows = history_since(reader, agent, cutoff, limit)
             else:
                 rows = reader.history(agent, limit if limit is not None else 20)
+            used = reader.used_by_runs([r.id for r in rows]) if rows and reader.knows_quotas() else {}
         finally:
             reader.close()
     except JournalError as e:
         raise OperatorError(str(e)) from None
-    return [run_dict(r) for r in rows]
+    return [run_dict(r, used.get(r.id)) for r in rows]

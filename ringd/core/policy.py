@@ -16,6 +16,7 @@ from typing import FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.core.settings import RingSettings
 from ringd.core.errors import OUTAGE_ERRNOS
+from ringd.core.quota import Gate
 from ringd.core.records import AgentState
 
 # Endings that count as failures of the agent (consecutive_failures, alerts),
@@ -105,8 +106,11 @@ class Settled:
 
 
 def after_run(state: AgentState, status: str, source: str, now: float, ring: RingSettings,
-              line: Optional[str] = None) -> Settled:
-    """The agent's new state after a run ended with ``status`` (closed by ``source``)."""
+              line: Optional[str] = None, pool_exhausted: bool = False) -> Settled:
+    """The agent's new state after a run ended with ``status`` (closed by ``source``).
+    ``pool_exhausted``: the run reported its own quota pool refused until a
+    time still ahead: a deferral then waits for the pool (the turn choice
+    holds it), not for a back-off, and does not count toward its doubling."""
     failure, wedged = counts_against(status, source)
     s = state   # a skip asked for the next turn stays for that turn (a running run is skipped by its id)
     if status == "ok":
@@ -115,7 +119,7 @@ def after_run(state: AgentState, status: str, source: str, now: float, ring: Rin
         s = s.with_(consecutive_failures=s.consecutive_failures + 1)
     if wedged:
         s = s.with_(bad_streak=s.bad_streak + 1)
-    if status in BACKS_OFF:
+    if status in BACKS_OFF and not (status == "deferred" and pool_exhausted):
         n = s.consecutive_deferrals + 1
         s = s.with_(consecutive_deferrals=n, quarantine_line=line,
                     backoff_until=now + backoff_delay(n, ring.backoff_initial, ring.backoff_max))
@@ -218,6 +222,9 @@ class TurnInputs:
     # looks at the scheduled agents only, never at the whole roster); None: found by a
     # pass over the roster
     scheduled_at: Optional[Mapping[str, int]] = None
+    # shared quotas (ringd.core.quota.Gate): an agent whose pool holds it is passed over
+    # like a paused one (no row) until the pool's reset; None: no agent draws on a pool
+    quota: Optional["Gate"] = None
 
 
 @dataclass(frozen=True)
@@ -238,8 +245,8 @@ def plan_turn(inp: TurnInputs) -> Plan:
     """At a hop boundary: an operator's ``ringd next NAME`` first, out of order;
     then each scheduled agent that is due (roster order, once per boundary);
     then go round the ring from ``start``: the first ordinary agent that runs
-    or is skipped takes the turn; agents that pass, that an operator paused,
-    and scheduled ones are stepped over. A scheduled agent due again already
+    or is skipped takes the turn; agents that pass (their quota pool holding
+    them too), that an operator paused, and scheduled ones are stepped over. A scheduled agent due again already
     (its run outlasted its period) waits for the ordinary turn, unless no
     ordinary agent wants it - and never under ``--once`` (a ``limit``): one lap
     runs each agent once, and a job due again forever would never end it."""
@@ -258,7 +265,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
         if due > inp.now:
             dues.append(due)
             continue
-        d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
+        d = gated(inp, name, decide(inp.states.get(name) or AgentState(name=name), inp.now, line))
         if d.action is Action.PASS:
             if d.until is not None:
                 dues.append(d.until)
@@ -273,7 +280,7 @@ def plan_turn(inp: TurnInputs) -> Plan:
         if name in inp.paused or name in inp.scheduled:   # paused: until ``ringd resume NAME``
             passed.append(i)
             continue
-        d = decide(inp.states.get(name) or AgentState(name=name), inp.now, line)
+        d = gated(inp, name, decide(inp.states.get(name) or AgentState(name=name), inp.now, line))
         if d.action is not Action.PASS:
             return Plan(i, d, passed)
         passed.append(i)
@@ -282,6 +289,18 @@ def plan_turn(inp: TurnInputs) -> Plan:
     if again is not None and inp.limit is None:
         return again
     return Plan(None, None, passed, min(dues) if dues else None)
+
+
+def gated(inp: TurnInputs, name: str, d: TurnDecision) -> TurnDecision:
+    """``d``, unless the agent would run and its quota pool holds it: then it
+    passes until the pool's reset (a skip an operator asked for still happens:
+    it spends nothing)."""
+    if inp.quota is None or d.action is not Action.RUN:
+        return d
+    hold = inp.quota.hold(name)
+    if hold is None:
+        return d
+    return TurnDecision(Action.PASS, hold.reason, until=hold.until)
 
 
 def _scheduled_in_order(inp: TurnInputs) -> List[Tuple[int, str]]:

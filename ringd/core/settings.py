@@ -15,6 +15,7 @@ class AgentOverride:
     watchdog: Optional[float] = None       # s without WATCHDOG=1 before the run is ended; 0: off (null)
     schedule: Optional[str] = None         # five-field cron (local time): a scheduled agent
     every: Optional[float] = None          # s between starts: a scheduled agent
+    quota: Optional[str] = None            # the pool (``quotas.<name>``) its runs draw on
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import socket
 import stat
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
@@ -115,6 +115,15 @@ def read_message(fields: Dict[str, str]) -> Message:
     watchdog = fields.get("WATCHDOG")
     return Message(phase=clean_phase(fields["STATUS"]) if "STATUS" in fields else None,
                    ping=watchdog == "1", trigger=watchdog == "trigger")
+
+
+REPORT_KEYS = ("X_RING_USED", "X_RING_EXHAUSTED")   # SPEC "Agents on a shared quota"
+
+
+def quota_reports(fields: Dict[str, str]) -> list:
+    """The quota reports of one parsed datagram, as (key, value): what they
+    say is ringd.core.quota.parse_report's to decide."""
+    return [(k, fields[k]) for k in REPORT_KEYS if k in fields]
 
 
 # --- who may speak -------------------------------------------------------------------
@@ -224,6 +233,7 @@ class Heard:
     accepted: int = 0
     dropped: int = 0
     more: bool = False              # the cap was reached: datagrams may be waiting
+    reports: list = field(default_factory=list)   # (key, value) of accepted quota reports, in order
 
     def add(self, message: Message) -> None:
         """One accepted datagram's message."""
@@ -366,6 +376,7 @@ class NotifySocket:
                 heard.dropped += 1
                 continue
             heard.add(read_message(fields))
+            heard.reports += quota_reports(fields)
         heard.more = True
         return heard
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Tuple
 from ringd.core.errors import ConfigError, excerpt
 from ringd.core.settings import AgentOverride, AlertSettings, Limits, RingSettings, WatchSettings
 from ringd.core.lease import BEATS_PER_TTL
+from ringd.core.quota import MAX_UNITS, POOL_RE, Pool
 from ringd.inputs.roster import NAME_RE
 from ringd.host.safefile import check_path, lenient_modes, read_checked_file  # noqa: F401 - lenient_modes: the CLI's
 
@@ -36,6 +37,7 @@ class Config:
     agents: Mapping[str, AgentOverride] = field(default_factory=dict)
     watch: WatchSettings = field(default_factory=WatchSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
+    quotas: Mapping[str, Pool] = field(default_factory=dict)   # named pools (SPEC "Agents on a shared quota")
     path: Optional[Path] = None            # None: built-in defaults
     warnings: Tuple[str, ...] = ()
 
@@ -61,6 +63,11 @@ class Config:
             return None
         from ringd.inputs.schedule import Schedule
         return Schedule(cron=o.schedule, every=o.every)
+
+    def quota_for(self, agent: str) -> Optional[str]:
+        """The name of the pool the agent draws on, or None."""
+        o = self.agents.get(agent)
+        return o.quota if o is not None else None
 
     def cwd_for(self, agent: str) -> Optional[str]:
         o = self.agents.get(agent)
@@ -357,12 +364,17 @@ def _agents(raw: Mapping[str, Any], ring: RingSettings) -> Mapping[str, AgentOve
         if not NAME_RE.fullmatch(name):
             raise ConfigError(f"agents: {excerpt(name)} is not a valid agent name")
         spec = _mapping(section, spec)
-        _unknown(section, spec, {"run_budget", "stall_threshold", "cwd", "watchdog", "schedule", "every"})
+        _unknown(section, spec, {"run_budget", "stall_threshold", "cwd", "watchdog", "schedule", "every", "quota"})
         values: dict = {}
         for k in ("run_budget", "stall_threshold"):
             if k in spec:
                 values[k] = _number(f"{section}.{k}", spec[k])
         values.update(_talk_keys(section, spec))
+        if spec.get("quota") is not None:
+            if not isinstance(spec["quota"], str):
+                raise ConfigError(f"{section}.quota: must be the name of a pool (quotas:), "
+                                  f"got {excerpt(spec['quota'])}")
+            values["quota"] = spec["quota"]
         if "cwd" in spec:
             if not isinstance(spec["cwd"], str) or not spec["cwd"]:
                 raise ConfigError(f"{section}.cwd: must be a directory path, got {excerpt(spec['cwd'])}")
@@ -394,6 +406,52 @@ def _talk_keys(section: str, spec: Mapping[str, Any]) -> dict:
     if spec.get("every") is not None:
         values["every"] = _number(f"{section}.every", spec["every"])
     return values
+
+
+def _units(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: must be a whole number of units, got {excerpt(value)}")
+    if value < 0:
+        raise ConfigError(f"{key}: must be zero or more, got {excerpt(value)}")
+    if value > MAX_UNITS:
+        raise ConfigError(f"{key}: must be at most {MAX_UNITS}, got {excerpt(value)}")
+    return value
+
+
+def _quotas(raw: Mapping[str, Any], agents: Mapping[str, AgentOverride]) -> Mapping[str, Pool]:
+    """``quotas:`` (named pools), checked against ``agents``: every agent's
+    ``quota`` names a pool; a reserve is for a scheduled agent of that pool,
+    and no larger than its limit."""
+    pools = {}
+    for name, spec in raw.items():
+        section = _key("quotas", name)
+        if not POOL_RE.fullmatch(name):
+            raise ConfigError(f"quotas: {excerpt(name)} is not a valid pool name")
+        spec = _mapping(section, spec)
+        _unknown(section, spec, {"limit", "window", "reserve"})
+        for k in ("limit", "window"):
+            if k not in spec:
+                raise ConfigError(f"{section}.{k}: missing (a pool needs a limit and a window)")
+        limit = _units(f"{section}.limit", spec["limit"])
+        window = _number(f"{section}.window", spec["window"])
+        reserve = {}
+        for agent, units in _mapping(f"{section}.reserve", spec.get("reserve")).items():
+            key = _key(f"{section}.reserve", agent)
+            reserve[agent] = _units(key, units)
+            o = agents.get(agent)
+            if o is None or (o.schedule is None and o.every is None):
+                raise ConfigError(f"{key}: {agent} is not a scheduled agent (a reserve is kept for an agent "
+                                  f"with agents.{agent}.schedule or every)")
+            if o.quota != name:
+                raise ConfigError(f"{key}: {agent} does not draw on this pool (set agents.{agent}.quota: {name})")
+            if reserve[agent] > limit:
+                raise ConfigError(f"{key}: {reserve[agent]} is larger than {section}.limit ({limit})")
+        pools[name] = Pool(name, limit, float(window), reserve)
+    for agent, o in agents.items():
+        if o.quota is not None and o.quota not in pools:
+            known = ", ".join(sorted(pools)) or "none"
+            raise ConfigError(f"agents.{agent}.quota: no pool named {excerpt(o.quota)} (quotas: {known})")
+    return pools
 
 
 def _watch(raw: Mapping[str, Any]) -> WatchSettings:
@@ -453,12 +511,13 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
     _check_strings(data, "")
     top = _mapping("(top level)", data)
     for k in top:
-        if k not in ("ring", "agents", "watch", "alerts"):
-            raise ConfigError(f"{_key('', k)}: unknown top-level key (known: agents, alerts, ring, watch)")
+        if k not in ("ring", "agents", "watch", "alerts", "quotas"):
+            raise ConfigError(f"{_key('', k)}: unknown top-level key (known: agents, alerts, quotas, ring, watch)")
     ring = _ring(_mapping("ring", top.get("ring")))
     agents = _agents(_mapping("agents", top.get("agents")), ring)
     watch = _watch(_mapping("watch", top.get("watch")))
     alerts = _alerts(_mapping("alerts", top.get("alerts")))
+    quotas = _quotas(_mapping("quotas", top.get("quotas")), agents)
     warnings = []
     if watch.start_limit_interval < watch.start_limit_burst * watch.restart_sec:
         warnings.append(
@@ -469,7 +528,7 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
         warnings.append(
             f"watch.stale_after ({watch.stale_after}) is not longer than ring.heartbeat_interval "
             f"({ring.heartbeat_interval}): a healthy driver will look stale between two beats")
-    return Config(ring=ring, agents=agents, watch=watch, alerts=alerts, path=path,
+    return Config(ring=ring, agents=agents, watch=watch, alerts=alerts, quotas=quotas, path=path,
                   warnings=tuple(warnings))
 
 

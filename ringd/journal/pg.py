@@ -505,6 +505,12 @@ class PgJournal(Journal):
     def close(self) -> None:
         self.con.close()
 
+    def knows_quotas(self) -> bool:
+        if self._knows_quotas is None:
+            row = self.con.execute("SELECT to_regclass('quota_use') IS NOT NULL").fetchone()
+            self._knows_quotas = bool(row[0])
+        return self._knows_quotas
+
     @contextmanager
     def _transaction(self) -> Iterator[_Con]:
         self.con.execute("BEGIN")

@@ -126,6 +126,42 @@ CREATE OR REPLACE TRIGGER runs_terminal_is_final BEFORE UPDATE OF status ON runs
     FOR EACH ROW WHEN (OLD.status <> 'running')
     EXECUTE FUNCTION ring_terminal_is_final();
 
+CREATE TABLE IF NOT EXISTS quota_use (
+    run_id BIGINT NOT NULL REFERENCES runs(id),
+    pool   TEXT NOT NULL,
+    agent  TEXT NOT NULL,
+    units  BIGINT NOT NULL CHECK (units >= 0),
+    at     DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, pool)
+);
+CREATE INDEX IF NOT EXISTS quota_use_by_pool ON quota_use (pool, at, units);
+CREATE INDEX IF NOT EXISTS quota_use_by_time ON quota_use (at);
+
+CREATE TABLE IF NOT EXISTS quota_spent (
+    pool  TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    units BIGINT NOT NULL CHECK (units >= 0),
+    PRIMARY KEY (pool, agent)
+);
+
+CREATE OR REPLACE FUNCTION ring_count_quota_use() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO quota_spent (pool, agent, units) VALUES (NEW.pool, NEW.agent, NEW.units)
+            ON CONFLICT (pool, agent) DO UPDATE SET units = quota_spent.units + NEW.units;
+    ELSE
+        UPDATE quota_spent SET units = greatest(0, units + NEW.units - OLD.units)
+            WHERE pool = NEW.pool AND agent = NEW.agent;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER quota_use_added AFTER INSERT ON quota_use
+    FOR EACH ROW EXECUTE FUNCTION ring_count_quota_use();
+
+CREATE OR REPLACE TRIGGER quota_use_changed AFTER UPDATE OF units ON quota_use
+    FOR EACH ROW EXECUTE FUNCTION ring_count_quota_use();
+
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS phase TEXT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS cpu_seconds DOUBLE PRECISION;
 
@@ -147,7 +183,8 @@ OBJECTS = RELATIONS | TRIGGERS | FUNCTIONS
 # DISABLE TRIGGER drops its guarantee as surely). Names resolve on search_path,
 # as every statement of ours does.
 PRESENT = ("SELECT n FROM unnest(?::text[]) AS n WHERE to_regclass(n) IS NOT NULL"
-           " UNION SELECT tgname::text FROM pg_trigger WHERE tgrelid = to_regclass('runs')"
+           " UNION SELECT tgname::text FROM pg_trigger"
+           " WHERE tgrelid IN (to_regclass('runs'), to_regclass('quota_use'))"
            " AND NOT tgisinternal AND tgenabled <> 'D'"
            " UNION SELECT n FROM unnest(?::text[]) AS n WHERE to_regproc(n) IS NOT NULL")
 PRESENT_PARAMS = (sorted(RELATIONS), sorted(FUNCTIONS))

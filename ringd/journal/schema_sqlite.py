@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 
 from ringd.core.records import SOURCES, STATUSES  # noqa: F401 - the journal's vocabulary, whatever the backend
 
-SCHEMA_VERSION = 3   # 2: runs.phase; 3: runs.cpu_seconds
+SCHEMA_VERSION = 4   # 2: runs.phase; 3: runs.cpu_seconds; 4: quota_use, quota_spent
 
 
 def too_new(found: Optional[str]) -> Optional[str]:
@@ -112,6 +112,39 @@ BEGIN
         ON CONFLICT(agent, status) DO UPDATE SET n = n + 1;
     INSERT INTO agents(name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
         ON CONFLICT(name) DO UPDATE SET runs = runs + 1, last_run_id = NEW.id;
+END;
+
+-- What each run spent of each quota pool (its last report: units, and when),
+-- kept with the run; retention keeps a run whose use is still inside a window.
+CREATE TABLE IF NOT EXISTS quota_use (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    pool   TEXT NOT NULL,
+    agent  TEXT NOT NULL,
+    units  INTEGER NOT NULL CHECK (units >= 0),
+    at     REAL NOT NULL,
+    PRIMARY KEY (run_id, pool)
+);
+CREATE INDEX IF NOT EXISTS quota_use_by_pool ON quota_use(pool, at, units);
+CREATE INDEX IF NOT EXISTS quota_use_by_time ON quota_use(at);
+
+-- Units spent by pool and agent over the ring's life (metrics); kept by triggers.
+CREATE TABLE IF NOT EXISTS quota_spent (
+    pool  TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    units INTEGER NOT NULL CHECK (units >= 0),
+    PRIMARY KEY (pool, agent)
+);
+
+CREATE TRIGGER IF NOT EXISTS quota_use_added AFTER INSERT ON quota_use
+BEGIN
+    INSERT INTO quota_spent(pool, agent, units) VALUES (NEW.pool, NEW.agent, NEW.units)
+        ON CONFLICT(pool, agent) DO UPDATE SET units = units + NEW.units;
+END;
+
+CREATE TRIGGER IF NOT EXISTS quota_use_changed AFTER UPDATE OF units ON quota_use
+BEGIN
+    UPDATE quota_spent SET units = max(0, units + NEW.units - OLD.units)
+        WHERE pool = NEW.pool AND agent = NEW.agent;
 END;
 
 -- A terminal row never changes status again (a guarded close cannot clobber).

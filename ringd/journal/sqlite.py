@@ -21,10 +21,11 @@ import time
 from collections.abc import Set
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.host import safefile
-from ringd.core.records import TERMINAL, AgentState, Controls, RunRow, count, text
+from ringd.core.quota import Exhausted, Use
+from ringd.core.records import TERMINAL, AgentState, Controls, RunRow, count, number, text
 from ringd.journal.schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
@@ -36,8 +37,12 @@ EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well und
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
 BUSY_TIMEOUT = 10.0        # s; a writer's wait for another process's write lock (Journal.open)
-# The runs a retention batch deletes: the oldest finished ones before the first kept id
-_PRUNED = "SELECT id FROM runs WHERE id < ? AND status <> 'running' ORDER BY id LIMIT ?"
+QUOTA_KEY = "quota:"       # meta: "quota:POOL" holds the pool's last exhausted report (JSON: at, until)
+# The runs a retention batch deletes: the oldest finished ones before the first kept id,
+# but for those whose use of a quota is still inside a window (spent after the second bound)
+_PRUNED = ("SELECT id FROM runs WHERE id < ? AND status <> 'running'"
+           " AND id NOT IN (SELECT run_id FROM quota_use WHERE at > ?) ORDER BY id LIMIT ?")
+NO_USE_KEPT = 1e300        # (a bound no use is spent after: keep none for its quota)
 
 
 def _at_once() -> bool:
@@ -263,6 +268,29 @@ def pause_key(name: Optional[str]) -> str:
     return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
 
 
+def _units(value) -> int:
+    """Units read from the journal: a whole number that is not negative, else 0
+    (PostgreSQL's sums are numeric)."""
+    try:
+        n = int(value) if value is not None and not isinstance(value, (bool, str, bytes)) else 0
+    except (ValueError, OverflowError, TypeError):
+        return 0
+    return n if n >= 0 else 0
+
+
+def _exhausted(value) -> Optional[Exhausted]:
+    """A pool's exhausted report as ``meta`` keeps it (JSON: at, until), or None."""
+    import json
+    try:
+        data = json.loads(text(value) or "")
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    at, until = number(data.get("at")), number(data.get("until"))
+    return None if at is None or until is None else Exhausted(at, until)
+
+
 class PausedAgents(Set):
     """The agents an operator paused (``ringd pause NAME``), as a turn reads them
     inside its transaction: each agent looked up (one index search of ``meta``)
@@ -348,6 +376,58 @@ class Tx:
         return Controls(ring_paused=PAUSE_KEY in keys,
                         paused=frozenset(k.split(":", 1)[1] for k in keys if k.startswith(PAUSE_KEY + ":")),
                         next=keys.get(NEXT_KEY))
+
+    # --- quotas (SPEC "Agents on a shared quota") ---------------------------------------
+    def quota_use(self, windows: Mapping[str, float], now: float
+                  ) -> Tuple[Dict[str, List[Use]], Dict[str, List[Exhausted]]]:
+        """In one statement: each pool's use inside its window (``windows``: pool
+        -> seconds) as one ``(oldest, total)`` pair (ringd.core.quota takes it
+        so), and every pool's last exhausted report."""
+        where = " OR ".join("(pool = ? AND at > ?)" for _ in windows)
+        args: List[object] = [v for pool, window in windows.items() for v in (pool, now - window)]
+        sql = (f"SELECT pool AS k, min(at) AS a, CAST(sum(units) AS BIGINT) AS u, NULL AS v FROM quota_use"
+               f" WHERE {where} GROUP BY pool UNION ALL " if windows else "")
+        sql += "SELECT key, NULL, NULL, value FROM meta WHERE key > ? AND key < ?"
+        args += [QUOTA_KEY, QUOTA_KEY[:-1] + ";"]
+        uses: Dict[str, List[Use]] = {}
+        exhausted: Dict[str, List[Exhausted]] = {}
+        for k, at, units, value in self._x(sql, tuple(args)).fetchall():
+            k = text(k) or ""
+            if k.startswith(QUOTA_KEY):
+                e = _exhausted(value)
+                if e is not None:
+                    exhausted[k[len(QUOTA_KEY):]] = [e]
+            elif number(at) is not None:
+                uses[k] = [(number(at), _units(units))]
+        return uses, exhausted
+
+    def put_use(self, run_id: int, pool: str, agent: str, units: int, at: float) -> None:
+        """A run's use of ``pool`` so far (its last report wins)."""
+        self._x("INSERT INTO quota_use(run_id, pool, agent, units, at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(run_id, pool) DO UPDATE SET units = excluded.units, at = excluded.at",
+                (run_id, pool, agent, units, at))
+
+    def set_exhausted(self, pool: str, report: Exhausted) -> None:
+        """``pool`` refused until ``report.until`` (the latest report wins)."""
+        import json
+        self.set_meta(QUOTA_KEY + pool, json.dumps({"at": report.at, "until": report.until}))
+
+    def used_by_runs(self, run_ids: Sequence[int]) -> Dict[int, Dict[str, int]]:
+        """What each of ``run_ids`` spent, by pool (``used`` in ``history --json``)."""
+        out: Dict[int, Dict[str, int]] = {}
+        ids = [i for i in run_ids if isinstance(i, int)]
+        for start in range(0, len(ids), EVENTS_PER_INSERT * 5):
+            chunk = ids[start:start + EVENTS_PER_INSERT * 5]
+            rows = self._x(f"SELECT run_id, pool, units FROM quota_use WHERE run_id IN "
+                           f"({', '.join('?' for _ in chunk)})", tuple(chunk)).fetchall()
+            for run_id, pool, units in rows:
+                out.setdefault(run_id, {})[text(pool)] = _units(units)
+        return out
+
+    def quota_spent(self) -> Dict[Tuple[str, str], int]:
+        """Units spent over the ring's life, by (pool, agent)."""
+        return {(text(p), text(a)): _units(u)
+                for p, a, u in self._x("SELECT pool, agent, units FROM quota_spent").fetchall()}
 
     # --- writes --------------------------------------------------------------
     def take_next(self, controls: Controls) -> Optional[str]:
@@ -451,6 +531,7 @@ class Journal:
         self._wal_files: Dict[str, Tuple[int, int]] = {}    # its -wal and -shm: path -> (device, inode)
         self._busy_timeout = 10.0
         self._give_up: Optional[Callable[[], bool]] = None
+        self._knows_quotas: Optional[bool] = None
 
     def wait_busy_unless(self, give_up: Callable[[], bool]) -> None:
         """Wait for a write lock another process holds (an operator command, a
@@ -741,6 +822,27 @@ class Journal:
             return RunRow.from_mapping(row) if row else None
         return self._read(q)
 
+    def controls(self) -> Controls:
+        return self._read(lambda tx: tx.controls())
+
+    def knows_quotas(self) -> bool:
+        """Has the journal the quota tables? A reader may open one that an older
+        driver still writes (the ring upgraded, its driver not yet restarted)."""
+        if self._knows_quotas is None:
+            self._knows_quotas = self._read(lambda tx: tx._x(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'quota_use'").fetchone()[0] > 0)
+        return self._knows_quotas
+
+    def quota_use(self, windows: Mapping[str, float], now: float
+                  ) -> Tuple[Dict[str, List[Use]], Dict[str, List[Exhausted]]]:
+        return self._read(lambda tx: tx.quota_use(windows, now))
+
+    def used_by_runs(self, run_ids: Sequence[int]) -> Dict[int, Dict[str, int]]:
+        return self._read(lambda tx: tx.used_by_runs(run_ids))
+
+    def quota_spent(self) -> Dict[Tuple[str, str], int]:
+        return self._read(lambda tx: tx.quota_spent())
+
     def agent_names(self) -> List[str]:
         return self._read(lambda _tx: [r[0] for r in self.con.execute("SELECT name FROM agents ORDER BY name")])
 
@@ -800,12 +902,15 @@ class Journal:
         return before
 
     # --- retention ----------------------------------------------------------------------
-    def prune(self, keep: int, batch: int = PRUNE_BATCH, logged: Optional[List[Tuple[int, str]]] = None) -> int:
+    def prune(self, keep: int, batch: int = PRUNE_BATCH, logged: Optional[List[Tuple[int, str]]] = None,
+              keep_use_after: Optional[float] = None) -> int:
         """Delete up to ``batch`` of the oldest runs beyond the newest ``keep``
-        (and their events) in one short transaction; returns how many runs went.
-        Called after each hop, so a large backlog goes in small steps as the ring
-        turns. The counters (``agents.runs``, ``run_counts``) are kept by triggers
-        on insert and update, so deleting history never changes them.
+        (and their events and quota use) in one short transaction; returns how
+        many runs went. Called after each hop, so a large backlog goes in small
+        steps as the ring turns. The counters (``agents.runs``, ``run_counts``,
+        ``quota_spent``) are kept by triggers on insert and update, so deleting
+        history never changes them. ``keep_use_after``: a run whose quota use
+        was reported after it is kept (it is inside a pool's window).
         ``logged``: gets (run id, agent) of each run deleted that had a log."""
         if keep <= 0:
             return 0
@@ -814,13 +919,14 @@ class Journal:
             if top is None:
                 return 0
             first_kept = top - keep + 1   # ids only grow: the newest ``keep`` ids (or fewer rows)
+            bounds = (first_kept, NO_USE_KEPT if keep_use_after is None else keep_use_after, batch)
             if logged is not None:
                 logged.extend((r["id"], r["agent"]) for r in tx._x(
                     f"SELECT id, agent FROM runs WHERE id IN ({_PRUNED}) AND log_path IS NOT NULL",
-                    (first_kept, batch)).fetchall())
-            tx._x("DELETE FROM events WHERE run_id IN (SELECT id FROM runs WHERE id < ? ORDER BY id LIMIT ?)",
-                  (first_kept, batch))
-            gone = tx._x(f"DELETE FROM runs WHERE id IN ({_PRUNED})", (first_kept, batch)).rowcount
+                    bounds).fetchall())
+            tx._x(f"DELETE FROM events WHERE run_id IN ({_PRUNED})", bounds)
+            tx._x(f"DELETE FROM quota_use WHERE run_id IN ({_PRUNED})", bounds)
+            gone = tx._x(f"DELETE FROM runs WHERE id IN ({_PRUNED})", bounds).rowcount
             if gone:
                 # operator events (no run) older than the oldest run kept go with them
                 oldest = tx._x("SELECT started_at FROM runs ORDER BY id LIMIT 1").fetchone()

@@ -12,6 +12,7 @@ from typing import Iterator, Mapping, Optional
 from ringd.core.settings import RingSettings
 from ringd.journal.sqlite import AgentState, Journal, JournalError, RunRow, Tx
 from ringd.core.policy import Settled, after_run, lifted, seen_at
+from ringd.core.quota import RunUse
 
 SKIP_RUN_KEY = "skip_run"   # meta: the id of the run an operator asked to end now
 
@@ -48,18 +49,23 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
              exit_code: Optional[int] = None, signal: Optional[int] = None,
              reason: Optional[str] = None, log_path: Optional[str] = None,
              pid: Optional[int] = None, pid_start: Optional[float] = None,
-             phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> Optional[Closed]:
+             phase: Optional[str] = None, cpu_seconds: Optional[float] = None,
+             use: Optional[RunUse] = None, pool: Optional[str] = None) -> Optional[Closed]:
     """Close a ``running`` row and store its agent's new state, inside the caller's
     transaction. An agent entering quarantine gets its one ``skipped`` row saying
     so. None when the row was no longer running (an operator or the reaper closed
-    it first)."""
+    it first). ``use``: what the run reported of its quotas, recorded with it
+    (``pool``: the agent's own, whose exhausted report spares it a back-off)."""
     if not tx.close_run(run_id, status, source=source, now=now, exit_code=exit_code,
                         signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
                         phase=phase, cpu_seconds=cpu_seconds):
         return None
+    if use is not None:
+        record_use(tx, run_id, agent, use)
     stored = tx.agent(agent)
     before = seen_at(stored, now, ring)
-    settled = after_run(before, status, source, now, ring, line)
+    settled = after_run(before, status, source, now, ring, line,
+                        pool_exhausted=use is not None and use.exhausts(pool, now))
     if settled.state is not stored and settled.state.decided() != stored.decided():
         # (an ordinary ok run of a healthy agent changes nothing: the very same state)
         tx.put_agent(settled.state)
@@ -70,6 +76,15 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
                                         f"bad endings in a row (the last: {status} by {source})", source, now,
                        kind="quarantined")
     return Closed(run_id, agent, status, source, settled)
+
+
+def record_use(tx: Tx, run_id: int, agent: str, use: RunUse) -> None:
+    """What a run reported of its quotas so far: its use with the run, each
+    exhausted report on its pool (upserts: written again, they change nothing)."""
+    for pool, (units, at) in use.used.items():
+        tx.put_use(run_id, pool, agent, units, at)
+    for pool, report in use.exhausted.items():
+        tx.set_exhausted(pool, report)
 
 
 def close_row(journal: Journal, row: RunRow, status: str, *, source: str, now: float,

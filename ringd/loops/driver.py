@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Set
 
 from ringd.host import alerts
 from ringd.host import cgroup
-from ringd.core import events
+from ringd.core import events, quota
 from ringd.loops import metrics
 from ringd.host import proctree
 from ringd.host import safefile
@@ -62,6 +62,7 @@ class RingView(NamedTuple):
     names: list
     scheduled: list          # (name, Schedule) of the scheduled agents
     scheduled_at: dict       # name -> roster index of each scheduled agent (policy.TurnInputs)
+    pool_of: dict = {}       # name -> quota pool of each agent on one (SPEC "Agents on a shared quota")
 
 
 def role_fields(leader) -> dict:
@@ -208,6 +209,8 @@ class Driver:
         self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
         self._runs_since_prune = 0
         self.paused_said = False
+        self.quota_held: Set[str] = set()   # pools said to hold their agents (Driver.say_quota)
+        self.due_seen: "dict[str, float]" = {}   # scheduled agents' next due times at the last turn (metrics)
         self._view = RingView(None, None, [], [], [], {})
 
     @property
@@ -384,7 +387,8 @@ class Driver:
                 heartbeat_at=now, driver_started_at=self.env.started_at,
                 laps=self.lap - 1, roster=self.view().roster,
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
-                role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring)
+                role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring,
+                quotas=self.config.quotas, due=self.due_seen)
             metrics.write_metrics(self.state_dir, metrics.render(snap))
             self._metrics_failing = False
         except (OSError, JournalError) as e:
@@ -426,6 +430,11 @@ class Driver:
         if self._runs_since_prune >= PRUNE_EVERY:
             self.prune_journal()
 
+    def use_kept_after(self) -> Optional[float]:
+        """Retention keeps every run whose quota use is still inside a window."""
+        windows = [p.window for p in self.config.quotas.values()]
+        return self.env.wall() - max(windows) if windows else None
+
     def prune_journal(self) -> None:
         """Journal retention (``ring.keep_runs``): one batch (up to PRUNE_BATCH runs)
         at heartbeats and every PRUNE_EVERY runs - off the ordinary hop, and still
@@ -435,7 +444,8 @@ class Driver:
             return
         logged: "list[tuple[int, str]]" = []
         try:
-            self.journal.prune(self.config.ring.keep_runs, logged=logged)
+            self.journal.prune(self.config.ring.keep_runs, logged=logged,
+                               keep_use_after=self.use_kept_after())
             self._prune_failing = False
         except JournalError as e:   # never allowed to hurt the ring; say so once
             if not self._prune_failing:
@@ -595,7 +605,7 @@ class Driver:
         agents, roster = view.agents, view.roster
         start = next_index(view.names, *self.cursor, self.cursor_roster)
         now = env.wall()
-        started, plan, hop, ran = None, None, None, frozenset()
+        started, plan, hop, ran, gate = None, None, None, frozenset(), None
         pending, closed = self.pending, None
         unconfirmed, lost = list(self.unconfirmed.items()), []
         # the last run's end, the operator's controls, the choice and the next start commit together
@@ -619,10 +629,11 @@ class Driver:
                 ran = schedule.read_round(tx) if scheduled else frozenset()
                 if not controls.ring_paused:
                     states = transitions.AgentStates(tx, now, self.config.ring)
+                    gate = self.quota_gate(tx, view, now, scheduled, controls.paused)
                     plan = plan_turn(TurnInputs(roster, start, states, now, limit=limit, paused=controls.paused,
                                                 requested=tx.take_next(controls),
                                                 scheduled=scheduled, ran_scheduled=ran,
-                                                scheduled_at=view.scheduled_at))
+                                                scheduled_at=view.scheduled_at, quota=gate))
                     new_lap = (plan.index is not None and not plan.forced and not plan.scheduled
                                and self.cursor[0] is not None   # (a first turn ever begins lap 1)
                                and wraps(view.names, *self.cursor, plan.index, self.cursor_roster))
@@ -644,7 +655,7 @@ class Driver:
                                                    driver_start=env.pid_start)
                             if plan.scheduled:
                                 schedule.record_start(tx, agent.name, now)
-                            hop = Hop(self, agent, plan.index, started, now)
+                            hop = Hop(self, agent, plan.index, started, now, quota_env=gate and gate.env(agent.name))
                 if scheduled and (after := round_after(ran, plan, view.names, ring_paused=controls.ring_paused,
                                                        once=self.once)) != ran:
                     schedule.write_round(tx, after)
@@ -772,7 +783,9 @@ class Driver:
             scheduled = [(a.name, config.schedule_for(a.name)) for a in agents]
             self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
                                   [(name, sched) for name, sched in scheduled if sched is not None],
-                                  {name: i for i, (name, sched) in enumerate(scheduled) if sched is not None})
+                                  {name: i for i, (name, sched) in enumerate(scheduled) if sched is not None},
+                                  {a.name: config.quota_for(a.name) for a in agents
+                                   if config.quota_for(a.name) in config.quotas})
         return self._view
 
     def schedules(self, tx, now: float) -> "dict[str, float]":
@@ -782,6 +795,40 @@ class Driver:
             return {}
         zone = schedule.local_zone()
         return {name: schedule.entry(tx, name, sched, now).next_due(zone) for name, sched in scheduled}
+
+    def quota_gate(self, tx, view: "RingView", now: float, scheduled, paused) -> Optional[quota.Gate]:
+        """The quota side of this turn (None: no agent on the roster draws on a
+        pool): each pool's use in its window and its last exhausted report, in
+        one read of the journal (SPEC "Agents on a shared quota")."""
+        if not view.pool_of:
+            return None
+        pools = self.config.quotas
+        windows = {name: pools[name].window for name in sorted(set(view.pool_of.values()))}
+        uses, exhausted = tx.quota_use(windows, now)
+        gate = quota.Gate(pools, view.pool_of.get, uses, now, exhausted=exhausted, due=scheduled, paused=paused)
+        self.due_seen = scheduled
+        self.say_quota(gate)
+        return gate
+
+    def say_quota(self, gate: quota.Gate) -> None:
+        """Say when a pool stops letting its ordinary agents run, and when it
+        lets them again (once each, not at every turn that passes them over)."""
+        for name in sorted(set(gate.pool_of(a) for a in self.view().pool_of)):
+            st = gate.standing(name)
+            hold = st.hold(None)
+            if (hold is not None) == (name in self.quota_held):
+                continue
+            if hold is None:
+                self.quota_held.discard(name)
+                self.log(f"quota {name}: open again, {st.left_for(None)} of {st.pool.limit} left")
+                continue
+            self.quota_held.add(name)
+            reserved = f", {st.reserved_total} reserved for {', '.join(sorted(st.reserved))}" if st.reserved else ""
+            until = ("until an operator or a scheduled run changes it" if hold.until is None else
+                     f"until {schedule.wall_clock(hold.until).strftime('%H:%M:%S')} "
+                     f"(in {max(0.0, hold.until - gate.now):.1f}s)")
+            self.log(f"{hold.reason}: {st.used} of {st.pool.limit} used in its "
+                     f"{st.pool.window:g}s window{reserved}; its agents wait {until}")
 
     def lap_boundary(self) -> None:
         """A new lap starts when the ring wraps: count it, pause if configured, and
@@ -824,8 +871,8 @@ class Driver:
         first one is, hearing signals, beating and watching the roster meanwhile."""
         delay = None if until is None else max(0.0, until - now)
         if not self.idle_logged:
-            self.log("nothing to run: every agent is backing off, quarantined, paused or not due"
-                     + (f"; next in {delay:.1f}s" if delay is not None else ""))
+            self.log("nothing to run: every agent is backing off, quarantined, paused, not due "
+                     "or held by its quota" + (f"; next in {delay:.1f}s" if delay is not None else ""))
             self.idle_logged = True
         self.pause(delay, until_roster_edit=True, wall_until=until)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Set, Union
 
-from ringd.core import runstate
+from ringd.core import quota, runstate
 from ringd.journal import transitions
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import Journal, JournalError
@@ -34,6 +34,7 @@ from ringd.core.runstate import Beat, Close, Exited, KillTree, Log, Phase, Ping,
 
 PID_RECORD_DELAY = 0.1   # s; a run alive this long gets its pid recorded before its end
 PID_RECORD_RETRY = 1.0   # s; a pid record the journal could not take now is tried again this much later
+USE_RECORD_INTERVAL = 1.0   # s between two records of a run's quota use while it runs (a flood: one a second)
 
 
 class Host(Protocol):
@@ -75,7 +76,8 @@ def agent_env(base, agent: str, run_id: int, budget: float, deadline: float, sta
 
 
 class Hop:
-    def __init__(self, host: Host, agent: Agent, position: int, run_id: int, started_at: float):
+    def __init__(self, host: Host, agent: Agent, position: int, run_id: int, started_at: float,
+                 quota_env: Optional[dict] = None):
         self.host = host
         self.env = host.env
         self.agent = agent
@@ -102,6 +104,14 @@ class Hop:
         self._hook_error: Optional[Exception] = None
         self._pid_deferred = False   # its pid could not be recorded yet (said once)
         self.lost = False   # leadership lost before the agent started: nothing is recorded
+        # shared quotas: the run's RING_QUOTA* (ringd.core.quota.Gate.env), what it reported
+        # (recorded as it goes, at most once a USE_RECORD_INTERVAL, and with its end)
+        self.quota_env = quota_env or {}
+        self.pool = host.config.quota_for(agent.name)
+        self.use = quota.RunUse()
+        self._use_at = float("-inf")        # monotonic time of the last record of its use
+        self._use_failing: Optional[str] = None
+        self._reports_said: Set[str] = set()   # kinds of ignored reports said (once a run each)
 
     def say(self, text: str) -> None:
         self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
@@ -130,6 +140,7 @@ class Hop:
         """The run's environment (its deadline counted from ``started``) and notify socket."""
         self._run_env = agent_env(self.host.base_env, self.agent.name, self.run_id, self.limits.run_budget,
                                   started + self.limits.run_budget, self.host.state_key)
+        self._run_env.update(self.quota_env)
         try:
             self.notify = self.env.open_notify(self.run_id)
         except OSError as e:
@@ -290,9 +301,50 @@ class Hop:
         return events
 
     def _note(self, heard):
-        self.notes.hear(heard, self.env.wall())
+        wall = self.env.wall()
+        self.notes.hear(heard, wall)
         self.host.notify_dropped += heard.dropped
+        if heard.reports:
+            self._take_reports(heard.reports, wall)
         return heard
+
+    def _take_reports(self, reports, wall_now: float) -> None:
+        """Quota reports (SPEC "Agents on a shared quota"): one that does not
+        parse, names no pool of the config or a number no provider means is
+        said once a run and ignored."""
+        pools = self.host.config.quotas
+        for key, value in reports:
+            try:
+                report = quota.parse_report(key, value, wall_now, pools)
+            except quota.BadReport as e:
+                if e.kind not in self._reports_said:
+                    self._reports_said.add(e.kind)
+                    self.say(f"sent a quota report that is ignored: {e}")
+                continue
+            if isinstance(report, quota.Refused) and f"refused:{report.pool}" not in self._reports_said:
+                self._reports_said.add(f"refused:{report.pool}")
+                self.say(f"reports quota {report.pool} exhausted for {max(0.0, report.until - wall_now):.0f}s")
+            self.use.take(report, wall_now)
+
+    def _record_use(self, now: float) -> None:
+        """Record what the run reported of its quotas so far, so a driver that
+        dies (or a leader whose host does) leaves it in the journal. Never waits
+        out the journal's write lock: tried again USE_RECORD_INTERVAL later."""
+        self._use_at = now
+        try:
+            with self.host.journal.transaction(patient=False) as tx:
+                transitions.record_use(tx, self.run_id, self.agent.name, self.use)
+        except JournalError as e:
+            if self._use_failing is None:
+                self.say(f"cannot record its quota use yet ({e}); it is recorded with its end")
+            self._use_failing = str(e)
+            if not e.transient:
+                self.use.dirty = False   # (its end records it, or says why not)
+            return
+        self.use.dirty = False
+        if self._use_failing is not None:
+            self._use_failing = None
+            self.say("quota use recorded")
 
     def _publish_notes(self, now: float, force: bool = False) -> None:
         due = self.notes.due_at() if self.notes is not None else None
@@ -336,6 +388,8 @@ class Hop:
             notes_due = self.notes.due_at() if self.notes is not None else None
             if notes_due is not None:
                 deadline = min(deadline, notes_due)
+            if self.use.dirty:
+                deadline = min(deadline, self._use_at + USE_RECORD_INTERVAL)
             # (once it has exited, its pidfd stays readable: a wait on it would spin)
             sigs, ready = env.wait(deadline - env.monotonic(), [] if child.exited else [child.pidfd])
             if leader is not None and self._lost_lead(child):
@@ -367,6 +421,8 @@ class Hop:
                         self._do(a, child)
             if close is None and record_at is not None and now >= record_at:
                 record_at = self._record_pid(child, now)
+            if close is None and self.use.dirty and now >= self._use_at + USE_RECORD_INTERVAL:
+                self._record_use(now)
             if close is None:
                 self._publish_notes(now)
         env.reap(child)
@@ -460,7 +516,8 @@ class Pending:
             ring=h.host.config.ring, line=h.agent.text, exit_code=c.exit_code, signal=c.signal,
             reason=c.reason, log_path=h.log_path, pid=h.pid, pid_start=h.pid_start,
             cpu_seconds=getattr(h.child, "cpu_seconds", None),
-            phase=h.notes.phase if h.notes is not None else None)
+            phase=h.notes.phase if h.notes is not None else None,
+            use=h.use if (h.use.used or h.use.exhausted) else None, pool=h.pool)
         if closed is None and self.tried is not None:
             # Retried, and the row is closed already. A commit whose answer was lost
             # (PostgreSQL's connection cut) may have recorded this very end: then it

@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.core.settings import RingSettings
 from ringd.core.policy import seen_at
+from ringd.core.quota import Gate, Pool
 
 METRICS_FILE = "metrics.prom"
 
@@ -33,6 +34,8 @@ class Snapshot:
     watcher_restarts: Optional[int] = None
     watcher_gave_up: Optional[bool] = None
     role: str = "leader"                                 # leader | standby (a many-host ring)
+    quotas: List[Tuple[str, int, int, int]] = field(default_factory=list)   # (pool, used, limit, left)
+    quota_spent: Dict[Tuple[str, str], int] = field(default_factory=dict)   # (pool, agent) -> units
 
 
 def _label(value: str) -> str:
@@ -82,6 +85,15 @@ def render(s: Snapshot) -> str:
     metric("ring_deferred_agents", "gauge", "Agents backing off after a deferral.", [({}, len(s.deferred))])
     metric("ring_agent_deferred", "gauge", "1 if the agent is backing off after a deferral.",
            [({"agent": a}, 1) for a in sorted(s.deferred)])
+    if s.quotas:
+        metric("ring_quota_used", "gauge", "Units of the quota pool used in its window.",
+               [({"quota": q}, used) for q, used, _, _ in s.quotas])
+        metric("ring_quota_limit", "gauge", "Units the quota pool allows per window.",
+               [({"quota": q}, limit) for q, _, limit, _ in s.quotas])
+        metric("ring_quota_left", "gauge", "Units an agent with no reserve may spend of the pool now.",
+               [({"quota": q}, left) for q, _, _, left in s.quotas])
+        metric("ring_quota_spent_total", "counter", "Units spent of the quota pool, by agent.",
+               [({"quota": q, "agent": a}, n) for (q, a), n in sorted(s.quota_spent.items())])
     if s.watcher_restarts is not None:
         metric("ring_watcher_restarts", "gauge", "Driver restarts by ringwatch within its start-limit window.",
                [({}, s.watcher_restarts)])
@@ -94,14 +106,18 @@ def render(s: Snapshot) -> str:
 def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[str, float]] = None,
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
              laps: int = 0, roster: Sequence[Tuple[str, Optional[str]]] = (), roster_error: bool = False,
-             state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings) -> Snapshot:
+             state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings,
+             quotas: Optional[Mapping[str, Pool]] = None, due: Optional[Mapping[str, float]] = None
+             ) -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries).
     ``roster``: (name, line) of each agent on the roster in use. The counters
     keep every agent the journal knows (a counter never goes back); the
     per-agent gauges (last run, quarantined, backing off, failures in a row) are
     the roster's agents' only, as in ``ringd status``: an agent renamed or
     removed is no longer held (and ``ringd resume`` could not lift it: unknown
-    name), nor late forever; one whose line changed is held no more."""
+    name), nor late forever; one whose line changed is held no more.
+    ``quotas``: the config's pools (``due``: the scheduled agents' next due
+    times, whose reserves they hold)."""
     now = time.time() if now is None else now
     s = Snapshot(now=now, run_counts=journal.run_counts(), current=current, heartbeat_at=heartbeat_at,
                  driver_started_at=driver_started_at, laps=laps, roster_agents=len(roster),
@@ -119,6 +135,8 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
             s.quarantined.append(name)
         elif st.backoff_until is not None and st.backoff_until > now:
             s.deferred.append(name)
+    if quotas and journal.knows_quotas():
+        add_quotas(s, journal, quotas, due or {}, now)
     if state_dir is not None:
         from ringd.host.heartbeat import WATCHER_FILE, read_own, watcher_gave_up
         w = read_own(state_dir / WATCHER_FILE, state_dir)   # (never another ring's copy)
@@ -128,6 +146,17 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
             s.watcher_restarts = len(restarts) if isinstance(restarts, list) else 0
             s.watcher_gave_up = gave_up
     return s
+
+
+def add_quotas(s: Snapshot, journal, quotas: Mapping[str, Pool], due: Mapping[str, float], now: float) -> None:
+    """The pools' gauges and spent counters (SPEC "Agents on a shared quota")."""
+    uses, exhausted = journal.quota_use({name: p.window for name, p in quotas.items()}, now)
+    paused = journal.controls().paused if any(p.reserve for p in quotas.values()) else frozenset()
+    gate = Gate(quotas, lambda agent: None, uses, now, exhausted=exhausted, due=due, paused=paused)
+    for name, pool in quotas.items():
+        st = gate.standing(name)
+        s.quotas.append((name, st.used, pool.limit, st.left_for(None)))
+    s.quota_spent = journal.quota_spent()
 
 
 def refresh_without_driver(state_dir: Path, config, journal) -> bool:
@@ -158,11 +187,18 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
                         laps=max(0, lap - 1) if isinstance(lap, int) else 0, roster=roster,
                         roster_error=roster_error is not None, state_dir=state_dir,
                         role=hb.get("role") if hb.get("role") in ("leader", "standby") else "leader",
-                        ring=config.ring)
+                        ring=config.ring, quotas=config.quotas, due=_next_due(state_dir, config, journal))
         write_metrics(state_dir, render(snap))
         return True
     except Exception:   # noqa: BLE001 - the command's own work is done; metrics are best effort
         return False
+
+
+def _next_due(state_dir: Path, config, journal) -> Dict[str, float]:
+    if not any(p.reserve for p in config.quotas.values()):
+        return {}
+    from ringd.cli.status import scheduled_next_due
+    return scheduled_next_due(journal, config, state_dir)
 
 
 def write_metrics(state_dir: Path, text: str) -> None:
