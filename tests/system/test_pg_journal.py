@@ -391,8 +391,9 @@ def test_a_side_thread_is_born_with_every_signal_blocked():
 def test_the_schema_objects_are_named_from_the_schema_itself():
     from ringd.journal import schema_pg
     assert {"lease", "runs", "meta", "run_counts", "runs_one_running"} <= schema_pg.RELATIONS
-    assert schema_pg.TRIGGERS == {"runs_closed", "runs_inserted_closed", "runs_terminal_is_final"}
-    assert schema_pg.FUNCTIONS == {"ring_count_closed_run", "ring_terminal_is_final"}
+    assert schema_pg.TRIGGERS == {"runs_closed", "runs_inserted_closed", "runs_terminal_is_final",
+                                  "quota_use_added", "quota_use_changed"}
+    assert schema_pg.FUNCTIONS == {"ring_count_closed_run", "ring_terminal_is_final", "ring_count_quota_use"}
     assert schema_pg.missing(schema_pg.OBJECTS) == frozenset()
     assert schema_pg.missing(schema_pg.OBJECTS - {"lease", "runs_closed"}) == {"lease", "runs_closed"}
 
@@ -405,6 +406,7 @@ def test_the_schema_objects_are_named_from_the_schema_itself():
                                                        "runs_inserted_closed"]),
     ("DROP TABLE run_counts", ["run_counts"]),
     ("DROP INDEX runs_one_running", ["runs_one_running"]),
+    ("DROP TRIGGER quota_use_changed ON quota_use", ["quota_use_changed"]),
     ("DELETE FROM meta WHERE key = 'schema_version'", []),
 ])
 def test_a_schema_object_dropped_by_hand_is_made_again_at_connect(pgj, pg_dsn, damage, named):
