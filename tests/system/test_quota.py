@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, wait_until
+from test_pg_ring import hosts  # noqa: F401 - two hosts, one PostgreSQL journal
 
 NOTIFY = f"{sys.executable} -m ringd notify"
 POOL = {"model": {"limit": 100000, "window": 3600}}
@@ -211,3 +212,32 @@ def test_the_midnight_example_keeps_the_meetings_reserve_while_the_others_wait(r
         assert sum(u for at, u in spends if t - 6 < at <= t) <= 100, spends
     ordinary = sorted(r["started_at"] for r in runs if r["agent"] != "meeting")
     assert max(b - a for a, b in zip(ordinary, ordinary[1:])) > 2.5   # they waited for the reset
+
+
+def test_a_standby_that_takes_over_knows_what_the_dead_leaders_agents_spent(hosts):
+    """Two hosts, one PostgreSQL journal: host A's agent reports 600 of 1000
+    and A's box dies (driver and agent SIGKILLed). B takes the lease, and the
+    next run it starts is told 400 left."""
+    from test_pg_ring import agent_pid, pg_rows, role, roster_both
+    a, b, dsn, sampler = hosts
+    left, once = a.base / "left", a.base / "spent-once"
+    a.agent("spender", f"""
+        if [ ! -e {once} ]; then touch {once}; {NOTIFY} --used model:600; exec sleep 60; fi
+        echo "$RING_QUOTA_LEFT" > {left}
+        exec sleep 60
+        """)
+    for r in (a, b):
+        r.write_config(quotas={"model": {"limit": 1000, "window": 3600}}, agents={"spender": {"quota": "model"}})
+    roster_both(a, b, f"spender {a.agents_dir}/spender.sh")
+    da = a.start_driver()
+    wait_until(lambda: role(a) == "leader" and pg_rows(dsn, "SELECT units FROM quota_use") == [{"units": 600}],
+               timeout=30, message="A leads, its agent's use recorded")
+    b.start_driver()
+    wait_until(lambda: role(b) == "standby", timeout=15, message="B stands by")
+    pid = wait_until(lambda: agent_pid(dsn), timeout=10, message="the agent's pid")
+    os.kill(da.pid, signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)
+    assert wait_until(lambda: left.exists() and left.read_text().strip(), timeout=30,
+                      message="B's run told what is left") == "400"
+    assert role(b) == "leader"
+    sampler.finish()
