@@ -97,15 +97,37 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def make_ring(root: Path, name: str, roster_lines):
+def make_ring(root: Path, name: str, roster_lines, config_text: str = CONFIG):
     """A fresh 0700 state dir with a 0600 roster, and a 0600 config next to it."""
     state = root / name
     state.mkdir(mode=0o700)
     os.chmod(state, 0o700)
     write_private(state / "ring.txt", "".join(line + "\n" for line in roster_lines))
     config = root / (name + ".yaml")
-    write_private(config, CONFIG)
+    write_private(config, config_text)
     return state, config
+
+
+# --quota: the same ring with every agent on a pool (a limit no lap reaches, so
+# every agent runs), its journal holding a use inside the window for each run of
+# the warm-up laps (1,000 for 200 agents): each turn reads and sums them (docs/quota.md).
+
+
+def quota_config(n: int) -> str:
+    agents = "".join(f"  a{i:03d}: {{quota: model}}\n" for i in range(n))
+    return CONFIG + "quotas:\n  model: {limit: 1000000000000, window: 5h}\nagents:\n" + agents
+
+
+def seed_quota_use(state: Path) -> int:
+    """A use on each run of the warm-up laps, spread over the last hour; returns how many."""
+    db = sqlite3.connect(state / "journal.db")
+    try:
+        db.execute("INSERT INTO quota_use(run_id, pool, agent, units, at) SELECT id, 'model', agent, 1000, "
+                   "? - (id % 3600) FROM runs", (time.time(),))
+        db.commit()
+        return db.execute("SELECT count(*) FROM quota_use").fetchone()[0]
+    finally:
+        db.close()
 
 
 # --- lap time -----------------------------------------------------------------
@@ -209,8 +231,9 @@ def time_bash_loop(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def bench_laps(root: Path, reps: int, n: int, env) -> dict:
-    results = {"ringd_wall": [], "ringd_lap": [], "ringd_running": [], "python": [], "bash": []}
+def bench_laps(root: Path, reps: int, n: int, env, quota: bool = False) -> dict:
+    results = {"ringd_wall": [], "ringd_lap": [], "ringd_running": [], "python": [], "bash": [],
+               "quota_wall": [], "quota_lap": [], "quota_running": []}
     state, config = make_ring(root, "lap", [f"a{i:03d} /bin/true" for i in range(n)])
     # untimed warm-up laps: journal, full log folders (KEEP_LOGS) and page cache
     # exist, as on a ring that has been running; every timed lap is a steady-state lap
@@ -222,19 +245,28 @@ def bench_laps(root: Path, reps: int, n: int, env) -> dict:
         ("python", lambda r: time_python_loop(n)),
         ("bash", lambda r: time_bash_loop(n)),
     ]
+    if quota:   # side by side: the same ring, every agent on a pool
+        qstate, qconfig = make_ring(root, "lapq", [f"a{i:03d} /bin/true" for i in range(n)], quota_config(n))
+        for _ in range(KEEP_LOGS):
+            ringd_once(qstate, qconfig, env)
+        results["quota_uses"] = [seed_quota_use(qstate)]
+        runners += [("quota", lambda r: time_ringd_lap(qstate, qconfig, n, env)),
+                    ("quota_running", lambda r: time_ringd_running(qstate, qconfig, n, env))]
     for rep in range(reps):
         # interleave, rotating the order so no contender always goes first
         order = runners[rep % len(runners):] + runners[:rep % len(runners)]
         for name, run in order:
             out = run(rep)
-            if name == "ringd":
-                results["ringd_wall"].append(out["wall"])
-                results["ringd_lap"].append(out["lap"])
+            if name in ("ringd", "quota"):
+                results[f"{name}_wall"].append(out["wall"])
+                results[f"{name}_lap"].append(out["lap"])
             else:
                 results[name].append(out)
         print(f"  rep {rep + 1}/{reps}: ringd wall {results['ringd_wall'][-1]:.3f}s "
               f"lap {results['ringd_lap'][-1]:.3f}s running lap {results['ringd_running'][-1]:.3f}s, python {results['python'][-1]:.3f}s, "
-              f"bash+timeout {results['bash'][-1]:.3f}s", flush=True)
+              f"bash+timeout {results['bash'][-1]:.3f}s"
+              + (f"; quota lap {results['quota_lap'][-1]:.3f}s running {results['quota_running'][-1]:.3f}s"
+                 if results["quota_lap"] else ""), flush=True)
     return results
 
 
@@ -506,12 +538,30 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
+QUOTA_RATIO_GOAL = 1.03
+
+
+def report_quota(r: dict, med: dict) -> None:
+    """The lap with every agent on a pool against the same lap with none (--quota)."""
+    lap = med["quota_lap"] / med["ringd_lap"]
+    running = med["quota_running"] / med["ringd_running"]
+    paired = statistics.median(q / p for q, p in zip(r["quota_lap"], r["ringd_lap"]))
+    print(f"  quota lap / plain lap    = {lap:6.3f}x   goal <= {QUOTA_RATIO_GOAL:g}x  "
+          f"{verdict(lap <= QUOTA_RATIO_GOAL)}   (every agent on a pool, {r['quota_uses'][0]} uses in its window; "
+          f"`run --once`, {med['quota_lap']:.3f}s vs {med['ringd_lap']:.3f}s)")
+    print(f"  quota running / plain    = {running:6.3f}x   goal <= {QUOTA_RATIO_GOAL:g}x  "
+          f"{verdict(running <= QUOTA_RATIO_GOAL)}   (laps 2-3 of a running driver)")
+    print(f"  paired, median of per-rep quota/plain lap ratios: {paired:.3f}x   (information)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per contender (default 5)")
     ap.add_argument("--agents", type=int, default=200, help="agents in the ring (default 200)")
     ap.add_argument("--idle-seconds", type=float, default=30.0, help="idle sampling window (default 30)")
     ap.add_argument("--skip-idle", action="store_true", help="lap times only")
+    ap.add_argument("--quota", action="store_true",
+                    help="also time, side by side, the same ring with every agent on a quota pool")
     args = ap.parse_args()
 
     env = ringd_env()
@@ -523,9 +573,9 @@ def main() -> int:
     try:
         print(f"\nLap: {args.agents} agents running /bin/true, {args.reps} interleaved reps, median")
         times = cpu_times()
-        r = bench_laps(root, args.reps, args.agents, env)
+        r = bench_laps(root, args.reps, args.agents, env, quota=args.quota)
         steal = steal_share(times, cpu_times())
-        med = {k: statistics.median(v) for k, v in r.items()}
+        med = {k: statistics.median(v) for k, v in r.items() if v}
         n = args.agents
         rows = [
             ("ringd run --once (wall, incl. start-up)", med["ringd_wall"]),
@@ -552,6 +602,8 @@ def main() -> int:
         print(f"  paired, median of per-rep ratios: lap {paired['ringd_lap']:.2f}x, running "
               f"{paired['ringd_running']:.2f}x   (information: each rep's contenders run back to back, "
               f"so a VM whose speed drifts between reps moves these less)")
+        if args.quota:
+            report_quota(r, med)
         if steal is not None:
             print(f"  host steal during the laps: {steal:.1f} % of the CPU time (a VM's host busy elsewhere: "
                   f"a hop hands work between cores and waits on each hand-over, so it stretches more than "

@@ -139,6 +139,27 @@ def standing(pool: Pool, uses: Iterable[Use], now: float, *, due: Optional[Mappi
     return Standing(pool, now, used, oldest, reserves_held(pool, now, due or {}, paused), until)
 
 
+@dataclass(frozen=True)
+class Read:
+    """What the driver read of the pools (Tx.quota_use) at ``at``, kept across
+    turns while it holds: the sums change only when a run records use (the
+    driver then drops the read) or when a pool's oldest counted use leaves its
+    window (:attr:`until`). A clock set back, or other windows, need a new read."""
+    at: float
+    windows: Tuple[Tuple[str, float], ...]
+    uses: Mapping[str, Sequence[Use]]
+    exhausted: Mapping[str, Sequence[Exhausted]]
+
+    @property
+    def until(self) -> float:
+        window = dict(self.windows)
+        return min((at + window[pool] for pool, uses in self.uses.items() if pool in window for at, _ in uses),
+                   default=math.inf)
+
+    def holds(self, windows: Tuple[Tuple[str, float], ...], now: float) -> bool:
+        return windows == self.windows and self.at <= now < self.until
+
+
 class Gate:
     """The quota side of one turn: every pool as it stands at ``now``, worked
     out the first time an agent of the pool is asked about. ``uses`` and

@@ -51,6 +51,7 @@ class Host(Protocol):
     next_beat: float
     notify_dropped: int   # datagrams its runs' notify sockets did not hear, in the driver's life
     leader: object   # leader.Leader of a many-host ring (None: SQLite, always leading)
+    quota_read: object   # the pools' use as the driver last read it: dropped when a run records use
 
     def beat(self, agent: Optional[str] = None, run_id: Optional[int] = None, run_pid: Optional[int] = None,
              run_started_at: Optional[float] = None) -> None: ...
@@ -342,6 +343,7 @@ class Hop:
                 self.use.dirty = False   # (its end records it, or says why not)
             return
         self.use.dirty = False
+        self.host.quota_read = None
         if self._use_failing is not None:
             self._use_failing = None
             self.say("quota use recorded")
@@ -511,6 +513,8 @@ class Pending:
 
     def write(self, tx) -> Optional[transitions.Closed]:
         h, c = self.hop, self.close
+        if h.use.used or h.use.exhausted:
+            h.host.quota_read = None   # the turn this is written in reads the pools anew
         closed = transitions.close_in(
             tx, h.run_id, h.agent.name, h.position, c.status, source=c.source, now=self.now,
             ring=h.host.config.ring, line=h.agent.text, exit_code=c.exit_code, signal=c.signal,

@@ -283,3 +283,18 @@ def test_bad_quota_config_names_the_key(change, key):
     with pytest.raises(ConfigError) as e:
         parse_config(doc)
     assert str(e.value).startswith(key + ":") or str(e.value).startswith(key + " "), str(e.value)
+
+
+def test_a_read_of_the_pools_holds_until_a_use_leaves_its_window():
+    """The driver keeps its read of the pools across turns (the sums change
+    only when its own runs record use, and it drops the read then) while it
+    holds: until a pool's oldest use leaves its window; not across a clock set
+    back, nor for other windows."""
+    windows = (("api", 60.0), ("model", 10.0))
+    read = quota.Read(T0, windows, {"model": [(T0 - 4, 50)], "api": [(T0 - 30, 1)]}, {})
+    assert read.until == T0 + 6
+    assert read.holds(windows, T0) and read.holds(windows, T0 + 5.9)
+    assert not read.holds(windows, T0 + 6)                       # the model use left: read again
+    assert not read.holds(windows, T0 - 1)                       # the clock was set back
+    assert not read.holds((("model", 20.0),), T0 + 1)            # a reloaded config
+    assert quota.Read(T0, windows, {}, {"model": [Exhausted(T0, T0 + 5)]}).holds(windows, T0 + 1e6)
