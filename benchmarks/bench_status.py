@@ -11,7 +11,12 @@ pip cannot install it, that comparison is skipped with a message).
 Goals (issue 4): ``status --json`` no slower than ``supervisorctl status``, the
 table within 2x of it, both independent of journal size.
 
-    python benchmarks/bench_status.py [--runs 100000] [--agents 200] [--repeat 21]
+``--quota`` (issue 32): the big journal also holds a use of a quota pool on
+every run, and ``ringd status`` is timed, interleaved, with a config of 5
+pools and every agent on one beside the same config without them (the same
+agents section, less its ``quota`` keys). Goal: within 1.1x.
+
+    python benchmarks/bench_status.py [--runs 100000] [--agents 200] [--repeat 21] [--quota]
 """
 from __future__ import annotations
 
@@ -87,6 +92,64 @@ def _insert(con: sqlite3.Connection, rows) -> None:
         events.append((r[3], first + k, "started", "driver", f"agent={r[0]}"))
         events.append((r[4], first + k, r[2], "driver", f"from=running to={r[2]}"))
     con.executemany("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, ?, ?, ?, ?)", events)
+
+
+POOLS = 5
+QUOTA_RATIO_GOAL = 1.1
+
+
+def add_quota_use(state: Path) -> int:
+    """A use on every run of the journal, in the pool of its agent (agent i
+    draws on pool i % POOLS), at the run's end; returns how many are inside a
+    5 h window."""
+    con = sqlite3.connect(journal_path(state), isolation_level=None)
+    con.execute("PRAGMA synchronous=OFF")
+    con.execute("BEGIN")
+    con.execute(f"INSERT INTO quota_use(run_id, pool, agent, units, at) SELECT id, 'pool' || (position % {POOLS}),"
+                " agent, 1000 + id % 97, ended_at FROM runs")
+    con.execute("COMMIT")
+    inside = con.execute("SELECT count(*) FROM quota_use WHERE at > ?", (time.time() - 5 * 3600,)).fetchone()[0]
+    con.close()
+    return inside
+
+
+def quota_configs(base: Path, agents: int):
+    """(with pools, without): the same agents section, with and without ``quota`` keys."""
+    names = [f"agent-{i:03d}" for i in range(agents)]
+    pools = "quotas:\n" + "".join(f"  pool{k}: {{limit: 10000000, window: 5h}}\n" for k in range(POOLS))
+    with_pools = pools + "agents:\n" + "".join(f"  {n}: {{quota: pool{i % POOLS}}}\n" for i, n in enumerate(names))
+    without = "agents:\n" + "".join(f"  {n}: {{}}\n" for n in names)
+    out = []
+    for name, text in (("pools.yaml", with_pools), ("plain.yaml", without)):
+        path = base / name
+        path.write_text(text)
+        os.chmod(path, 0o600)
+        out.append(path)
+    return out
+
+
+def bench_quota(big: Path, base: Path, args, env) -> None:
+    inside = add_quota_use(big)
+    pools, plain = quota_configs(base, args.agents)
+    doc = json.loads(subprocess.run([sys.executable, "-m", "ringd", "status", "--json", "--state", str(big),
+                                     "--config", str(pools)], capture_output=True, env=env, timeout=60).stdout)
+    assert len(doc["quotas"]) == POOLS and all(q["used"] > 0 for q in doc["quotas"]), doc["quotas"]
+    times = {k: [] for k in ("json-pools", "json-plain", "table-pools", "table-plain")}
+    for _ in range(args.repeat):   # interleaved: a box whose speed drifts moves both alike
+        for kind, extra in (("json", ["--json"]), ("table", [])):
+            for label, cfg in (("pools", pools), ("plain", plain)):
+                refresh_heartbeat(big)
+                times[f"{kind}-{label}"] += measure([sys.executable, "-m", "ringd", "status", "--state", str(big),
+                                                     "--config", str(cfg), *extra], 1, env)
+    print(f"\nquota: {args.runs:,} runs each with a use, {inside:,} of them inside the 5 h window; "
+          f"{POOLS} pools, every one of {args.agents} agents on one (median of {args.repeat}, interleaved)")
+    for kind in ("json", "table"):
+        ratio = statistics.median(times[f"{kind}-pools"]) / statistics.median(times[f"{kind}-plain"])
+        paired = statistics.median(a / b for a, b in zip(times[f"{kind}-pools"], times[f"{kind}-plain"]))
+        print(f"  status {kind:5} with pools {ms(times[f'{kind}-pools'])}")
+        print(f"  status {kind:5} without    {ms(times[f'{kind}-plain'])}")
+        print(f"    with / without = {ratio:.3f}x (paired {paired:.3f}x)  goal <= {QUOTA_RATIO_GOAL:g}x  "
+              f"{'PASS' if ratio <= QUOTA_RATIO_GOAL else 'MISS'}")
 
 
 def refresh_heartbeat(state: Path) -> None:
@@ -190,6 +253,7 @@ def main() -> int:
     ap.add_argument("--agents", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--no-supervisor", action="store_true")
+    ap.add_argument("--quota", action="store_true", help="also time status with 5 quota pools beside without")
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="ring-bench-"))
@@ -269,6 +333,9 @@ def main() -> int:
             print(f"  supervisorctl status (1 program): {sup_note}")
         print(f"  gather_status in-process {args.runs:>7,} runs {ms(gather['big'])}")
         print(f"  gather_status in-process {args.small:>7,} runs {ms(gather['small'])}")
+
+        if args.quota:
+            bench_quota(big, base, args, env)
 
         py_label = pythons[0][0]
         med = {k[1]: statistics.median(v) for k, v in results.items() if k[0] == py_label}

@@ -63,6 +63,13 @@ class RingView(NamedTuple):
     scheduled: list          # (name, Schedule) of the scheduled agents
     scheduled_at: dict       # name -> roster index of each scheduled agent (policy.TurnInputs)
     pool_of: dict = {}       # name -> quota pool of each agent on one (SPEC "Agents on a shared quota")
+    windows: tuple = ()      # (pool, window) of each pool an agent of the roster draws on, by name
+
+
+def pooled(config: Config, agents) -> "tuple[dict, tuple]":
+    """RingView's ``pool_of`` and ``windows``: who of ``agents`` draws on which pool."""
+    pool_of = {a.name: config.quota_for(a.name) for a in agents if config.quota_for(a.name) in config.quotas}
+    return pool_of, tuple((name, config.quotas[name].window) for name in sorted(set(pool_of.values())))
 
 
 def role_fields(leader) -> dict:
@@ -786,8 +793,7 @@ class Driver:
             self._view = RingView(agents, config, [(a.name, a.text) for a in agents], [a.name for a in agents],
                                   [(name, sched) for name, sched in scheduled if sched is not None],
                                   {name: i for i, (name, sched) in enumerate(scheduled) if sched is not None},
-                                  {a.name: config.quota_for(a.name) for a in agents
-                                   if config.quota_for(a.name) in config.quotas})
+                                  *pooled(config, agents))
         return self._view
 
     def schedules(self, tx, now: float) -> "dict[str, float]":
@@ -806,21 +812,19 @@ class Driver:
         1,000 uses, and only this driver's runs change them)."""
         if not view.pool_of:
             return None
-        pools = self.config.quotas
-        windows = tuple((name, pools[name].window) for name in sorted(set(view.pool_of.values())))
         read = self.quota_read
-        if read is None or not read.holds(windows, now):
-            read = self.quota_read = quota.Read(now, windows, *tx.quota_use(dict(windows), now))
-        gate = quota.Gate(pools, view.pool_of.get, read.uses, now, exhausted=read.exhausted, due=scheduled,
-                          paused=paused)
+        if read is None or not read.holds(view.windows, now):
+            read = self.quota_read = quota.Read(now, view.windows, *tx.quota_use(dict(view.windows), now))
+        gate = quota.Gate(self.config.quotas, view.pool_of.get, read.uses, now, exhausted=read.exhausted,
+                          due=scheduled, paused=paused)
         self.due_seen = scheduled
-        self.say_quota(gate)
+        self.say_quota(gate, view.windows)
         return gate
 
-    def say_quota(self, gate: quota.Gate) -> None:
+    def say_quota(self, gate: quota.Gate, windows: tuple) -> None:
         """Say when a pool stops letting its ordinary agents run, and when it
         lets them again (once each, not at every turn that passes them over)."""
-        for name in sorted(set(gate.pool_of(a) for a in self.view().pool_of)):
+        for name, _ in windows:
             st = gate.standing(name)
             hold = st.hold(None)
             if (hold is not None) == (name in self.quota_held):
