@@ -187,18 +187,26 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
                         laps=max(0, lap - 1) if isinstance(lap, int) else 0, roster=roster,
                         roster_error=roster_error is not None, state_dir=state_dir,
                         role=hb.get("role") if hb.get("role") in ("leader", "standby") else "leader",
-                        ring=config.ring, quotas=config.quotas, due=_next_due(state_dir, config, journal))
+                        ring=config.ring, quotas=config.quotas, due=_next_due(config, journal, time.time()))
         write_metrics(state_dir, render(snap))
         return True
     except Exception:   # noqa: BLE001 - the command's own work is done; metrics are best effort
         return False
 
 
-def _next_due(state_dir: Path, config, journal) -> Dict[str, float]:
-    if not any(p.reserve for p in config.quotas.values()):
+def _next_due(config, journal, now: float) -> Dict[str, float]:
+    """Next due times of the scheduled agents a reserve is kept for (read-only)."""
+    names = {agent for pool in config.quotas.values() for agent in pool.reserve}
+    if not names:
         return {}
-    from ringd.cli.status import scheduled_next_due
-    return scheduled_next_due(journal, config, state_dir)
+    from ringd.inputs import schedule
+    zone, out = schedule.local_zone(), {}
+    with journal.snapshot() as tx:
+        for name in sorted(names):
+            sched = config.schedule_for(name)
+            if sched is not None:
+                out[name] = schedule.entry(tx, name, sched, now, write=False).next_due(zone)
+    return out
 
 
 def write_metrics(state_dir: Path, text: str) -> None:
