@@ -40,6 +40,9 @@ def gather_runs(state_dir: Path, config: Config, since: float, until: float) -> 
             return []
         try:
             rows = history_since(reader, None, since, None)
+            if rows and config.quotas and reader.knows_quotas():   # each pool's use over the window
+                used = reader.used_by_runs([r.id for r in rows])
+                rows = [replace(r, used=used.get(r.id, {})) for r in rows]
         finally:
             reader.close()
     except JournalError as e:

@@ -43,6 +43,7 @@ class RunRow:
     driver_start: Optional[float]
     phase: Optional[str] = None     # the agent's last STATUS= (ringd.host.notify)
     cpu_seconds: Optional[float] = None   # the run cgroup's CPU time (ringd.host.cgroup); None when unknown
+    used: Optional[Mapping[str, int]] = None   # what it spent, by quota pool (the quota_use table; None: not read)
 
     @classmethod
     def from_mapping(cls, row: Mapping[str, Any]) -> "RunRow":
@@ -139,6 +140,7 @@ _RUN_TYPES: Dict[str, Callable[[Any], Any]] = {
     "duration": _duration, "exit_code": _int, "signal": _int, "reason": text, "pid": _int,
     "pid_start": number, "run_budget": _duration, "stall_threshold": _duration, "log_path": text,
     "driver_pid": _int, "driver_start": number, "phase": text, "cpu_seconds": _duration,
+    "used": lambda v: None,   # (no column: read apart, Tx.used_by_runs)
 }
 _AGENT_TYPES: Dict[str, Callable[[Any], Any]] = {
     "name": text, "runs": count, "last_run_id": _int, "consecutive_failures": count,

@@ -17,15 +17,16 @@ import pytest
 
 from conftest import line_written, read_until, ring_cmd, wait_until
 
-STATUS_KEYS = {"state_dir", "driver", "watcher", "current", "roster", "agents"}
+STATUS_KEYS = {"state_dir", "driver", "watcher", "current", "roster", "agents", "quotas"}
 DRIVER_KEYS = {"pid", "health", "heartbeat_age", "started_at", "lap"}
 WATCHER_KEYS = {"pid", "alive", "last_poll_at", "restarts", "gave_up"}
 CURRENT_KEYS = {"agent", "run_id", "pid", "elapsed", "run_budget", "stall_threshold"}
 ROSTER_KEYS = {"path", "agents", "error"}
 AGENT_KEYS = {"name", "position", "last_status", "last_started_at", "last_duration", "last_exit_code",
-              "runs", "consecutive_failures", "backoff_until", "skip_requested", "quarantined_until"}
+              "runs", "consecutive_failures", "backoff_until", "skip_requested", "quarantined_until",
+              "quota"}
 HISTORY_KEYS = {"id", "agent", "status", "started_at", "ended_at", "duration", "exit_code", "signal", "reason",
-                "phase", "cpu_seconds"}
+                "phase", "cpu_seconds", "used"}
 STATUSES = {"running", "ok", "failed", "deferred", "timeout", "stalled", "skipped", "interrupted", "error"}
 
 
