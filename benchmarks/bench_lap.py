@@ -553,6 +553,49 @@ def verdict(ok: bool) -> str:
 QUOTA_RATIO_GOAL = 1.03
 
 
+QUOTA_CPU_SCRIPT = r"""
+import dataclasses, json, sys, tempfile, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])   # tests/: the scripted environment (fakeenv) runs the driver with no processes
+from fakeenv import make_driver
+from ringd.core.quota import Pool
+from ringd.core.settings import AgentOverride
+n, quota = int(sys.argv[2]), sys.argv[3] == "1"
+names = [f"a{i:03d}" for i in range(n)]
+d, env, j = make_driver(Path(tempfile.mkdtemp()), names, once=True, heartbeat_interval=1000.0,
+                        agents={a: AgentOverride(quota="model") for a in names} if quota else {})
+if quota:
+    d.config = dataclasses.replace(d.config, quotas={"model": Pool("model", 10 ** 12, 18000.0)})
+now = env.wall()
+with j.transaction() as tx:   # the same journal for both: 5 laps of runs, with a use each when on a pool
+    for i in range(5 * n):
+        rid = tx.start_run(names[i % n], i % n, now=now - 9000 + i, run_budget=1, stall_threshold=2,
+                           driver_pid=1, driver_start=None)
+        tx.close_run(rid, "ok", source="driver", now=now - 9000 + i + 0.5)
+        if quota:
+            tx.put_use(rid, "model", names[i % n], 10, now - 9000 + i)
+t = time.process_time()
+d.run()
+print(json.dumps((time.process_time() - t) / n))
+"""
+
+
+def quota_cpu_per_hop(n: int, reps: int, env) -> dict:
+    """The driver's own CPU per hop, plain and with every agent on a pool: the driver
+    in-process on a scripted environment (no agent processes, a real journal), so
+    a busy box's scheduling moves it far less than a lap's wall time."""
+    out = {"plain": [], "quota": []}
+    for rep in range(reps):
+        for label in (("plain", "quota") if rep % 2 == 0 else ("quota", "plain")):
+            proc = subprocess.run([sys.executable, "-c", QUOTA_CPU_SCRIPT, str(REPO / "tests"), str(n),
+                                   "1" if label == "quota" else "0"], env=env, capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"quota CPU measure failed: {proc.stderr[-2000:]}")
+            out[label].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def report_quota(r: dict, med: dict) -> None:
     """The lap with every agent on a pool against the same lap with none (--quota)."""
     lap = med["quota_lap"] / med["ringd_lap"]
@@ -619,6 +662,11 @@ def main() -> int:
               f"so a VM whose speed drifts between reps moves these less)")
         if args.quota:
             report_quota(r, med)
+            cpu = quota_cpu_per_hop(args.agents, max(3, args.reps), env)
+            ratio = cpu["quota"] / cpu["plain"]
+            print(f"  quota driver CPU per hop = {ratio:6.3f}x   goal <= {QUOTA_RATIO_GOAL:g}x  "
+                  f"{verdict(ratio <= QUOTA_RATIO_GOAL)}   ({1e6 * cpu['quota']:.0f} us vs {1e6 * cpu['plain']:.0f} us: "
+                  f"the driver in-process on a scripted env, the same journal; median of {max(3, args.reps)})")
         if steal is not None:
             print(f"  host steal during the laps: {steal:.1f} % of the CPU time (a VM's host busy elsewhere: "
                   f"a hop hands work between cores and waits on each hand-over, so it stretches more than "

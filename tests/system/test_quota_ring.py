@@ -240,4 +240,7 @@ def test_a_standby_that_takes_over_knows_what_the_dead_leaders_agents_spent(host
     assert wait_until(lambda: left.exists() and left.read_text().strip(), timeout=30,
                       message="B's run told what is left") == "400"
     assert role(b) == "leader"
+    doc = json.loads(b.cli("status", "--json").stdout)   # read from PostgreSQL, as history is
+    assert doc["quotas"][0]["used"] == 600 and doc["quotas"][0]["left"] == 400, doc["quotas"]
+    assert json.loads(b.cli("history", "--json").stdout)[-1]["used"] == {"model": 600}
     sampler.finish()
