@@ -307,7 +307,7 @@ def test_a_new_connection_to_a_server_that_never_answers_ends_on_a_stop_signal(s
     one per address tried): far past the SPEC's 1 s."""
     import signal
     pytest.importorskip("psycopg")
-    from test_pgcall import Tap
+    from taps import Tap
     from ringd.journal.pg import PgJournalError, _Con
     tap = Tap()
     try:

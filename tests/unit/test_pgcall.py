@@ -1,12 +1,13 @@
 """The client-side bound on a PostgreSQL call (ringd.journal.pgcall): its decisions,
 pure, and its wait loop driven on a socket pair with a stand-in for psycopg's
 generator (no server, no psycopg)."""
-import os
 import signal
 import socket
 import time
 
 import pytest
+
+from taps import Tap
 
 from ringd.core.lease import beat_every, must_stop
 from ringd.journal.pgcall import (OVERDUE, STOP_GRACE, STOPPING, Abandoned, call_bound, ends_call, poll_ms, verdict,
@@ -46,39 +47,6 @@ def test_the_poll_sleeps_until_the_nearer_end_never_less_than_zero():
 
 
 # --- the loop ------------------------------------------------------------------------
-
-class Tap:
-    """The driver's wake-up pipe as pgcall sees it."""
-
-    def __init__(self):
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        self.drains = 0
-        self.ready = True   # the driver in its loop (False: starting)
-
-    def fileno(self):
-        return self.r
-
-    def drain(self):
-        self.drains += 1
-        got = set()
-        while True:
-            try:
-                data = os.read(self.r, 512)
-            except BlockingIOError:
-                return got
-            got.update(data)
-
-    def put_back(self, sigs):
-        os.write(self.w, bytes(sorted(sigs)))
-
-    def send(self, sig):
-        os.write(self.w, bytes([sig]))
-
-    def close(self):
-        os.close(self.r)
-        os.close(self.w)
-
 
 def query(sock, sends):
     """A generator like psycopg's: write the query, then read the answer."""
