@@ -20,8 +20,8 @@ import click
 from ringd import __version__
 from ringd.host import logline
 from ringd.cli.commands import RingGroup, drop_output
-from ringd.inputs.config import ConfigError, load_config, resolve_config_path, resolve_state_dir
-from ringd.core.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, RingError
+from ringd.inputs.config import ConfigError, lenient_modes, load_config, locate
+from ringd.core.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, STATUS_UNKNOWN, RingError
 
 from ringd.loops import watchstate
 
@@ -40,9 +40,11 @@ def _fail(message: str, code: int) -> None:
 
 
 _state_opt = click.option("--state", "state_opt", metavar="DIR",
-                          help="State directory (default: $RING_STATE, else ./STATE).")
+                          help="State directory (default: $RING_STATE, else ring.state_dir of the config, "
+                               "else ./STATE).")
 _config_opt = click.option("--config", "config_opt", metavar="FILE",
-                           help="Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in).")
+                           help="Config file (default: $RING_CONFIG, else the first of ./config/ring.yaml, "
+                                "~/.config/ring/ring.yaml, /etc/ring/ring.yaml, else built-in).")
 
 
 class WatchGroup(RingGroup):
@@ -65,11 +67,15 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
     from ringd.loops.watcher import Watcher  # the daemon's imports only when it runs
 
     try:
-        state_dir = resolve_state_dir(state_opt)
-        config_path = resolve_config_path(config_opt)
+        where = locate(config_opt, state_opt, follow_driver=False)   # (it is the one that starts the driver)
+        state_dir, config_path = where.state_dir, where.config_path
         config = load_config(config_path)
     except ConfigError as e:
         _fail(str(e), EX_CONFIG)
+    if where.found.config_from not in ("--config", "$RING_CONFIG") or \
+            where.found.state_from not in ("--state", "$RING_STATE"):
+        state_line, config_line = where.says()
+        logline.emit("ringwatch", f"config {config_line}; state dir {state_line}")
     try:
         code = Watcher(state_dir, config_path, config).run()
     except RingError as e:
@@ -86,7 +92,9 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
 def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str]) -> None:
     """Clear the restart history and the give-up (like `systemctl reset-failed`)."""
     try:
-        state_dir = resolve_state_dir(ctx.obj.get("state") if state_opt is None else state_opt)
+        with lenient_modes(lambda _message: None):   # (only its ring.state_dir is read)
+            state_dir = locate(ctx.obj.get("config") if config_opt is None else config_opt,
+                               ctx.obj.get("state") if state_opt is None else state_opt).state_dir
     except ConfigError as e:
         _fail(str(e), EX_CONFIG)
     if not state_dir.is_dir():
@@ -109,6 +117,79 @@ def reset(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str
     except OSError as e:
         drop_output()
         _fail(f"reset done, but cannot write to standard output: {e.strerror or e}", EX_IOERR)
+
+
+@cli.command()
+@_state_opt
+@_config_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the watcher's state as JSON.")
+@click.pass_context
+def status(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str], as_json: bool) -> None:
+    """The watcher's own state: pid, restarts in the window, gave up, last poll, the driver it watches.
+
+    Exit 0 running, 3 not running, 1 gave up (`ringwatch reset` clears it)."""
+    import json
+    from ringd.cli.found import reading_config
+    from ringd.host.heartbeat import live_writer
+    from ringd.host.procid import same_process
+    state = ctx.obj.get("state") if state_opt is None else state_opt
+    config = ctx.obj.get("config") if config_opt is None else config_opt
+    warned: list = []
+
+    def warn(message: str) -> None:
+        if message not in warned:
+            warned.append(message)
+            click.echo(f"ringwatch: warning: {message}", err=True)
+    try:
+        with lenient_modes(warn):
+            where = locate(config, state)
+            cfg = reading_config(where.state_dir, where.config_path, warn)
+    except ConfigError as e:
+        _fail(str(e), EX_CONFIG)
+    state_dir = where.state_dir
+    if not state_dir.is_dir():
+        _fail(f"{state_dir}: no such state directory (give --state DIR or set RING_STATE)", STATUS_UNKNOWN)
+    data = watchstate.load(state_dir)
+    driver = data.get("driver") if isinstance(data.get("driver"), dict) else {}
+    doc = watchstate.status_doc(
+        state_dir, data, alive=live_writer(data) is not None, given_up=watchstate.gave_up(state_dir, data),
+        driver_alive=bool(driver.get("pid")) and same_process(driver.get("pid"), driver.get("pid_start")),
+        clock=watchstate.clock_now(), start_limit_burst=cfg.watch.start_limit_burst,
+        start_limit_interval=cfg.watch.start_limit_interval)
+    try:
+        click.echo(json.dumps(doc, indent=2) if as_json else status_text(doc))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        drop_output()
+        _fail(f"cannot write to standard output: {e.strerror or e}", EX_IOERR)
+    sys.exit(watchstate.status_exit_code(doc))
+
+
+def status_text(doc: dict) -> str:
+    """``ringwatch status`` for people: one labelled line each."""
+    from ringd.cli.render import fmt_ago
+    import time
+    now = time.time()
+    if doc["alive"]:
+        head = f"running  pid {doc['pid']}, started {fmt_ago(doc['started_at'], now)}, mode {doc['mode']}"
+    elif doc["gave_up"]:
+        head = "GAVE UP  (ringwatch reset clears it)"
+    else:
+        head = "not running"
+    d = doc["driver"]
+    driver = "-" if not d.get("pid") else (f"pid {d['pid']} ({'alive' if d['alive'] else 'gone'}; "
+                                           f"{d.get('health') or 'not judged'} at the last poll)")
+    lines = [("watcher", head), ("state", doc["state_dir"]),
+             ("polled", fmt_ago(doc["last_poll_at"], now) if doc["last_poll_at"] else "never"),
+             ("driver", driver),
+             ("restarts", f"{doc['restarts']} in the last {doc['start_limit_interval']:g}s "
+                          f"(gives up past {doc['start_limit_burst']})")]
+    if doc["gave_up"]:
+        lines.append(("gave up", f"{doc['gave_up_at'] or 'earlier'}: {doc['gave_up_reason'] or 'start limit hit'}"))
+    from ringd.host.notify import without_controls
+    return "\n".join(f"{label:<9}{without_controls(str(text))}" for label, text in lines)
 
 
 def main() -> None:

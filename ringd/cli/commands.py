@@ -13,6 +13,7 @@ from ringd.host import earlysig
 if earlysig.starting("ringd", "run"):
     earlysig.hold()  # first instruction of the driver: a signal now waits for its handler
 
+import contextlib
 import errno
 import functools
 import io
@@ -24,7 +25,7 @@ from typing import List, Optional
 import click
 
 from ringd import __version__
-from ringd.inputs.config import ConfigError, lenient_modes, load_config, resolve_config_path, resolve_state_dir
+from ringd.inputs.config import ConfigError, Location, NoStateDir, lenient_modes, load_config, locate
 from ringd.core.errors import EX_CONFIG as EXIT_CONFIG
 from ringd.core.errors import EX_INTERRUPTED as EXIT_INTERRUPTED
 from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE, EX_IOERR, STATUS_UNKNOWN
@@ -152,8 +153,9 @@ class RingGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-STATE_HELP = "State directory (default: $RING_STATE, else ./STATE)."
-CONFIG_HELP = "Config file (default: $RING_CONFIG, else ./config/ring.yaml, else built-in)."
+STATE_HELP = "State directory (default: $RING_STATE, else ring.state_dir of the config, else ./STATE)."
+CONFIG_HELP = ("Config file (default: $RING_CONFIG, else the one the state dir's driver runs with, else the "
+               "first of ./config/ring.yaml, ~/.config/ring/ring.yaml, /etc/ring/ring.yaml, else built-in).")
 
 
 def given_locations(ctx: Optional[click.Context]) -> "tuple[Optional[str], Optional[str]]":
@@ -166,19 +168,46 @@ def given_locations(ctx: Optional[click.Context]) -> "tuple[Optional[str], Optio
     return state, config
 
 
-def locations(fn):
-    """Add --state/--config and pass resolved ``state_dir`` and ``config_path``."""
+def locations(fn=None, *, daemon: bool = False):
+    """Add --state/--config and pass resolved ``state_dir`` and ``config_path``
+    (config.locate: the one search order). The Location is kept for the command
+    (:func:`location`). ``daemon`` (``ringd run``): it never follows a heartbeat's
+    config, and refuses a config others may write while finding its state dir."""
+    if fn is None:
+        return functools.partial(locations, daemon=daemon)
+
     @click.option("--state", "state", metavar="DIR", default=None, help=STATE_HELP)
     @click.option("--config", "config", metavar="FILE", default=None, help=CONFIG_HELP)
     @functools.wraps(fn)
     def wrapper(state: Optional[str], config: Optional[str], **kw):
-        state, config = given_locations(click.get_current_context())
+        ctx = click.get_current_context()
+        state, config = given_locations(ctx)
         try:
-            state_dir, config_path = resolve_state_dir(state), resolve_config_path(config)
+            # (a command reads the config again below, and warns about its mode then)
+            with contextlib.nullcontext() if daemon else lenient_modes(lambda _message: None):
+                where = locate(config, state, follow_driver=not daemon)
+        except NoStateDir as e:   # the config that should say where the state dir is cannot be read
+            raise fail(f"configuration error: {e}", EXIT_CONFIG)
         except ConfigError as e:   # a path no system call could take
             raise fail(f"invalid: {e}", EXIT_CONFIG)
-        return fn(state_dir=state_dir, config_path=config_path, **kw)
+        ctx.meta["ring.location"] = where
+        return fn(state_dir=where.state_dir, config_path=where.config_path, **kw)
     return wrapper
+
+
+def location() -> Optional[Location]:
+    """Where the running command found its ring (:func:`locations`)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get("ring.location") if ctx is not None else None
+
+
+def command_config(state_dir: Path, config_path: Optional[Path]):
+    """The config an operator command acts with: as it loads, or what can be
+    salvaged from a broken one after one warning (ringd.cli.found)."""
+    from ringd.cli.found import reading_config
+    ctx = click.get_current_context(silent=True)
+    warn = (ctx.meta.get("ring.warn") if ctx is not None else None) or (lambda m: _warn([m]))
+    return reading_config(state_dir, config_path, warn)
 
 
 def complete_agent(ctx: click.Context, param: click.Parameter, incomplete: str) -> List[str]:
@@ -188,8 +217,9 @@ def complete_agent(ctx: click.Context, param: click.Parameter, incomplete: str) 
         from ringd.inputs.roster import read_roster
         state, config = given_locations(ctx)
         with lenient_modes(lambda _message: None):
-            cfg = load_config(resolve_config_path(config))
-            agents = read_roster(cfg.roster_path(resolve_state_dir(state)))
+            where = locate(config, state)
+            cfg = load_config(where.config_path)
+            agents = read_roster(cfg.roster_path(where.state_dir))
         return [a.name for a in agents if a.name.startswith(incomplete)]
     except Exception:  # noqa: BLE001 - no completion rather than a broken prompt
         return []
@@ -197,17 +227,24 @@ def complete_agent(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 def reading(fn):
     """An operator command: a config or roster others may write is a one-line
-    warning, not a refusal (only ``ringd run`` and ``ringwatch`` refuse). Such a
-    config's alert command is never run by the command (see config.load_config)."""
+    warning, not a refusal (only ``ringd run`` and ``ringwatch`` refuse), judged
+    for the user the ring runs as (heartbeat.ring_uid); so is a config that does
+    not load (:func:`command_config`). Such a config's alert command is never
+    run by the command (see config.load_config)."""
     @functools.wraps(fn)
     def wrapper(**kw):
+        from ringd.host.heartbeat import ring_uid
         seen: List[str] = []
 
         def warn(message: str) -> None:
             if message not in seen:
                 seen.append(message)
                 _warn([message])
-        with lenient_modes(warn):
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.meta["ring.warn"] = warn
+        uid = ring_uid(kw["state_dir"]) if "state_dir" in kw else None
+        with lenient_modes(warn, ring_uid=uid):
             return fn(**kw)
     return wrapper
 
@@ -316,12 +353,12 @@ def main(state: Optional[str], config: Optional[str]) -> None:
 
 
 @main.command()
-@locations
+@locations(daemon=True)
 @click.option("--once", is_flag=True, help="Run one lap (each agent once) and exit.")
 def run(state_dir: Path, config_path: Optional[Path], once: bool) -> None:
     """Run the ring in the foreground, forever (or one lap with --once)."""
     from ringd.loops.driver import run_driver
-    sys.exit(run_driver(state_dir, config_path, once=once))
+    sys.exit(run_driver(state_dir, config_path, once=once, found=location()))
 
 
 @main.command()
@@ -356,19 +393,24 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
         if problem:
             warned.append(f"agent {a.name}: {problem}")
     _warn(warned)
-    click.echo(check_ok_line(config_path, roster_path, [a.name for a in agents], len(warned)))
+    where = location()
+    searched = where.found.searched if where is not None and config_path is None else ()
+    click.echo(check_ok_line(config_path, roster_path, [a.name for a in agents], len(warned), searched))
     if strict and warned:
         raise click.exceptions.Exit(EX_FAILURE)
 
 
-def check_ok_line(config_path: Optional[Path], roster_path: Path, names: List[str], warnings: int) -> str:
+def check_ok_line(config_path: Optional[Path], roster_path: Path, names: List[str], warnings: int,
+                  searched: "tuple[str, ...]" = ()) -> str:
     """``ringd check``'s one line for a valid ring. The paths are shown as
     ``status`` shows them (control characters and bidirectional controls as
     spaces): a ``ring.roster`` or ``--config`` holding a newline printed a
     second, forged line, and a right-to-left override showed the line's end
-    reversed."""
+    reversed. ``searched``: where the search found no config (the line says
+    the ring falls back to the built-in defaults, and why)."""
     from ringd.host.notify import without_controls
-    return (f"ok: config {without_controls(str(config_path or '(built-in defaults)'))}, "
+    defaults = f"(built-in defaults: no file at {', '.join(searched)})" if searched else "(built-in defaults)"
+    return (f"ok: config {without_controls(str(config_path or defaults))}, "
             f"roster {without_controls(str(roster_path))} with {len(names)} agent(s): {', '.join(names)}"
             + (f"; {warnings} warning(s)" if warnings else ""))
 
@@ -379,21 +421,25 @@ def check_ok_line(config_path: Optional[Path], roster_path: Path, names: List[st
 @locations
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
+@click.option("--strict", is_flag=True, help="Exit 1 when the driver is healthy but there are problems "
+                                             "(a config or roster edit that is not taking effect).")
 @reading
 @operator_command(output_error=STATUS_UNKNOWN, failure=STATUS_UNKNOWN)
-def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool) -> None:
+def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool, strict: bool) -> None:
     """Driver health, watcher, current run, roster and one row per agent.
 
-    Exit 0 driver healthy, 1 dead or stale, 3 stopped or never ran, 4 status
-    unknown (no such state dir, unreadable journal), 78 bad config."""
+    Exit 0 driver healthy (with --strict: and no problems, else 1), 1 dead or
+    stale, 3 stopped or never ran, 4 status unknown (no such state dir,
+    unreadable journal), 78 the journal's location cannot be known."""
     from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_status, status_exit_code
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
+    where = location()
 
     def gather():
         warning = reap_before_reading(state_dir, config)
         warnings: List[str] = [warning] if warning else []
-        return gather_status(state_dir, config, warnings=warnings), warnings
+        return gather_status(state_dir, config, warnings=warnings, location=where), warnings
 
     if watch:
         _watch(gather, as_json)
@@ -405,7 +451,7 @@ def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: b
     else:
         from ringd.cli.render import print_status
         print_status(doc, warnings=())
-    raise click.exceptions.Exit(status_exit_code(doc))
+    raise click.exceptions.Exit(status_exit_code(doc, strict=strict))
 
 
 def _watch(gather, as_json: bool) -> None:
@@ -436,7 +482,7 @@ def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_w
     Without NAME: the agent running now (exit 1 if nothing runs). Exit 2 for an
     unknown agent. With no driver running, the request waits for the next one."""
     from ringd.cli.control import skip as do_skip
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
     r = do_skip(state_dir, config, name, wait=0 if no_wait else 5.0)
     if r.current and r.final_status is not None:
         click.echo(f"{r.agent}: run {r.run_id} ended as {r.final_status} after {r.waited:.2f}s; the ring moves on")
@@ -466,7 +512,7 @@ def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], l
     """Recent runs, newest first (of NAME only, if given)."""
     from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_history
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
     warning = reap_before_reading(state_dir, config)
     warnings: List[str] = [warning] if warning else []
     runs = gather_history(state_dir, config, name, limit, warnings=warnings, since=since)
@@ -499,7 +545,7 @@ def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_
     from ringd.cli.logs import find_run, follow as follow_runs, follow_log, logless_line, show_log, show_tail
     if name is None and (run_id is not None or not follow):
         raise fail("give an agent NAME, or -f to follow the whole ring (see 'ringd logs --help')", EX_BAD_USAGE)
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
     out = sys.stdout.buffer
     try:
         if follow and run_id is None:
@@ -534,7 +580,7 @@ def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[st
 
     Exit 1 when nothing was running (or it finished meanwhile)."""
     from ringd.cli.control import force_fail as do_force_fail
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
     r = do_force_fail(state_dir, config, reason, run_id)
     killed = f"; killed {r.killed} process(es)" if r.killed else "; no process of it was left"
     click.echo(f"run {r.run_id} of {r.agent} closed as interrupted{killed}")
@@ -556,7 +602,7 @@ def pause(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> 
     run is untouched. Pauses live in the journal (they survive restarts).
     Exit 2 for an unknown agent."""
     from ringd.cli.control import pause as do_pause
-    r = do_pause(state_dir, load_config(config_path), name)
+    r = do_pause(state_dir, command_config(state_dir, config_path), name)
     what = "the ring" if name is None else name
     if not r.changed:
         click.echo(f"{what}: already paused")
@@ -576,7 +622,7 @@ def resume(state_dir: Path, config_path: Optional[Path], name: Optional[str]) ->
 
     Exit 2 for an agent not on the roster."""
     from ringd.cli.control import resume as do_resume
-    r = do_resume(state_dir, load_config(config_path), name)
+    r = do_resume(state_dir, command_config(state_dir, config_path), name)
     if name is None:
         click.echo(f"ring resumed{_woke(r.driver_pid)}" if r.changed else "the ring was not paused; nothing to do")
     elif r.changed:
@@ -597,9 +643,47 @@ def next_(state_dir: Path, config_path: Optional[Path], name: str) -> None:
 
     Exit 2 for an unknown agent."""
     from ringd.cli.control import next_turn
-    r = next_turn(state_dir, load_config(config_path), name)
+    r = next_turn(state_dir, command_config(state_dir, config_path), name)
     instead = f" (instead of {r.replaced})" if r.replaced else ""
     click.echo(f"{name}: takes the next turn{instead}{_woke(r.driver_pid)}")
+
+
+@main.command()
+@locations
+@reading
+@operator_command
+def reload(state_dir: Path, config_path: Optional[Path]) -> None:
+    """Make the driver and the watcher re-read the config and the roster now
+    (what SIGHUP does), and wait (5 s at most) for the driver to confirm.
+
+    Prints what changed, or the error that kept the old config. Exit 0
+    reloaded, 1 no driver (or no answer), 78 the new config or roster was
+    refused (the old one stays)."""
+    from ringd.cli.reload import reload as do_reload
+    r = do_reload(state_dir)
+    if r.record is None:
+        raise fail(f"driver pid {r.driver_pid} was sent SIGHUP but did not confirm a reload within "
+                   f"{r.waited:.1f}s (see ringd status)", EX_FAILURE)
+    for e in r.errors:
+        click.echo(f"ringd: {e.get('kind')} not reloaded, the driver keeps the old one: "
+                   f"{one_line(str(e.get('detail')))}", err=True)
+    kept = {e.get("kind") for e in r.errors}
+    if "config" not in kept:
+        click.echo(f"driver pid {r.driver_pid} reloaded ({r.waited:.2f}s)"
+                   + (":" if r.changed else "; nothing changed"))
+        for line in r.changed:
+            click.echo(f"  {one_line(line)}")
+        if r.changed:
+            click.echo("  (the run in flight keeps its limits; the next run has the new ones)")
+    elif r.changed:   # the roster may have been taken though the config was not
+        for line in r.changed:
+            click.echo(f"  {one_line(line)}")
+    if r.watcher_record is not None:
+        err = r.watcher_record.get("error")
+        click.echo(f"watcher pid {r.watcher_pid} reloaded" if not err
+                   else f"watcher pid {r.watcher_pid} kept its old config: {one_line(str(err))}")
+    if r.exit_code:
+        raise click.exceptions.Exit(r.exit_code)
 
 
 @main.command()
@@ -695,8 +779,8 @@ def service_options(fn):
         click.option("--state", "state", metavar="DIR", default=None,
                      help="State dir of the service (default /var/lib/ring; launchd /usr/local/var/ring)."),
         click.option("--config", "config", metavar="FILE", default=None,
-                     help="Config of the service (default /etc/ring/ring.yaml; "
-                          "launchd /usr/local/etc/ring/ring.yaml)."),
+                     help="Config of the service (default /etc/ring/ring.yaml, where every command finds it; "
+                          "a launchd agent of this user: ~/.config/ring/ring.yaml)."),
         click.option("--bin-dir", metavar="DIR", default=None,
                      help="Where ringd and ringwatch are (default: this installation's)."),
     )):

@@ -23,13 +23,19 @@ ROSTER_MODE = 0o600
 FOLDER_MODE = 0o755      # a folder made on the way (/etc/ring): the service's user must get through
 
 
-def default_config_text(restart_command: Optional[List[str]] = None) -> str:
-    """The shipped config/ring.yaml; ``restart_command`` set for deployment mode 2."""
+def default_config_text(restart_command: Optional[List[str]] = None, state_dir: Optional[Path] = None) -> str:
+    """The shipped config/ring.yaml; ``restart_command`` set for deployment mode 2,
+    ``ring.state_dir`` for a service (so every command finds its state dir)."""
+    import json
     text = resources.files("ringd").joinpath("data/ring.yaml").read_text()
     if restart_command:
         old = "  restart_command: null "
         assert old in text
         text = text.replace(old, f"  restart_command: [{', '.join(restart_command)}] ", 1)
+    if state_dir is not None:
+        old = "  state_dir: null "
+        assert old in text
+        text = text.replace(old, f"  state_dir: {json.dumps(str(state_dir))} ", 1)   # (JSON is YAML)
     return text
 
 

@@ -217,7 +217,7 @@ def labelled(label: str, segs: Sequence[Seg], width: int) -> List[Line]:
 def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: bool = True,
                  width: int = 80, warnings: Sequence[str] = ()) -> List[Line]:
     now = time.time() if now is None else now
-    out: List[Line] = []
+    out: List[Line] = where_lines(doc, now, width)
 
     d = doc["driver"]
     health = d["health"]
@@ -284,10 +284,10 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
 
     r = doc["roster"]
     segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
-    if r.get("error"):
-        segs.append((f"\nERROR: {r['error']}", "bold red"))
     out += labelled("roster", segs, width)
     out += quota_status_lines(doc.get("quotas") or (), now, width)
+    for p in doc.get("problems") or ():   # (the roster's error among them)
+        out += labelled("problem", [(f"ERROR: {p['kind']}: {p['detail']}", "bold red")], width)
     for warning in warnings:
         out += labelled("warning", [(warning, "yellow")], width)
     out.append([])
@@ -352,6 +352,31 @@ def quota_status_lines(pools: Sequence[Mapping[str, Any]], now: float, width: in
             segs.append((f"; oldest use leaves {fmt_ago(p['reset_at'], now)}", "dim" if p["left"] else "yellow"))
         out += labelled("quota" if k == 0 else "", segs, width)
     return out
+
+
+STATE_FROM = {"--state": "--state", "$RING_STATE": "$RING_STATE", "./STATE": "./STATE here"}
+CONFIG_FROM = {"--config": "--config", "$RING_CONFIG": "$RING_CONFIG", "search": "found",
+               "its driver's heartbeat": "the one its driver runs with"}
+
+
+def where_lines(doc: Mapping[str, Any], now: float, width: int) -> List[Line]:
+    """The first lines: the state dir and the config this command read, how it
+    found them, and the config the driver runs with when that is another."""
+    c = doc.get("config") or {}
+    how = doc.get("state_from")
+    how = f"ring.state_dir of {c.get('path')}" if how == "ring.state_dir" else STATE_FROM.get(how or "", how)
+    out = labelled("state", [(doc["state_dir"] + (f"  ({how})" if how else ""), "")], width)
+    if c.get("path"):
+        found = CONFIG_FROM.get(c.get("from") or "", c.get("from"))
+        segs: List[Seg] = [(c["path"] + (f"  ({found})" if found else ""), "")]
+    else:
+        searched = c.get("searched") or []
+        segs = [("built-in defaults" + (f"  (no file at {', '.join(searched)})" if searched else ""), "")]
+    if doc["driver"].get("health") in ("ok", "stale") and c.get("driver_loaded_at"):
+        runs, ago = c.get("driver_path"), fmt_ago(c["driver_loaded_at"], now)
+        segs.append((f"; the driver loaded it {ago}" if runs == c.get("path")
+                     else f"; the driver runs {runs or 'the built-in defaults'}, loaded {ago}", "dim"))
+    return out + labelled("config", segs, width)
 
 
 def next_segs(upcoming: Optional[Mapping[str, Any]], health: str) -> List[Seg]:

@@ -36,9 +36,8 @@ from ringd.cli.status import OperatorError
 
 MODES = ("watcher", "systemd", "launchd")
 SYSTEM_STATE = Path("/var/lib/ring")
-SYSTEM_CONFIG = Path("/etc/ring/ring.yaml")
+SYSTEM_CONFIG = Path("/etc/ring/ring.yaml")   # (config.SYSTEM_CONFIG: the last place commands look)
 LAUNCHD_STATE = Path("/usr/local/var/ring")
-LAUNCHD_CONFIG = Path("/usr/local/etc/ring/ring.yaml")
 DYNAMIC_USER = "ring"
 LABEL = "org.ring.ringwatch"
 RESTART_COMMAND = ["systemctl", "restart", "ringd"]
@@ -66,14 +65,42 @@ class Target:
     state_dir: Path
     config_path: Path
     user: Optional[str] = None           # None: DynamicUser (systemd) / the installing user (launchd)
+    # False: the service finds its config by the search, as every command does (a
+    # launchd agent's, in its user's ~/.config: no home directory in a shipped file)
+    config_in_args: bool = True
     files: Dict[str, str] = field(default_factory=dict)
     warnings: List[str] = field(default_factory=list)
 
 
-def _defaults(mode: str, state: Optional[Path], config: Optional[Path]) -> Tuple[Path, Path]:
+def _defaults(mode: str, state: Optional[Path], config: Optional[Path], user: Optional[str]) -> Tuple[Path, Path]:
+    """The state dir and the config of a service: the config where every
+    command's search finds it (config.config_candidates) - /etc/ring/ring.yaml
+    for a system service, the installing user's XDG config for a per-user one
+    (a launchd LaunchAgent)."""
     if mode == "launchd":
-        return state or LAUNCHD_STATE, config or LAUNCHD_CONFIG
+        return state or LAUNCHD_STATE, config or (SYSTEM_CONFIG if user else user_config())
     return state or SYSTEM_STATE, config or SYSTEM_CONFIG
+
+
+def user_config() -> Path:
+    """This user's config in the search order: ``$XDG_CONFIG_HOME/ring/ring.yaml``
+    (``~/.config/ring/ring.yaml``)."""
+    from ringd.inputs.config import config_candidates
+    env = dict(os.environ)
+    env.setdefault("HOME", os.path.expanduser("~"))
+    found = [p for p in config_candidates(env, "/") if p not in ("/config/ring.yaml", str(SYSTEM_CONFIG))]
+    return Path(found[0]) if found else Path(os.path.expanduser("~/.config/ring/ring.yaml"))
+
+
+def search_warnings(t: "Target") -> List[str]:
+    """A config the commands' search does not find: they would all need --config."""
+    from ringd.inputs.config import config_candidates
+    env = dict(os.environ)
+    env.setdefault("HOME", os.path.expanduser("~"))
+    if str(t.config_path) in config_candidates(env, "/nowhere"):
+        return []
+    return [f"--config {t.config_path}: ring's commands look for a config at {SYSTEM_CONFIG} and "
+            f"~/.config/ring/ring.yaml; elsewhere, each needs --config {t.config_path} (or RING_CONFIG)"]
 
 
 def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] = None,
@@ -81,7 +108,7 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
     """Validate the choices (one-line OperatorError, exit 2) and render the files."""
     if mode not in MODES:
         raise OperatorError(f"unknown mode {mode!r} (use {', '.join(MODES)})", EX_BAD_USAGE)
-    state_dir, config_path = _defaults(mode, state, config)
+    state_dir, config_path = _defaults(mode, state, config, user)
     bin_what = "--bin-dir" if bin_dir is not None else "this installation's bin dir (give --bin-dir)"
     bin_dir = bin_dir or installation_bin_dir()
     # Every path goes into ExecStart= (split at spaces, '%' a specifier, '$' a
@@ -106,9 +133,9 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
         raise OperatorError(f"--state {state_dir}: a dynamic user can only own a state dir under /var/lib; "
                             f"give --user NAME for a state dir elsewhere", EX_BAD_USAGE)
     t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
-               config_path=config_path, user=user)
+               config_path=config_path, user=user, config_in_args=not (mode == "launchd" and not user and not config))
     t.files = render(t)
-    t.warnings = missing_programs(t)
+    t.warnings = missing_programs(t) + search_warnings(t)
     return t
 
 
@@ -320,8 +347,8 @@ def render_launchd(t: Target, c: Config) -> Dict[str, str]:
         raise OperatorError("a launchd property list cannot name a path containing '--'", EX_BAD_USAGE)
     plist = {
         "Label": LABEL,
-        "ProgramArguments": [str(t.bin_dir / "ringwatch"), "--state", str(t.state_dir),
-                             "--config", str(t.config_path)],
+        "ProgramArguments": [str(t.bin_dir / "ringwatch"), "--state", str(t.state_dir)]
+        + (["--config", str(t.config_path)] if t.config_in_args else []),
         "WorkingDirectory": str(t.state_dir),
         "EnvironmentVariables": {"PATH": f"{t.bin_dir}:/usr/local/bin:/opt/homebrew/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
         "Umask": 0o077,
@@ -347,6 +374,10 @@ def render_launchd(t: Target, c: Config) -> Dict[str, str]:
             "  Rendered by `ringd service print` (mode launchd); `ringd service install`\n"
             f"  writes it and creates {t.state_dir} (0700),\n"
             "  the config and the roster when missing.\n"
+            + ("" if t.config_in_args else
+               "  ringwatch finds its config as every command does: the user's\n"
+               "  ~/.config/ring/ring.yaml (install writes it there).\n")
+            +
             f"  ringwatch's own log: {log}\n"
             "-->\n")
     head, _, rest = body.partition("<plist")
@@ -422,8 +453,10 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
     restart = RESTART_COMMAND if t.mode == "systemd" else None
     layout = Layout(state_dir=_under(root, t.state_dir), config_path=_under(root, t.config_path),
                     roster_path=_under(root, t.state_dir / "ring.txt"),
-                    config_text=default_config_text(restart), owner=owner)
+                    config_text=default_config_text(restart, state_dir=t.state_dir), owner=owner)
     result.layout = create_missing(layout)
+    if layout.config_path in layout.kept:
+        result.warnings += kept_config_warnings(layout.config_path, t.state_dir)
     if layout.config_path in layout.kept and t.mode == "systemd":
         if "restart_command: [systemctl, restart, ringd]" not in layout.config_path.read_text():
             result.warnings.append(f"{layout.config_path}: set watch.restart_command: [systemctl, restart, "
@@ -443,6 +476,20 @@ def install(t: Target, root: Optional[Path] = None) -> Installed:
         result.written.append(dest)
     result.enable = enable_commands(t, root)
     return result
+
+
+def kept_config_warnings(path: Path, state_dir: Path) -> List[str]:
+    """A config install kept (never overwritten) whose ``ring.state_dir`` is not the
+    service's: commands run without --state would look for another state dir."""
+    from ringd.inputs.config import essentials
+    try:
+        set_to = essentials(path).state_dir
+    except ConfigError as e:
+        return [f"{path}: kept as it is, but it does not load ({e})"]
+    if set_to is not None and Path(os.path.normpath(os.path.join(os.path.dirname(str(path)), set_to))) == state_dir:
+        return []
+    return [f"{path}: kept as it is; set ring.state_dir: {state_dir} in it, so that every command finds the "
+            f"state dir without --state"]
 
 
 def run_enable(steps: List[List[str]]) -> int:

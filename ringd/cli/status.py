@@ -26,7 +26,9 @@ from ringd.core.errors import STATUS_STOPPED as EXIT_STOPPED
 from ringd.core.errors import STATUS_UNKNOWN as EXIT_UNKNOWN
 from ringd.core.errors import RingError as OperatorError
 from ringd.core.timefmt import epoch as _epoch
-from ringd.host.heartbeat import (WATCHER_FILE, iso, live_writer, read_heartbeat, read_own, watcher_alive, watcher_gave_up)
+from ringd.host.heartbeat import (WATCHER_FILE, iso, live_writer, read_heartbeat, read_own, ring_uid, watcher_alive,
+                                  watcher_gave_up)
+from ringd.cli.found import driver_facts, with_pace
 from ringd.core.health import heartbeat_age, heartbeat_health
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from ringd.host.lock import LOCK_FILE, holder_pid
@@ -347,10 +349,11 @@ def next_turn(roster: Sequence[Tuple[str, str]], states: Mapping[str, Any],
     return names[plan.index], at
 
 
-def status_exit_code(doc: Mapping[str, Any]) -> int:
+def status_exit_code(doc: Mapping[str, Any], strict: bool = False) -> int:
+    """LSB: 0 healthy, 1 dead or stale, 3 stopped; ``strict``: 1 when healthy with problems."""
     health = doc["driver"]["health"]
     if health == "ok":
-        return EXIT_HEALTHY
+        return EX_FAILURE if strict and doc.get("problems") else EXIT_HEALTHY
     if health in ("dead", "stale"):
         return EXIT_DEAD_OR_STALE
     return EXIT_STOPPED
@@ -392,7 +395,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
 
 
 def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
-                  warnings: Optional[List[str]] = None) -> Dict[str, Any]:
+                  warnings: Optional[List[str]] = None, location: Any = None) -> Dict[str, Any]:
     """Read everything and build the status document (the command reaps first)."""
     require_state_dir(state_dir, EXIT_UNKNOWN)
     warnings = warnings if warnings is not None else []
@@ -427,11 +430,19 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         warnings.append(f"journal unreachable: {e}")
     hb = read_heartbeat(state_dir)
     watcher = read_own(state_dir / WATCHER_FILE, state_dir)
+    facts = driver_facts(hb)
+    alive = live_writer(hb, even_stopped=True) is not None
+    running_driver = alive and not (hb or {}).get("stopped")
+    problems = ring_problems(config, roster_path, roster_error, facts if running_driver else {},
+                             ring_uid(state_dir))
+    if roster is None or (running_driver and facts["roster_error"]):
+        roster = drivers_roster(facts if running_driver else {}, roster)
+    roster_error = next((p["detail"] for p in problems if p["kind"] == "roster"), None)
     # the clock read after everything else: a heartbeat read just now is never "from the future"
     now = time.time() if now is None else now
     doc = build_status(
-        state_dir=state_dir, config=config, now=now,
-        heartbeat=hb, driver_alive=live_writer(hb, even_stopped=True) is not None,
+        state_dir=state_dir, config=with_pace(config, facts), now=now,
+        heartbeat=hb, driver_alive=alive,
         lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
         watcher=watcher, watcher_is_alive=watcher_alive(watcher),
         gave_up=watcher_gave_up(state_dir, watcher),
@@ -445,7 +456,70 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
     )
     add_leadership(doc, hb, lease)
+    doc["problems"] = problems
+    doc["config"] = {"path": str(config.path) if config.path is not None else None,
+                     "driver_path": facts["config"] if hb else None,
+                     "driver_loaded_at": facts["config_loaded_at"] if hb else None}
+    if location is not None:
+        doc["state_from"], doc["config"]["from"] = location.found.state_from, location.found.config_from
+        doc["config"]["searched"] = list(location.found.searched)
     return doc
+
+
+def ring_problems(config: Config, roster_path: Path, roster_error: Optional[str],
+                  facts: Mapping[str, Any], uid: int) -> List[Dict[str, Any]]:
+    """Every problem that keeps an edit from taking effect, one per file (SPEC
+    ``problems``): a config or roster that does not load for this command, or
+    that the driver refuses for its mode or owner (judged for the ring's user,
+    ``uid``), what the running driver (``facts``: driver_facts of a live one)
+    reports it refused, and a config edited since the driver loaded it."""
+    found: Dict[Tuple[str, str], str] = {}
+
+    def add(kind: str, path: Any, detail: Optional[str]) -> None:
+        if path is not None and detail:
+            found.setdefault((kind, str(path)), detail)
+    if config.path is not None:
+        add("config", config.path, config.error or mode_problem(config.path, "config file", uid))
+    add("roster", roster_path, roster_error or mode_problem(roster_path, "roster", uid))
+    if facts.get("config") and facts.get("config_error"):
+        add("config", facts["config"], f"the driver's last reload kept its old config: {facts['config_error']} "
+                                       f"(`ringd reload` tries again)")
+    if facts.get("config") and facts.get("config_signature") is not None:
+        from ringd.inputs.config import file_signature
+        if file_signature(Path(facts["config"])) != tuple(facts["config_signature"]):
+            add("config", facts["config"], f"changed since the driver loaded it at {facts.get('config_loaded_at')}; "
+                                           f"`ringd reload` applies it")
+    if facts.get("roster_error"):
+        add("roster", facts.get("roster_path") or roster_path, f"the driver keeps its last good roster: "
+                                                                 f"{facts['roster_error']}")
+    return [{"kind": kind, "path": path, "detail": detail} for (kind, path), detail in found.items()]
+
+
+def mode_problem(path: Path, what: str, uid: int) -> Optional[str]:
+    """Why ``ringd run`` and ``ringwatch`` would refuse the file at ``path`` for
+    its mode or owner, judged for the ring's user ``uid`` (None: they would not,
+    or it cannot be read: the reading itself says why)."""
+    from ringd.host.safefile import others_can_change
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    found = others_can_change(path, st, uid, "the ring's user")
+    if found is None:
+        return None
+    return f"{path}: {what} {found[0]}; ringd run and ringwatch refuse it. Fix: {found[1]}"
+
+
+def drivers_roster(facts: Mapping[str, Any], roster: Optional[List[Tuple[str, str]]]) \
+        -> Optional[List[Tuple[str, Optional[str]]]]:
+    """The roster the running driver runs, when the file does not load or the
+    driver refuses it: its agents' names (their lines as the file has them, if
+    it parses). None when no live driver says (then the journal's agents)."""
+    names = facts.get("roster_agents")
+    if names is None:
+        return roster
+    lines = dict(roster or [])
+    return [(n, lines.get(n)) for n in names]
 
 
 def add_leadership(doc: Dict[str, Any], hb: Optional[Mapping[str, Any]], lease: Optional[Dict[str, Any]]) -> None:

@@ -33,6 +33,7 @@ class RingSettings:
     quarantine_cooloff: float = 86400
     fast_fail: float = 1.0      # s; a lap whose every run failed within this is a spinning lap
     roster: Optional[str] = None
+    state_dir: Optional[str] = None    # None: ./STATE (unless --state or RING_STATE); relative to the config's folder
     watchdog: Optional[float] = None   # default agent watchdog (s); None: off
     journal: Optional[str] = None      # None: SQLite in the state dir; "postgresql://...": a many-host ring
     lease_ttl: float = 30              # s; a many-host ring's leadership lease

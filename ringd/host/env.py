@@ -74,6 +74,7 @@ class RealEnv:
         self.pid = self.heartbeat.pid
         self.pid_start = self.heartbeat.pid_start
         self.started_at = self.heartbeat.started_at
+        self.status_text = "starting"   # the last STATUS= it sent (or would send, without systemd)
         self._watched: Set[int] = set()
         self._logs: Dict[str, LogIndex] = {}
         self._aside_said: Set[str] = set()   # agents whose run log path had something set aside (said once)
@@ -283,9 +284,12 @@ class RealEnv:
     def beat(self, **fields) -> None:
         extra = dict(fields.pop("extra", None) or {})
         extra["containment"] = self.containment.kind   # driver.containment in status
+        extra["status"] = self.status_text   # what it last told systemd: a watcher passes it on
         self.heartbeat.beat(extra=extra, **fields)
 
     def notify(self, message: str) -> None:
+        if message.startswith("STATUS="):
+            self.status_text = message[len("STATUS="):]
         self.notifier.notify(message)
 
     def ready(self) -> None:

@@ -98,6 +98,19 @@ def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:
     return procid.same_process(pid, ticks, journal_boot(state_dir))
 
 
+def ring_uid(state_dir: Path) -> int:
+    """The uid the ring runs as: its heartbeat's owner (the driver writes it,
+    0600), else its state dir's, else ours. Whose rules a reading command
+    judges the ring's files by (safefile.lenient_modes): root reading a ring
+    run by a service user must not call that user's own roster a problem."""
+    for path in (heartbeat_path(state_dir), Path(state_dir)):
+        try:
+            return os.lstat(path).st_uid
+        except OSError:
+            continue
+    return os.geteuid()
+
+
 def whose(state_dir: Path) -> Dict[str, Any]:
     """The keys that tie such a file to ``state_dir`` (:func:`of_state_dir`), and
     to this boot and pid namespace (:func:`live_writer`)."""

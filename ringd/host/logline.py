@@ -155,6 +155,37 @@ class Rotation:
             pass
 
 
+_echo_fd: Optional[int] = None   # a terminal that gets each line too (echo_to)
+
+
+def echo_to(fd: int) -> None:
+    """Write each line to ``fd`` as well, if it is a terminal (a driver started
+    by a watcher in the foreground: its lines then show as they happen, while
+    they still go to ``ringd.log``). A terminal that goes away (hung up) is
+    dropped at the first line it cannot take."""
+    global _echo_fd
+    try:
+        if os.isatty(fd):
+            os.set_inheritable(fd, False)
+            _echo_fd = fd
+    except OSError:
+        pass
+
+
+def _echo(line: str) -> None:
+    global _echo_fd
+    if _echo_fd is None:
+        return
+    try:
+        os.write(_echo_fd, line.encode("utf-8", "backslashreplace"))
+    except OSError:
+        fd, _echo_fd = _echo_fd, None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 _rotation: Optional[Rotation] = None
 
 
@@ -192,7 +223,9 @@ def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[
     stream = stream or sys.stderr
     if _journald is None:   # stderr does not change under a running daemon: look once
         _journald = stream_is_journal(stream, os.environ.get("JOURNAL_STREAM"))
-    line = format_line(prog, message, at=time.time(), pid=_pid(), level=level, journald=_journald)
+    at = time.time()
+    line = format_line(prog, message, at=at, pid=_pid(), level=level, journald=_journald)
+    _echo(format_line(prog, message, at=at, pid=_pid(), level=level))
     try:
         stream.write(line)
         stream.flush()

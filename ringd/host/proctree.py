@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 PR_SET_CHILD_SUBREAPER = 36
 STRIPPED_ENV_PREFIXES = ("WATCHDOG_",)
-STRIPPED_ENV_KEYS = ("NOTIFY_SOCKET",)
+STRIPPED_ENV_KEYS = ("NOTIFY_SOCKET", "RING_ECHO_FD")   # (the latter: a watcher's terminal for its driver only)
 
 
 def set_child_subreaper() -> bool:
@@ -94,7 +94,8 @@ _DEFAULT_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.S
 
 
 def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], stdout_fd: int,
-          umask: int = -1, signals_held: bool = False, pid_var: Optional[str] = None) -> Child:
+          umask: int = -1, signals_held: bool = False, pid_var: Optional[str] = None,
+          pass_fd: Optional[Tuple[int, int]] = None) -> Child:
     """Start ``argv`` in its own session (so it leads a new process group),
     stdin /dev/null, stdout and stderr to ``stdout_fd``. One ``posix_spawn``
     (glibc's is a vfork: no Python code between fork and exec, and a fraction
@@ -106,10 +107,16 @@ def spawn(argv: Sequence[str], *, cwd: Optional[str], env: Mapping[str, str], st
     daemon of ours, which unblocks them once it can handle them: earlysig).
     ``pid_var``: also give it that variable set to its own pid (``WATCHDOG_PID``,
     as systemd does): :func:`_fork_exec`, since the pid exists only after the fork.
+    ``pass_fd`` (ours, its number; not with ``pid_var``): one more descriptor it
+    gets (a terminal the watcher hands its driver).
     Raises OSError if it cannot be started (not found, not executable, not a
     format the kernel runs ...)."""
+    if pid_var is not None and pass_fd is not None:
+        raise ValueError("spawn: pass_fd is for posix_spawn, not with pid_var")
     actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                (os.POSIX_SPAWN_DUP2, stdout_fd, 1), (os.POSIX_SPAWN_DUP2, stdout_fd, 2)]
+    if pass_fd is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, pass_fd[0], pass_fd[1]))
     with earlysig.held() if signals_held else contextlib.nullcontext(), _cwd_and_umask(cwd, umask):
         # looked up in the child's cwd, as exec in a child that chdir'ed would
         path = executable(argv[0], env)

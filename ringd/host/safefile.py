@@ -327,17 +327,35 @@ def read_checked_file(path: Path, what: str, limit: int) -> Tuple[bytes, bool]:
 # then reported to this callback instead of refused. Only ``ringd run`` and
 # ``ringwatch`` (which run its commands) refuse.
 _mode_warning: Optional[Callable[[str], None]] = None
+# Whose rule a lenient reader applies: the uid the ring runs as (the driver's),
+# which may not be the reader's own (root reading a service user's ring).
+_ring_uid: Optional[int] = None
 
 
 @contextmanager
-def lenient_modes(warn: Callable[[str], None]) -> Iterator[None]:
-    """Within this block, an unsafe file mode is ``warn(message)``, not an error."""
-    global _mode_warning
-    previous, _mode_warning = _mode_warning, warn
+def lenient_modes(warn: Callable[[str], None], ring_uid: Optional[int] = None) -> Iterator[None]:
+    """Within this block, an unsafe file mode is ``warn(message)``, not an error;
+    ``ring_uid``: judge ownership for that user (the ring's), not for this process."""
+    global _mode_warning, _ring_uid
+    previous = _mode_warning, _ring_uid
+    _mode_warning, _ring_uid = warn, ring_uid
     try:
         yield
     finally:
-        _mode_warning = previous
+        _mode_warning, _ring_uid = previous
+
+
+def others_can_change(path: Path, st: os.stat_result, uid: int, whose: str = "this user") \
+        -> Optional[Tuple[str, str]]:
+    """Pure: (what is wrong, the fix) when someone other than ``uid`` (``whose``)
+    and root can change the file: group or others may write it, or another
+    user owns it (its owner can chmod it and write it: sshd's StrictModes
+    checks both). None when only ``uid`` and root can."""
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
+    if st.st_uid not in (0, uid):
+        return (f"is owned by uid {st.st_uid}, neither {whose} (uid {uid}) nor root", f"chown {uid} {path}")
+    return None
 
 
 def check_state_dir(state_dir: Path) -> bool:
@@ -358,19 +376,18 @@ def check_state_dir(state_dir: Path) -> bool:
 
 
 def _refuse_if_others_can_change(path: Path, what: str, st: os.stat_result) -> bool:
-    """Refuse a file (or the state dir) another user can change: one group or
-    others may write, or one another user owns - its owner can chmod it and
-    write it (sshd's StrictModes checks both). Root's files are ours too. Within
-    ``lenient_modes`` warn instead and return False."""
-    problem = None
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        problem, fix = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
-    elif st.st_uid not in (0, os.geteuid()):
-        problem, fix = (f"is owned by uid {st.st_uid}, neither this user (uid {os.geteuid()}) nor root",
-                        f"chown {os.geteuid()} {path}")
-    if problem is None:
+    """Refuse a file (or the state dir) another user can change (:func:`others_can_change`,
+    for this process's user). Within ``lenient_modes`` judge it for the ring's
+    user, warn instead, and return False: the fix named is then the one right
+    for the user the ring runs as."""
+    lenient = _mode_warning is not None
+    uid = _ring_uid if lenient and _ring_uid is not None else os.geteuid()
+    whose = "the ring's user" if lenient and _ring_uid is not None and _ring_uid != os.geteuid() else "this user"
+    found = others_can_change(path, st, uid, whose)
+    if found is None:
         return True
-    if _mode_warning is not None:
+    problem, fix = found
+    if lenient:
         _mode_warning(f"{path}: {what} {problem}; ringd run and ringwatch refuse it. Fix: {fix}")
         return False
     raise ConfigError(f"{path}: {what} {problem}; anyone who can write it can run commands as this user. "

@@ -26,6 +26,11 @@ class Notifier:
             import sdnotify
             self._n = sdnotify.SystemdNotifier()
 
+    @property
+    def active(self) -> bool:
+        """Is a service manager listening (NOTIFY_SOCKET set)?"""
+        return self._n is not None
+
     def notify(self, message: str) -> None:
         if self._n is not None:
             self._n.notify(message)

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from ringd.core.errors import ConfigError, excerpt
 from ringd.core.settings import AgentOverride, AlertSettings, Limits, RingSettings, WatchSettings
@@ -40,6 +40,8 @@ class Config:
     quotas: Mapping[str, Pool] = field(default_factory=dict)   # named pools (SPEC "Agents on a shared quota")
     path: Optional[Path] = None            # None: built-in defaults
     warnings: Tuple[str, ...] = ()
+    signature: Optional[Tuple[int, ...]] = None   # the file as loaded (file_signature): edited since?
+    error: Optional[str] = None            # set on what a command salvaged from a file that does not load
 
     def limits_for(self, agent: str) -> Limits:
         o = self.agents.get(agent) or AgentOverride()
@@ -85,40 +87,196 @@ class Config:
 
 # --- locations -------------------------------------------------------------
 
+SYSTEM_CONFIG = "/etc/ring/ring.yaml"
+BUILT_IN = "built-in defaults"
+
+
+@dataclass(frozen=True)
+class Found:
+    """Where a command finds its ring (:func:`find_ring`): absolute paths, not yet
+    resolved, and how each was found (for ``status`` and ``check`` to say)."""
+    config_path: Optional[str]      # None: the built-in defaults
+    config_from: str                # "--config", "$RING_CONFIG", "its driver's heartbeat", "search", BUILT_IN
+    state_dir: str
+    state_from: str                 # "--state", "$RING_STATE", "ring.state_dir", "./STATE"
+    searched: Tuple[str, ...] = ()  # the paths the search looked at, in order
+
+
+def config_candidates(env: Mapping[str, str], cwd: str) -> Tuple[str, ...]:
+    """Pure: where a config is looked for, first found wins: ``./config/ring.yaml``,
+    ``$XDG_CONFIG_HOME/ring/ring.yaml`` (``~/.config`` when unset or relative,
+    as the XDG spec says), ``/etc/ring/ring.yaml``."""
+    import posixpath
+    out = [posixpath.join(cwd, "config", "ring.yaml")]
+    xdg = env.get("XDG_CONFIG_HOME") or ""
+    if not xdg.startswith("/"):
+        home = env.get("HOME") or ""
+        xdg = posixpath.join(home, ".config") if home.startswith("/") else ""
+    if xdg:
+        out.append(posixpath.join(xdg, "ring", "ring.yaml"))
+    out.append(SYSTEM_CONFIG)
+    return tuple(dict.fromkeys(out))
+
+
+def find_ring(config_opt: Optional[str], state_opt: Optional[str], *, env: Mapping[str, str], cwd: str,
+              exists: Callable[[str], bool],
+              state_dir_of: Callable[[str], Optional[str]] = lambda _path: None,
+              driver_config_of: Optional[Callable[[str], Tuple[bool, Optional[str]]]] = None) -> Found:
+    """Pure: the config and the state dir a command uses - the one search order.
+
+    Config: ``--config`` > ``$RING_CONFIG`` > (given only a state dir) the config
+    its driver runs with, as its heartbeat says (``driver_config_of(state)``:
+    (known, path or None for the built-in defaults)) > the first of
+    :func:`config_candidates` that ``exists`` > the built-in defaults.
+    State dir: ``--state`` > ``$RING_STATE`` > ``ring.state_dir`` of that config
+    (``state_dir_of(config)``, already ``~``-expanded; relative to the config's
+    folder) > ``./STATE``. Options are ``~``-expanded by the caller; a relative
+    one is taken from ``cwd``. An empty option is refused, never read as the
+    default: a command meant for one ring must not act on another.
+    ``driver_config_of`` None: a daemon (``ringd run``, ``ringwatch``) - it is the
+    one that sets the heartbeat, so it never follows one."""
+    import posixpath
+
+    def absolute(p: str, base: str = cwd) -> str:
+        return posixpath.normpath(posixpath.join(base, p))
+
+    for name, value in (("--config", config_opt), ("--state", state_opt)):
+        if value == "":
+            raise ConfigError(f"{name}: an empty path (is the variable that should hold it set?)")
+    state_raw, state_from = (state_opt, "--state") if state_opt else (env.get("RING_STATE") or None, "$RING_STATE")
+    state = absolute(state_raw) if state_raw else None
+    searched: Tuple[str, ...] = ()
+    if config_opt:
+        config, config_from = absolute(config_opt), "--config"
+    elif env.get("RING_CONFIG"):
+        config, config_from = absolute(env["RING_CONFIG"]), "$RING_CONFIG"
+    else:
+        known, config = (False, None)
+        if state is not None and driver_config_of is not None:
+            known, config = driver_config_of(state)
+        if known:
+            config_from = "its driver's heartbeat"
+        else:
+            searched = config_candidates(env, cwd)
+            config = next((p for p in searched if exists(p)), None)
+            config_from = "search" if config is not None else BUILT_IN
+    if state is None:
+        wanted = state_dir_of(config) if config is not None else None
+        if wanted:
+            state, state_from = absolute(wanted, posixpath.dirname(config)), "ring.state_dir"
+        else:
+            state, state_from = absolute("STATE"), "./STATE"
+    return Found(config, config_from, state, state_from, searched)
+
+
+def entry_exists(path: str) -> bool:
+    """Is there anything at ``path``? A dangling symlink, a directory or a FIFO
+    there is the operator's config that cannot be read - load_config says why -
+    never a reason to run on the built-in defaults; so is a folder this user may
+    not search."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Location:
+    """:class:`Found`, with the state dir as its real path (symlinks resolved):
+    agents get it as ``RING_STATE`` and it is half of the key that recognises a
+    run's processes, so a driver started through a symlink and a reaper started
+    through the real path must spell it the same way."""
+    state_dir: Path
+    config_path: Optional[Path]
+    found: Found
+
+    def says(self) -> Tuple[str, str]:
+        """(state line, config line) as ``status`` and ``check`` name them."""
+        f = self.found
+        state_how = {"ring.state_dir": f"ring.state_dir in {f.config_path}"}.get(f.state_from, f.state_from)
+        if f.config_path is None:
+            looked = f" (none at {', '.join(f.searched)})" if f.searched else ""
+            config_line = f"{BUILT_IN}{looked}" if f.config_from == BUILT_IN else f"{BUILT_IN} ({f.config_from})"
+        else:
+            config_line = f"{f.config_path} ({'found' if f.config_from == 'search' else f.config_from})"
+        return f"{self.state_dir} ({state_how})", config_line
+
+
+class NoStateDir(ConfigError):
+    """The state dir was to come from a config that cannot be read (exit 78)."""
+
+
+def locate(config_opt: Optional[str], state_opt: Optional[str], *, follow_driver: bool = True,
+           state_dir_of: Optional[Callable[[str], Optional[str]]] = None) -> Location:
+    """:func:`find_ring` on this process's environment and file system. Raises
+    ConfigError for a path no system call could take, or when the state dir
+    must come from a config that cannot be read. ``follow_driver``: given only
+    a state dir, use the config its driver records (every command but the
+    daemons)."""
+    for what, raw in (("config file", config_opt), ("state directory", state_opt)):
+        if raw:
+            check_path(what, raw)
+    env = dict(os.environ)
+    for name, what in (("RING_CONFIG", "config file"), ("RING_STATE", "state directory")):
+        if env.get(name):
+            check_path(what, env[name])
+            env[name] = os.path.expanduser(env[name])
+    expand = (lambda p: os.path.expanduser(p) if p else p)
+    wanted = state_dir_of or config_state_dir
+
+    def state_dir_in(path: str) -> Optional[str]:
+        try:
+            return wanted(path)
+        except NoStateDir:
+            raise
+        except ConfigError as e:
+            raise NoStateDir(f"{e.message}; so where its ring.state_dir points cannot be known "
+                             f"(give --state DIR or set RING_STATE)") from None
+    found = find_ring(expand(config_opt), expand(state_opt), env=env, cwd=os.getcwd(), exists=entry_exists,
+                      state_dir_of=state_dir_in,
+                      driver_config_of=driver_config if follow_driver else None)
+    check_path("state directory", found.state_dir)
+    return Location(state_dir=Path(os.path.realpath(found.state_dir)),
+                    config_path=Path(found.config_path) if found.config_path else None, found=found)
+
+
+def driver_config(state_dir: str) -> Tuple[bool, Optional[str]]:
+    """(known, path) of the config the state dir's driver runs with, as its
+    heartbeat records it (``config``: an absolute path, or null for the built-in
+    defaults); (False, None) when no heartbeat says."""
+    from ringd.host.heartbeat import read_heartbeat
+    hb = read_heartbeat(Path(os.path.realpath(state_dir)))
+    if not isinstance(hb, dict) or "config" not in hb:
+        return False, None
+    path = hb["config"]
+    if path is None:
+        return True, None
+    if isinstance(path, str) and path.startswith("/") and "\x00" not in path:
+        return True, path
+    return False, None
+
+
+def config_state_dir(path: str) -> Optional[str]:
+    """``ring.state_dir`` of the config at ``path`` (``~``-expanded), or None when it
+    sets none. A config that cannot be read, or is not YAML, cannot say where its
+    state dir is: ConfigError (the command cannot know its journal: 78). A bad
+    value elsewhere in it does not matter here (:func:`essentials`)."""
+    return essentials(Path(path)).state_dir
+
+
 def resolve_state_dir(option: Optional[str]) -> Path:
-    """``--state`` > ``$RING_STATE`` > ``./STATE``, as its real path (symlinks
-    resolved): agents get it as ``RING_STATE`` and it is half of the key that
-    recognises a run's processes, so a driver started through a symlink and a
-    reaper started through the real path must spell it the same way. An empty
-    ``--state`` (``--state "$RING"`` with ``RING`` unset) is refused, never read
-    as the default: a command meant for one ring must not act on another."""
-    if option == "":
-        raise ConfigError("--state: an empty path (is the variable that should hold it set?)")
-    raw = option or os.environ.get("RING_STATE") or "STATE"
-    check_path("state directory", raw)
-    return Path(os.path.realpath(os.path.expanduser(raw)))
+    """The state dir for ``option`` (see :func:`locate`)."""
+    return locate(None, option).state_dir
 
 
 def resolve_config_path(option: Optional[str]) -> Optional[Path]:
-    """``--config`` > ``$RING_CONFIG`` > ``./config/ring.yaml`` if present > None
-    (an empty ``--config`` refused, as an empty ``--state``). Present means any
-    entry there: a dangling symlink, a directory or a FIFO at that
-    path is the operator's config that cannot be read - load_config says why -
-    never a reason to run on the built-in defaults."""
-    if option == "":
-        raise ConfigError("--config: an empty path (is the variable that should hold it set?)")
-    raw = option or os.environ.get("RING_CONFIG")
-    if raw:
-        check_path("config file", raw)
-        return Path(os.path.abspath(os.path.expanduser(raw)))
-    default = Path("config/ring.yaml")
-    try:
-        os.lstat(default)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError:   # (a config folder this user may not search: load_config names it)
-        pass
-    return default.absolute()
+    """The config for ``option`` (see :func:`locate`): an empty ``--config`` is
+    refused; without one, the search order (an entry that exists is the
+    operator's config even if it cannot be read)."""
+    return locate(option, None, follow_driver=False, state_dir_of=lambda _p: None).config_path
 
 
 # --- YAML without aliases ----------------------------------------------------
@@ -286,7 +444,8 @@ _RING_DURATIONS = {"run_budget", "stall_threshold", "heartbeat_interval", "backo
 def _ring(raw: Mapping[str, Any]) -> RingSettings:
     known = {"run_budget", "stall_threshold", "heartbeat_interval", "lap_pause",
              "tempfail_exit_code", "backoff_initial", "backoff_max", "keep_logs", "keep_runs",
-             "quarantine_after", "quarantine_cooloff", "fast_fail", "roster", "watchdog", "journal", "lease_ttl"}
+             "quarantine_after", "quarantine_cooloff", "fast_fail", "roster", "watchdog", "journal", "lease_ttl",
+             "state_dir"}
     _unknown("ring", raw, known)
     values: dict = {}
     for k, v in raw.items():
@@ -311,7 +470,7 @@ def _ring(raw: Mapping[str, Any]) -> RingSettings:
             values[k] = _integer(key, v, minimum=0)
         elif k == "watchdog":
             values[k] = None if v is None else _number(key, v)
-        elif k == "roster":
+        elif k in ("roster", "state_dir"):
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"{key}: must be null or a path, got {excerpt(v)}")
             values[k] = v if v is None else _home_path(key, v)
@@ -532,13 +691,19 @@ def parse_config(data: Any, path: Optional[Path] = None) -> Config:
                   warnings=tuple(warnings))
 
 
-def load_config(path: Optional[Path]) -> Config:
-    """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
-    if path is None:
-        return Config()
+_parsed: "list[tuple[bytes, Any]]" = []   # the last document parsed (locate and load_config read it once)
+
+
+def read_document(path: Path) -> "tuple[Any, bool]":
+    """The YAML document at ``path`` and whether it is safe from other writers
+    (safefile.read_checked_file). Raises ConfigError naming the file: unreadable,
+    too big, not UTF-8, not YAML. The bytes are read each time (the mode checked
+    each time); the same bytes are parsed once per process."""
     blob, trusted = read_checked_file(path, "config file", MAX_CONFIG_BYTES)
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    if _parsed and _parsed[0][0] == blob:
+        return _parsed[0][1], trusted
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -547,10 +712,94 @@ def load_config(path: Optional[Path]) -> Config:
     if "\x00" in text:
         raise ConfigError(f"{path}: config file contains NUL bytes")
     data = _safe_yaml(text, path)
+    _parsed[:] = [(blob, data)]
+    return data, trusted
+
+
+def load_config(path: Optional[Path]) -> Config:
+    """Load ``path`` (None: built-in defaults). Raises ConfigError naming file and key."""
+    if path is None:
+        return Config()
+    data, trusted = read_document(path)
     try:
         config = parse_config(data, path)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     if not trusted:  # a reading command never runs a command others may have written
         config = replace(config, alerts=replace(config.alerts, command=None))
-    return config
+    return replace(config, signature=file_signature(path))
+
+
+def file_signature(path: Optional[Path]) -> Optional[Tuple[int, ...]]:
+    """(device, inode, size, mtime ns) of the file at ``path``, None if it cannot
+    be read: a config edited (or replaced) since it was loaded has another."""
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def config_changes(old: Config, new: Config) -> "list[str]":
+    """Pure: what differs between two configs, one ``key: old -> new`` each
+    (``agents.NAME`` added or removed as a whole)."""
+    from dataclasses import fields
+    out = []
+    for section in ("ring", "watch", "alerts"):
+        a, b = getattr(old, section), getattr(new, section)
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x != y:
+                out.append(f"{section}.{f.name}: {_shown_value(f.name, x)} -> {_shown_value(f.name, y)}")
+    for name in sorted(set(old.agents) | set(new.agents)):
+        x, y = old.agents.get(name), new.agents.get(name)
+        if x == y:
+            continue
+        if x is None or y is None:
+            out.append(f"agents.{name}: {'added' if x is None else 'removed'}")
+            continue
+        for f in fields(x):
+            if getattr(x, f.name) != getattr(y, f.name):
+                out.append(f"agents.{name}.{f.name}: {_shown_value(f.name, getattr(x, f.name))} -> "
+                           f"{_shown_value(f.name, getattr(y, f.name))}")
+    return out
+
+
+def _shown_value(key: str, value: Any) -> str:
+    """A config value as a change line shows it (a journal URI never with its password)."""
+    if value is None:
+        return "null"
+    if key == "journal":
+        from ringd.core.dsn import redact
+        return redact(str(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Essentials:
+    """What a command cannot do without, even from a config that is broken
+    elsewhere: where the state dir and the journal are."""
+    state_dir: Optional[str]   # ring.state_dir, ``~``-expanded (None: not set)
+    journal: Optional[str]     # ring.journal (None: SQLite in the state dir)
+    lease_ttl: float
+
+
+def essentials(path: Path) -> Essentials:
+    """``ring.state_dir``, ``ring.journal`` and ``ring.lease_ttl`` of the config at
+    ``path``, each checked alone: a bad key or value elsewhere does not matter.
+    ConfigError when the file cannot be read, is not YAML, or one of these is bad."""
+    data, _ = read_document(path)
+    ring = data.get("ring") if isinstance(data, dict) else None
+    picked = {k: ring[k] for k in ("state_dir", "journal", "lease_ttl") if k in ring} \
+        if isinstance(ring, dict) else {}
+    try:
+        _check_strings(picked, "ring")
+        settings = _ring(picked)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    sd = settings.state_dir
+    return Essentials(os.path.expanduser(sd) if sd else None, settings.journal, settings.lease_ttl)

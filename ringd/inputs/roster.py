@@ -381,6 +381,21 @@ class RosterSource:
         return [a.name for a in self.agents]
 
 
+def roster_changes(old: Sequence[Agent], new: Sequence[Agent]) -> List[str]:
+    """Pure: what a reload changed in the roster, as one line each: agents added,
+    removed, with a changed command line, or moved in ring order."""
+    before, after = {a.name: a.text for a in old}, {a.name: a.text for a in new}
+    out = [f"roster: {a.name} added" for a in new if a.name not in before]
+    out += [f"roster: {a.name} removed" for a in old if a.name not in after]
+    out += [f"roster: {a.name} has a new command line" for a in new
+            if a.name in before and before[a.name] != after[a.name]]
+    kept_old = [a.name for a in old if a.name in after]
+    kept_new = [a.name for a in new if a.name in before]
+    if kept_old != kept_new:
+        out.append(f"roster: order is now {', '.join(kept_new)}")
+    return out
+
+
 def roster_view(config, state_dir: Path) -> Tuple[Path, Optional[List[Tuple[str, str]]], Optional[str]]:
     """The roster ``config`` names, as commands show it: (path, [(name, line)] or
     None when unreadable, error or None)."""

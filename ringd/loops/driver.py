@@ -80,6 +80,17 @@ def role_fields(leader) -> dict:
             "lease": {"holder": leader.lease_holder, "expires_at": leader.lease_expires_at}}
 
 
+def reload_record(seq: int, at: float, old: Config, new: Config, old_agents: Sequence, new_agents: Sequence,
+                  errors: Sequence) -> dict:
+    """Pure: the heartbeat's ``reload``: its number, when, what changed in the
+    config and the roster, and the errors that kept an old one (kind, text)."""
+    from ringd.core.timefmt import iso
+    from ringd.inputs.config import config_changes
+    from ringd.inputs.roster import roster_changes
+    return {"seq": seq, "at": iso(at), "changed": config_changes(old, new) + roster_changes(old_agents, new_agents),
+            "errors": [{"kind": kind, "detail": detail} for kind, detail in errors]}
+
+
 def journal_exit(e: JournalError) -> int:
     """The exit code of a driver that cannot go on with its journal: an outage
     (busy, full or read-only, PostgreSQL unreachable or its connection lost:
@@ -191,6 +202,11 @@ class Driver:
         self.stop_requested = False
         self.stop_reason = "driver stopping"
         self.reload_requested = False
+        self.reload_seq = 0                    # SIGHUP reloads done (``ringd reload`` waits for it to move)
+        self.last_reload: Optional[dict] = None   # what the last one did: changes, or the error that kept the old
+        self.config_loaded_at = env.wall()     # the running config's load (run_driver loaded it just now)
+        self.config_error: Optional[str] = None   # why the last reload kept the old config
+        self.beat_fields: dict = {}            # the last beat's run fields: a beat between two is the same
         self.exit_code = EX_OK
         # the ring's position
         self.lap = 1
@@ -235,11 +251,14 @@ class Driver:
         req = requests_from(sigs)
         if req.children:
             self.env.reap_helpers(keep, helpers_only=agent_exited)
-        if req.reload:
-            self.reload_requested = True
         if req.stop and not self.stop_requested:
             self.stop_requested = True
             self.log("stop requested: finishing up")
+        if req.reload and not self.stop_requested:
+            # at once, during a run too (SPEC: within 1 s): ``ringd reload`` waits for it;
+            # the run in flight keeps its limits, the next one has the new ones
+            self.reload_requested = True
+            self.reload()
         return req
 
     def stop_pending(self) -> bool:
@@ -256,13 +275,12 @@ class Driver:
         # A heartbeat that cannot be written (state dir full or read-only) must
         # never abandon a running agent nor kill the driver: say so once, go on.
         self.next_beat = self.env.monotonic() + self.config.ring.heartbeat_interval
+        self.beat_fields = dict(agent=agent, run_id=run_id, run_pid=run_pid, run_started_at=run_started_at)
         if self.leader is not None:
             self.leader.beat()   # renew (or take) the lease with every heartbeat
         try:
             self.env.beat(lap=self.lap, agent=agent, run_id=run_id, run_pid=run_pid,
-                          run_started_at=run_started_at,
-                          extra={"roster_error": self.roster.error, "notify_dropped": self.notify_dropped,
-                                 **role_fields(self.leader)})
+                          run_started_at=run_started_at, extra=self.facts())
         except OSError as e:
             if self.beat_error is None:
                 self.log(f"cannot write the heartbeat ({self.env.errno_reason(e)}); "
@@ -280,6 +298,19 @@ class Driver:
         due = self.config.ring.heartbeat_interval * 0.9
         if self._metrics_dirty or self.env.monotonic() - self._metrics_at >= due:
             self.write_metrics(agent, run_started_at)
+
+    def facts(self) -> dict:
+        """What the heartbeat says of the ring this driver runs, for ``status``,
+        ``reload`` and the commands that find their config through it: the config
+        and roster it loaded (and when), the errors that kept them, its pace."""
+        from ringd.core.timefmt import iso
+        return {"config": str(self.config_path) if self.config_path is not None else None,
+                "config_loaded_at": iso(self.config_loaded_at), "config_signature": self.config.signature,
+                "config_error": self.config_error, "roster_path": str(self.roster.path),
+                "roster_agents": [a.name for a in self.roster.agents], "roster_error": self.roster.error,
+                "heartbeat_interval": self.config.ring.heartbeat_interval,
+                "journal": "postgresql" if self.config.ring.journal else "sqlite",
+                "reload": self.last_reload, "notify_dropped": self.notify_dropped, **role_fields(self.leader)}
 
     def beat_if_due(self) -> None:
         if self.env.monotonic() >= self.next_beat:
@@ -338,13 +369,25 @@ class Driver:
 
     # --- reloading ------------------------------------------------------------------------
     def reload(self) -> None:
+        """Look at the roster (one stat); after a SIGHUP re-read the config and
+        the roster, record what changed (or what kept the old ones) in the
+        heartbeat, and beat at once so ``ringd reload`` hears it."""
         force = self.reload_requested
         self.reload_requested = False
-        if force and self.config_path is not None:
+        if not force:
+            had_error = self.roster.error is not None
+            if self.roster.refresh():
+                self.roster_changed(had_error)
+            return
+        old_config, old_agents, errors = self.config, list(self.roster.agents), []
+        if self.config_path is not None:
             try:
                 self.config = for_watchdog(for_leadership(self.keep_journal(load_config(self.config_path))))
+                self.config_loaded_at, self.config_error = self.env.wall(), None
                 self.log(f"config reloaded from {self.config_path}")
             except ConfigError as e:
+                self.config_error = str(e)
+                errors.append(("config", str(e)))
                 self.log(f"config error, keeping the running config: {e}")
             # ring.roster may name another file now: read that one from here on
             # (status and check already do), keeping the last good roster until it parses
@@ -353,8 +396,14 @@ class Driver:
                 self.log(f"roster is now {path} (was {self.roster.path})")
                 self.roster = self.roster.moved_to(path)
         had_error = self.roster.error is not None
-        if self.roster.refresh(force=force):
+        if self.roster.refresh(force=True):
             self.roster_changed(had_error)
+        if self.roster.error:
+            errors.append(("roster", self.roster.error))
+        self.reload_seq += 1
+        self.last_reload = reload_record(self.reload_seq, self.env.wall(), old_config, self.config,
+                                         old_agents, self.roster.agents, errors)
+        self.beat(**self.beat_fields)
 
     def keep_journal(self, new: Config) -> Config:
         """``new`` with the running ``ring.journal`` and ``ring.lease_ttl``: the
@@ -897,17 +946,35 @@ class Driver:
             self.leader.release()  # a standby takes over at once, not after the TTL
         self.write_metrics()
         try:
-            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True,
-                          extra={"notify_dropped": self.notify_dropped})
+            self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True, extra=self.facts())
         except OSError as e:
             self.log(f"cannot record the clean stop in the heartbeat: {e}")
         self.log("driver stopped")
 
 
+def echo_to_terminal() -> None:
+    """A driver started by a watcher on a terminal (``RING_ECHO_FD``, the
+    watcher's stderr: driverproc.start_driver) writes its log lines there too,
+    as ``ringd run`` in the foreground does: the quick start shows the ring
+    turning. Taken out of the environment, so no agent inherits the name."""
+    from ringd.host import logline
+    raw = os.environ.pop("RING_ECHO_FD", None)
+    if raw is not None and raw.isascii() and raw.isdigit():
+        logline.echo_to(int(raw))
+
+
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
-               logger: Callable[[str], None] = log) -> int:
-    """``ringd run``: returns the process exit code. Errors are one line on stderr."""
+               logger: Callable[[str], None] = log, found=None) -> int:
+    """``ringd run``: returns the process exit code. Errors are one line on stderr.
+    ``found``: how the command line found the config and state dir
+    (config.Location): said when they were not given, and always when the
+    ring falls back to the built-in defaults."""
     proctree.close_on_exec_all()   # nothing we inherited reaches an agent (proctree.spawn)
+    echo_to_terminal()
+    if found is not None and (found.found.config_from not in ("--config", "$RING_CONFIG")
+                              or found.found.state_from not in ("--state", "$RING_STATE")):
+        state_line, config_line = found.says()
+        logger(f"config {config_line}; state dir {state_line}")
     try:
         config = load_config(config_path)
         for w in config.warnings:

@@ -110,16 +110,37 @@ def _returncode(status: int) -> int:
     return -sig if sig is not None else (code if code is not None else 0)
 
 
+ECHO_FD = 3   # the driver's number for the watcher's terminal (ringd.loops.driver.echo_to_terminal)
+
+
+def terminal_fd() -> Optional[int]:
+    """A copy of the watcher's stderr if it is a terminal (ringwatch started by
+    hand), else None: numbered above the child's 0-3, so the spawn's own
+    redirections of 1 and 2 never overwrite it first."""
+    import fcntl
+    try:
+        return fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 10) if os.isatty(2) else None
+    except OSError:
+        return None
+
+
 def start_driver(state_dir: Path, config_path: Optional[Path]) -> DriverProc:
     """Start ``ringd run`` in a new session, output appended to ringd.log, with
-    NOTIFY_SOCKET and WATCHDOG_* removed (systemd's main process is the watcher)."""
+    NOTIFY_SOCKET and WATCHDOG_* removed (systemd's main process is the watcher).
+    A watcher on a terminal hands it the terminal too: its lines (each run's
+    start and end) then show there as they happen."""
     fd = open_log(state_dir)
+    tty = terminal_fd()
+    extra = {"RING_ECHO_FD": str(ECHO_FD)} if tty is not None else {}
     try:
         child = proctree.spawn(driver_argv(state_dir, config_path), cwd=None,
-                               env=proctree.clean_env(os.environ, {}), stdout_fd=fd,
-                               signals_held=True)  # a signal before its handlers waits (earlysig)
+                               env={**proctree.clean_env(os.environ, {}), **extra}, stdout_fd=fd,
+                               signals_held=True,  # a signal before its handlers waits (earlysig)
+                               pass_fd=(tty, ECHO_FD) if tty is not None else None)
     finally:
         os.close(fd)
+        if tty is not None:
+            os.close(tty)
     return DriverProc(pid=child.pid, start_time=child.start_time, pidfd=child.pidfd, child=child)
 
 

@@ -62,6 +62,7 @@ SAVE_LOCK_AT_STOP = 1.0  # s; ringwatch.json's write lock, at the stop's end (a 
 COMMAND_TIMEOUT = 120.0  # s; a restart_command still running after this is killed
 COMMAND_KILL_WAIT = 3.0  # s; a restart_command SIGKILL has not ended by then is left behind
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+FOLLOW_MIN = 0.2        # s; STATUS= looks at the heartbeat at most this often (a tiny heartbeat_interval)
 # SIGUSR1 (the driver's "look at the journal now") is handled too: earlysig
 # releases it with the others, and its default action killed the watcher
 # without a word, leaving its driver unwatched. Here it means "check now".
@@ -92,6 +93,7 @@ class Watcher:
         self.last_status = ""
         self.watchdog_every = watchdog_interval()
         self.next_ping = 0.0
+        self.next_follow = 0.0   # monotonic: when STATUS= next looks at the driver's heartbeat
         self.lock: Optional[watchstate.WatchLock] = None
         self.lock_lost = False
         self.plan: Optional[watchpolicy.StopPlan] = None   # the stop of the driver under way
@@ -145,7 +147,7 @@ class Watcher:
                 code = self._check()
                 if code is not None:
                     return code
-                self._wait(self._next_check_at(), self._fds())
+                self._wait(self._next_check_at(), self._fds(), follow=True)
         except Stop:
             return self._shutdown()
 
@@ -190,7 +192,7 @@ class Watcher:
         self._save(last_poll_at=iso(time.time()),
                    driver={"pid": self.view.pid, "pid_start": self.view.pid_start,
                            "health": verdict.health})
-        self._status(f"driver {verdict.health}" + (f" (pid {self.view.pid})" if self.view.pid else ""))
+        self._status(self._driver_status(verdict, hb))
         if verdict.unhealthy:
             return self._replace(verdict)
         return None
@@ -500,11 +502,16 @@ class Watcher:
             journal.close()
 
     # --- waiting, signals, sd_notify, ringwatch.json ---------------------------------
-    def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False) -> Set[int]:
+    def _wait(self, until: float, fds: Iterable[int] = (), wake_on_child: bool = False,
+              follow: bool = False) -> Set[int]:
         """Sleep until ``until`` (monotonic), a ready fd, or a signal; ping the
         systemd watchdog on the way. SIGTERM/SIGINT raise :class:`Stop`; SIGHUP
         reloads the configuration; SIGUSR1 (like SIGHUP) ends the wait, so the
-        loop checks the driver at once. Returns the ready fds (empty on timeout)."""
+        loop checks the driver at once. ``follow`` (the loop's wait between two
+        checks): under systemd, look at the heartbeat once a heartbeat interval
+        so STATUS= follows the driver (:meth:`_follow`). Returns the ready fds
+        (empty on timeout)."""
+        every = self._follow_every() if follow else None
         while True:
             if self.stop_signal:
                 raise Stop()   # heard outside a wait (a stop, a lock's wait)
@@ -516,6 +523,11 @@ class Watcher:
             left = until - now
             if self.watchdog_every:
                 left = min(left, self.next_ping - now)
+            if every is not None:
+                if now >= self.next_follow:
+                    self._follow(now)
+                    self.next_follow = now + every
+                left = min(left, self.next_follow - now)
             sigs, ready = self.wake.wait(max(0.0, left), fds)
             self._signals(sigs)
             if ready or (wake_on_child and signal.SIGCHLD in sigs) or time.monotonic() >= until:
@@ -582,21 +594,55 @@ class Watcher:
             self._reload()
 
     def _reload(self) -> None:
+        """SIGHUP: pass it on to the driver we own (first: the driver reads its
+        config itself and says what it made of it, whatever ours does), re-read
+        our config, and record the reload in ringwatch.json (``ringd reload``)."""
+        if not self.command_mode and self.proc is not None:
+            driverproc.forward(self.proc, signal.SIGHUP)
+        error = None
         try:
             config = load_config(self.config_path)
         except ConfigError as e:
+            error = str(e)
             log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}")
-            return
-        if config.watch.restart_command != self.w.restart_command:
-            log("SIGHUP: watch.restart_command changed; the deployment mode only changes "
-                "when ringwatch is restarted - keeping the current one")
-            config = replace(config, watch=replace(config.watch, restart_command=self.w.restart_command))
-        self.config = config
-        for warning in self._warnings():
-            log(f"warning: {warning}")
-        log("SIGHUP: configuration reloaded")
-        if not self.command_mode and self.proc is not None:
-            driverproc.forward(self.proc, signal.SIGHUP)
+        else:
+            if config.watch.restart_command != self.w.restart_command:
+                log("SIGHUP: watch.restart_command changed; the deployment mode only changes "
+                    "when ringwatch is restarted - keeping the current one")
+                config = replace(config, watch=replace(config.watch, restart_command=self.w.restart_command))
+            self.config = config
+            for warning in self._warnings():
+                log(f"warning: {warning}")
+            log("SIGHUP: configuration reloaded")
+        last = self._load().get("reload")
+        seq = last.get("seq") if isinstance(last, dict) else None
+        seq = seq + 1 if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2 ** 53 else 1
+        self._save(reload={"seq": seq, "at": iso(time.time()), "error": error})
+
+    def _follow_every(self) -> Optional[float]:
+        """How often STATUS= looks at the heartbeat: once a heartbeat interval (not
+        under 0.2 s), only when a service manager listens - else never."""
+        if not self.notifier.active or self.view is None:
+            return None
+        return max(self.config.ring.heartbeat_interval, FOLLOW_MIN)
+
+    def _follow(self, now: float) -> None:
+        """Fold a read of the heartbeat into the view (watchpolicy.observe: it only
+        notes beats) and say the driver's state in STATUS=; acting on it is the
+        next check's."""
+        hb = _this_boots_heartbeat(self.state_dir)
+        self.view = watchpolicy.observe(self.view, hb, now)
+        verdict = watchpolicy.judge(self.view, alive=self._alive(), now=now, stale_after=self.w.stale_after)
+        self._status(self._driver_status(verdict, hb))
+
+    def _driver_status(self, verdict: watchpolicy.Verdict, hb: Any) -> str:
+        """``driver ok (pid 42): lap 3: running web``: the verdict, and what the
+        driver last said it does (its heartbeat's ``status``) when the beat is its."""
+        text = f"driver {verdict.health}" + (f" (pid {self.view.pid})" if self.view.pid else "")
+        said = hb.get("status") if isinstance(hb, dict) and hb.get("pid") == self.view.pid else None
+        if isinstance(said, str) and said and verdict.health == watchpolicy.OK:
+            text += f": {' '.join(said.split())[:200]}"
+        return text
 
     def _ping(self, now: float) -> None:
         if self.watchdog_every and now >= self.next_ping:

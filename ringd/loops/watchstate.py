@@ -282,3 +282,38 @@ def reset(state_dir: Path) -> str:
     if was_given_up:
         parts.append("and the give-up")
     return f"{state_dir}: {' '.join(parts)}; ringwatch may start the driver again"
+
+
+def status_doc(state_dir: Path, data: Dict[str, Any], *, alive: bool, given_up: bool, driver_alive: bool,
+               clock: Clock, start_limit_burst: int, start_limit_interval: float) -> Dict[str, Any]:
+    """Pure: ``ringwatch status --json``, from ringwatch.json as read (``data``),
+    whether its watcher and the driver it names live, and the start limit."""
+    from ringd.core.watchpolicy import prune
+    window = prune(restart_times(data, clock), clock.boot, start_limit_interval)
+    driver = data.get("driver") if isinstance(data.get("driver"), dict) else {}
+    text = (lambda k: data.get(k) if isinstance(data.get(k), str) else None)
+    return {
+        "state_dir": str(state_dir),
+        "pid": data.get("pid") if alive else None,
+        "alive": alive,
+        "started_at": text("started_at"),
+        "last_poll_at": text("last_poll_at"),
+        "mode": text("mode"),
+        "restarts": len(window),
+        "restart_times": [iso(clock.wall - (clock.boot - b)) for b in window],
+        "start_limit_burst": start_limit_burst,
+        "start_limit_interval": start_limit_interval,
+        "gave_up": given_up,
+        "gave_up_at": text("gave_up_at"),
+        "gave_up_reason": text("gave_up_reason"),
+        "driver": {"pid": driver.get("pid"), "alive": driver_alive,
+                   "health": driver.get("health") if isinstance(driver.get("health"), str) else None},
+    }
+
+
+def status_exit_code(doc: Dict[str, Any]) -> int:
+    """``ringwatch status``: 1 gave up, 0 running, 3 not running (LSB)."""
+    from ringd.core.errors import STATUS_OK, STATUS_STOPPED
+    if doc["gave_up"]:
+        return EX_FAILURE
+    return STATUS_OK if doc["alive"] else STATUS_STOPPED

@@ -95,6 +95,7 @@ def test_install_systemd_modes_under_root(tmp_path, mode):
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert stat.S_IMODE(config.stat().st_mode) == 0o644
     assert stat.S_IMODE((state / "ring.txt").stat().st_mode) == 0o600
+    assert '  state_dir: "/var/lib/ring" ' in config.read_text()   # every command finds the ring from it
     if mode == "systemd":
         assert "restart_command: [systemctl, restart, ringd]" in config.read_text()
         assert (root / "etc/polkit-1/rules.d" / POLKIT_RULE).is_file()
@@ -164,8 +165,27 @@ def test_install_launchd_under_root(tmp_path):
     assert p["Label"] == LABEL and p["UserName"] == me
     assert p["ProgramArguments"][0] == str(Path(sys.executable).parent / "ringwatch") or \
         p["ProgramArguments"][0].endswith("/ringwatch")
-    assert (root / "usr/local/var/ring/ring.txt").is_file() and (root / "usr/local/etc/ring/ring.yaml").is_file()
+    # a LaunchDaemon is a system service: its config where every command looks last
+    assert (root / "usr/local/var/ring/ring.txt").is_file() and (root / "etc/ring/ring.yaml").is_file()
+    assert p["ProgramArguments"][-2:] == ["--config", "/etc/ring/ring.yaml"]
+    assert '  state_dir: "/usr/local/var/ring" ' in (root / "etc/ring/ring.yaml").read_text()
     assert f"launchctl bootstrap system {plist_path}" in res.stdout
+
+
+def test_install_launchd_agent_writes_the_users_xdg_config(tmp_path):
+    """A LaunchAgent is a per-user service: its config goes where that user's
+    commands find it ($XDG_CONFIG_HOME/ring/ring.yaml), and the plist names no
+    home directory (ringwatch finds the config by the same search)."""
+    root, home = tmp_path / "root", tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "xdg")}
+    res = cli("service", "install", "--mode", "launchd", "--root", str(root), env=env)
+    assert res.returncode == 0, res.stderr
+    config = Path(str(root) + str(home / "xdg/ring/ring.yaml"))
+    assert config.is_file() and '  state_dir: "/usr/local/var/ring" ' in config.read_text()
+    with open(Path(str(root) + str(home)) / "Library/LaunchAgents" / f"{LABEL}.plist", "rb") as f:
+        p = plistlib.load(f)
+    assert "--config" not in p["ProgramArguments"] and str(home) not in json.dumps(p)
 
 
 def test_bad_service_choices_are_one_line(tmp_path):
