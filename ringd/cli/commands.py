@@ -372,7 +372,10 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
     from ringd.inputs.roster import program_problem, read_roster
     from ringd.host.safefile import check_state_dir
     warned: List[str] = []
-    with lenient_modes(lambda w: warned.append(w) if w not in warned else None):
+    from ringd.host.heartbeat import ring_uid
+    # (judged for the user whose driver beats here; with none yet, for this one, who would start it)
+    uid = ring_uid(state_dir, by_state_dir=False)
+    with lenient_modes(lambda w: warned.append(w) if w not in warned else None, ring_uid=uid):
         try:
             config = load_config(config_path)
             check_state_dir(state_dir)   # in ringd run's order: config, state dir, roster

@@ -98,12 +98,13 @@ def recorded_alive(pid: Any, ticks: Any, state_dir: Path) -> bool:
     return procid.same_process(pid, ticks, journal_boot(state_dir))
 
 
-def ring_uid(state_dir: Path) -> int:
+def ring_uid(state_dir: Path, by_state_dir: bool = True) -> int:
     """The uid the ring runs as: its heartbeat's owner (the driver writes it,
-    0600), else its state dir's, else ours. Whose rules a reading command
-    judges the ring's files by (safefile.lenient_modes): root reading a ring
-    run by a service user must not call that user's own roster a problem."""
-    for path in (heartbeat_path(state_dir), Path(state_dir)):
+    0600), else (``by_state_dir``) its state dir's, else ours. Whose rules a
+    reading command judges the ring's files by (safefile.lenient_modes): root
+    reading a ring run by a service user must not call that user's own roster
+    a problem."""
+    for path in (heartbeat_path(state_dir), Path(state_dir)) if by_state_dir else (heartbeat_path(state_dir),):
         try:
             return os.lstat(path).st_uid
         except OSError:
