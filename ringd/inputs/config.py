@@ -157,8 +157,9 @@ def find_ring(config_opt: Optional[str], state_opt: Optional[str], *, env: Mappi
         if known:
             config_from = "its driver's heartbeat"
         else:
-            searched = config_candidates(env, cwd)
-            config = next((p for p in searched if exists(p)), None)
+            places = config_candidates(env, cwd)
+            config = next((p for p in places if exists(p)), None)
+            searched = places[:places.index(config) + 1] if config is not None else places
             config_from = "search" if config is not None else BUILT_IN
     if state is None:
         wanted = state_dir_of(config) if config is not None else None

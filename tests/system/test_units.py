@@ -154,7 +154,10 @@ def test_launchd_plist(path):
     argv = p["ProgramArguments"]
     assert argv[0].startswith("/") and argv[0].endswith("/ringwatch")
     assert argv[argv.index("--state") + 1].startswith("/")
-    assert argv[argv.index("--config") + 1].startswith("/")
+    # a LaunchAgent (the shipped one) names no config: ringwatch finds the user's
+    # ~/.config/ring/ring.yaml as every command does; a LaunchDaemon names /etc's
+    assert "--config" not in argv or argv[argv.index("--config") + 1].startswith("/")
+    assert ("--config" in argv) == ("UserName" in p)
     assert p["RunAtLoad"] is True
     assert p["KeepAlive"] in (True, {"SuccessfulExit": False})
     assert p["ThrottleInterval"] == DEFAULTS.watch.restart_sec
