@@ -884,7 +884,7 @@ def report(state_dir: Path, config_path: Optional[Path], since: Optional[float],
     """Write a self-contained HTML timeline of the ring: one lane per agent, one bar per run."""
     import time
     from ringd.cli.report import build, page, write
-    config = load_config(config_path)
+    config = command_config(state_dir, config_path)
     warnings: List[str] = []
     now = time.time()
     timeline = build(state_dir, config, since=since, until=until, now=now, warnings=warnings)
@@ -903,4 +903,4 @@ def report(state_dir: Path, config_path: Optional[Path], since: Optional[float],
 def top(state_dir: Path, config_path: Optional[Path], interval: float) -> None:
     """A live full-screen view: current run, next turns, each agent's last runs, problems. q quits."""
     from ringd.cli.top import run_top
-    run_top(state_dir, load_config(config_path), interval)
+    run_top(state_dir, command_config(state_dir, config_path), interval)
