@@ -53,6 +53,8 @@ def test_a_config_typo_leaves_every_operator_command_working(ring):
     assert res.returncode == 0 and len(warnings_of(res)) == 1, res.stderr
     running(ring, "b")
     assert ring.heartbeat()["config_loaded_at"] == loaded
+    report = ring.cli("report", "-o", str(ring.base / "report.html"))
+    assert report.returncode == 0 and len(warnings_of(report)) == 1, report.stderr
     # only the daemons refuse it
     assert ring.cli("run", "--once").returncode == 78
 
