@@ -752,17 +752,19 @@ def config_changes(old: Config, new: Config) -> "list[str]":
             x, y = getattr(a, f.name), getattr(b, f.name)
             if x != y:
                 out.append(f"{section}.{f.name}: {_shown_value(f.name, x)} -> {_shown_value(f.name, y)}")
-    for name in sorted(set(old.agents) | set(new.agents)):
-        x, y = old.agents.get(name), new.agents.get(name)
-        if x == y:
-            continue
-        if x is None or y is None:
-            out.append(f"agents.{name}: {'added' if x is None else 'removed'}")
-            continue
-        for f in fields(x):
-            if getattr(x, f.name) != getattr(y, f.name):
-                out.append(f"agents.{name}.{f.name}: {_shown_value(f.name, getattr(x, f.name))} -> "
-                           f"{_shown_value(f.name, getattr(y, f.name))}")
+    for section in ("agents", "quotas"):
+        a, b = getattr(old, section), getattr(new, section)
+        for name in sorted(set(a) | set(b)):
+            x, y = a.get(name), b.get(name)
+            if x == y:
+                continue
+            if x is None or y is None:
+                out.append(f"{section}.{name}: {'added' if x is None else 'removed'}")
+                continue
+            for f in fields(x):
+                if getattr(x, f.name) != getattr(y, f.name):
+                    out.append(f"{section}.{name}.{f.name}: {_shown_value(f.name, getattr(x, f.name))} -> "
+                               f"{_shown_value(f.name, getattr(y, f.name))}")
     return out
 
 

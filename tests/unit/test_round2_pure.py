@@ -27,6 +27,9 @@ def test_config_changes_name_each_key_and_never_a_password():
         "ring.run_budget: 20 -> 15", "watch.restart_command: null -> [systemctl, restart, ringd]",
         "agents.db: added", "agents.web.run_budget: 5 -> 6"]
     assert config_changes(new, new) == []
+    pools = parse_config({"quotas": {"model": {"limit": 100, "window": "5h"}}})
+    more = parse_config({"quotas": {"model": {"limit": 200, "window": "5h"}}})
+    assert config_changes(pools, more) == ["quotas.model.limit: 100 -> 200"]
     pg = Config(ring=RingSettings(journal="postgresql://ring:s3cret@db/ring"))
     assert "s3cret" not in " ".join(config_changes(Config(), pg))
 
