@@ -1300,7 +1300,13 @@ def test_the_watchers_whole_stop_ends_well_within_the_units_stop_timeout(ring):
         wait_until(lambda: "stopping driver" in watcher.err_path.read_text(), 10,
                    message="the watcher stopping its driver")
         dir_fd = os.open(ring.state, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a stopped `ringwatch reset`
+        def take():   # the watcher itself holds it a moment at each poll
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a stopped `ringwatch reset`
+                return True
+            except BlockingIOError:
+                return False
+        wait_until(take, 10, message="the state files' lock taken between two polls")
         took, killed = _exit_thawing_on_sigkill(watcher, drv_ice, driver, 60)
         print(f"the stop took {took:.1f}s, SIGKILL after {killed}s")
         rc, err = finish(watcher, 10)
