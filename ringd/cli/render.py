@@ -218,7 +218,22 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
                  width: int = 80, warnings: Sequence[str] = ()) -> List[Line]:
     now = time.time() if now is None else now
     out: List[Line] = where_lines(doc, now, width)
+    out += labelled("driver", _driver_segs(doc, now), width)
+    out += labelled("watcher", _watcher_segs(doc["watcher"], now), width)
+    out += _current_lines(doc, now, plain, width)
+    r = doc["roster"]
+    segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
+    out += labelled("roster", segs, width)
+    out += quota_status_lines(doc.get("quotas") or (), now, width)
+    for p in doc.get("problems") or ():   # (the roster's error among them)
+        out += labelled("problem", [(f"ERROR: {p['kind']}: {p['detail']}", "bold red")], width)
+    for warning in warnings:
+        out += labelled("warning", [(warning, "yellow")], width)
+    out.append([])
+    return out + _agent_table(doc, now, plain, width)
 
+
+def _driver_segs(doc: Mapping[str, Any], now: float) -> List[Seg]:
     d = doc["driver"]
     health = d["health"]
     segs: List[Seg] = [(health if health == "ok" else health.upper(), HEALTH_STYLE.get(health, ""))]
@@ -249,9 +264,11 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
         segs.append(("  " + ", ".join(bits), ""))
     if d.get("paused"):
         segs.append(("  PAUSED (ringd resume)", "bold yellow"))
-    out += labelled("driver", segs, width)
+    return segs
 
-    w = doc["watcher"]
+
+
+def _watcher_segs(w: Mapping[str, Any], now: float) -> List[Seg]:
     if w["alive"]:
         segs = [("alive", "green"), (f"  pid {w['pid']}, polled {fmt_ago(w.get('last_poll_at'), now)}", "")]
     else:
@@ -261,8 +278,12 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
     segs.append((f", {w['restarts']} restart{'s' if w['restarts'] != 1 else ''} in window", ""))
     if w["gave_up"]:
         segs.append(("  GAVE UP (ringwatch reset clears it)", "bold red"))
-    out += labelled("watcher", segs, width)
+    return segs
 
+
+
+def _current_lines(doc: Mapping[str, Any], now: float, plain: bool, width: int) -> List[Line]:
+    health, paused = doc["driver"]["health"], doc["driver"].get("paused")
     c = doc.get("current")
     if c:
         segs = [(c["agent"], "bold cyan"),
@@ -277,21 +298,12 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             segs.append(("\n" + budget_bar(c["elapsed"], c["run_budget"], plain=plain), "red" if over else "cyan"))
             left = "over budget" if over else f"{fmt_duration(c['run_budget'] - c['elapsed'])} left"
             segs.append((f" of {fmt_duration(c['run_budget'])}, {left}", ""))
-        out += labelled("current", segs, width)
-    else:
-        idle = "-  (paused)" if d.get("paused") else "-  (between runs)" if health == "ok" else "-"
-        out += labelled("current", [(idle, "dim")] + next_segs(doc.get("next"), health), width)
+        return labelled("current", segs, width)
+    idle = "-  (paused)" if paused else "-  (between runs)" if health == "ok" else "-"
+    return labelled("current", [(idle, "dim")] + next_segs(doc.get("next"), health), width)
 
-    r = doc["roster"]
-    segs = [(f"{r['path']}  ({r['agents']} agent{'s' if r['agents'] != 1 else ''})", "")]
-    out += labelled("roster", segs, width)
-    out += quota_status_lines(doc.get("quotas") or (), now, width)
-    for p in doc.get("problems") or ():   # (the roster's error among them)
-        out += labelled("problem", [(f"ERROR: {p['kind']}: {p['detail']}", "bold red")], width)
-    for warning in warnings:
-        out += labelled("warning", [(warning, "yellow")], width)
-    out.append([])
 
+def _agent_table(doc: Mapping[str, Any], now: float, plain: bool, width: int) -> List[Line]:
     rows = []
     for a in doc["agents"]:
         status = a.get("last_status")
@@ -330,9 +342,8 @@ def status_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: boo
             due = a.get("next_due")
             text = "-" if not due else ("now" if (parse_iso(due) or 0) <= now else fmt_ago(due, now))
             row.insert(len(row) - 1, (text, ""))
-    out += table(heads, rows, right=right, max_widths=(None, 20) + (None,) * (len(heads) - 2),
+    return table(heads, rows, right=right, max_widths=(None, 20) + (None,) * (len(heads) - 2),
                  width=width, plain=plain)
-    return out
 
 
 def quota_status_lines(pools: Sequence[Mapping[str, Any]], now: float, width: int) -> List[Line]:

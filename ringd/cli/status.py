@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -120,57 +120,82 @@ def _future(ts: Optional[float], now: float) -> Optional[str]:
     return iso(ts) if ts is not None and ts > now else None
 
 
-def build_status(*, state_dir: Path, config: Config, now: float,
-                 heartbeat: Optional[Mapping[str, Any]], driver_alive: bool,
-                 lock_holder: Optional[int] = None,
-                 watcher: Optional[Mapping[str, Any]], watcher_is_alive: bool,
-                 gave_up: bool = False,
-                 running: Optional[RunRow], agent_rows: Mapping[str, Mapping[str, Any]],
-                 roster_path: Path, roster: Optional[Sequence[str]], roster_error: Optional[str],
-                 roster_lines: Optional[Sequence[Tuple[str, str]]] = None,
-                 last_run: Optional[RunRow] = None, journal_lap: Optional[int] = None,
-                 states: Optional[Mapping[str, Any]] = None,
-                 ring_paused: bool = False, paused_agents: Sequence[str] = (),
-                 next_requested: Optional[str] = None,
-                 notes: Optional[Mapping[str, Any]] = None,
-                 next_due: Optional[Mapping[str, float]] = None,
-                 turn_from: Optional[RunRow] = None,
-                 ran_scheduled: Sequence[str] = (),
-                 quota_use: Optional[Tuple[Mapping[str, Any], Mapping[str, Any]]] = None,
-                 ) -> Dict[str, Any]:
-    """Pure: the ``ringd status --json`` document.
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything ``build_status`` looks at, read beforehand (:func:`gather_status`).
 
     ``lock_holder``: the pid holding the driver's lock, looked up when no
     heartbeat could be read (a driver alive but unable to beat is ``stale``).
     ``notes``: what the current run's agent said (``phase``, ``agent_beat_at``,
     ringd.host.notify.read_notes). ``next_due``: scheduled agents' next due times.
-    ``gave_up``: did the watcher give up (heartbeat.watcher_gave_up: in
-    ringwatch.json, or in the marker file a full disk left instead).
+    ``gave_up``: did the watcher give up (in ringwatch.json, or in the marker
+    file a full disk left instead). ``agent_rows``: per agent name, the
+    ``agents`` table row plus ``last_*`` keys of its last finished run.
+    ``roster``: the current roster's names, or None if it does not parse (then
+    the agents the journal knows, by last position). ``roster_lines`` (name,
+    line) and ``last_run`` (the journal's newest row) give the next turn;
+    ``journal_lap`` is the lap the driver recorded in the journal. ``turn_from``:
+    the run the ring resumes after when that is not the newest (a scheduled
+    agent's run is not a turn). ``ran_scheduled``: the driver's round, kept in
+    the journal. ``quota_use``: each pool's use in its window and its exhausted
+    reports, as the journal holds them."""
+    state_dir: Path
+    config: Config
+    now: float
+    heartbeat: Optional[Mapping[str, Any]]
+    driver_alive: bool
+    watcher: Optional[Mapping[str, Any]]
+    watcher_is_alive: bool
+    running: Optional[RunRow]
+    agent_rows: Mapping[str, Mapping[str, Any]]
+    roster_path: Path
+    roster: Optional[Sequence[str]]
+    roster_error: Optional[str]
+    lock_holder: Optional[int] = None
+    gave_up: bool = False
+    roster_lines: Optional[Sequence[Tuple[str, str]]] = None
+    last_run: Optional[RunRow] = None
+    journal_lap: Optional[int] = None
+    states: Optional[Mapping[str, Any]] = None
+    ring_paused: bool = False
+    paused_agents: Sequence[str] = ()
+    next_requested: Optional[str] = None
+    notes: Optional[Mapping[str, Any]] = None
+    next_due: Optional[Mapping[str, float]] = None
+    turn_from: Optional[RunRow] = None
+    ran_scheduled: Sequence[str] = ()
+    quota_use: Optional[Tuple[Mapping[str, Any], Mapping[str, Any]]] = None
 
-    ``agent_rows``: per agent name, the ``agents`` table row plus ``last_*`` keys
-    of its last finished run. ``roster``: the current roster's names, or None if
-    it does not parse (then the agents the journal knows, by last position).
-    ``roster_lines`` (name, line) and ``last_run`` (the journal's newest row) give
-    the next turn; ``journal_lap`` is the lap the driver recorded in the journal
-    (live, where the heartbeat's may be a beat old). ``turn_from``: the run the
-    ring resumes after when that is not the newest (a scheduled agent's run is
-    not a turn: ringd.inputs.schedule.last_turn). ``ring_paused``,
-    ``paused_agents`` and ``next_requested``: the operator's controls.
-    ``ran_scheduled``: the driver's round (policy.round_after, kept in the
-    journal); a driver that is not alive has none (the next one starts anew).
-    ``quota_use``: each pool's use in its window and its exhausted reports, as
-    the journal holds them (Tx.quota_use)."""
-    hb = dict(heartbeat) if heartbeat else None
-    health = heartbeat_health(hb, driver_alive, now, config.ring.heartbeat_interval,
-                              locked=lock_holder is not None)
-    age = heartbeat_age(hb, now)
-    driver = {
-        "pid": hb.get("pid") if hb and driver_alive else (None if hb else lock_holder),
+
+def build_status(inp: StatusInputs) -> Dict[str, Any]:
+    """Pure: the ``ringd status --json`` document."""
+    gate = quota_gate(inp.config, inp.now, inp.quota_use, inp.next_due, inp.paused_agents)
+    names = _agent_names(inp)
+    return {
+        "state_dir": str(inp.state_dir),
+        "driver": _driver_doc(inp),
+        "watcher": _watcher_doc(inp),
+        "current": _current_doc(inp),
+        "roster": {"path": str(inp.roster_path), "agents": len(names), "error": inp.roster_error},
+        "agents": [_agent_doc(inp, gate, position, name) for position, name in enumerate(names)],
+        "quotas": quota_docs(inp.config, gate),
+        # addition: who takes the next turn, and when (estimated from the journal)
+        "next": _next_doc(inp, gate),
+    }
+
+
+def _driver_doc(inp: StatusInputs) -> Dict[str, Any]:
+    hb = dict(inp.heartbeat) if inp.heartbeat else None
+    health = heartbeat_health(hb, inp.driver_alive, inp.now, inp.config.ring.heartbeat_interval,
+                              locked=inp.lock_holder is not None)
+    age = heartbeat_age(hb, inp.now)
+    return {
+        "pid": hb.get("pid") if hb and inp.driver_alive else (None if hb else inp.lock_holder),
         "health": health,
         "heartbeat_age": _round(age) if hb else None,
         "started_at": iso(_epoch(hb.get("started_at"))) if hb else None,
-        "lap": journal_lap if journal_lap is not None else (hb.get("lap") if hb else None),
-        "paused": bool(ring_paused),
+        "lap": inp.journal_lap if inp.journal_lap is not None else (hb.get("lap") if hb else None),
+        "paused": bool(inp.ring_paused),
         "containment": hb.get("containment") if hb else None,   # "cgroup" | "subreaper"
         # additions to the SPEC shape
         "heartbeat_at": iso(_epoch(hb.get("at_epoch")) or _epoch(hb.get("at"))) if hb else None,
@@ -178,99 +203,99 @@ def build_status(*, state_dir: Path, config: Config, now: float,
         "notify_dropped": _count(hb.get("notify_dropped")) if hb else None,   # in the driver's life
     }
 
-    w = dict(watcher) if watcher else None
-    window = config.watch.start_limit_interval
+
+def _watcher_doc(inp: StatusInputs) -> Dict[str, Any]:
+    w = dict(inp.watcher) if inp.watcher else None
+    window = inp.config.watch.start_limit_interval
     restarts = 0
     if w and isinstance(w.get("restarts"), list):
         for item in w["restarts"]:
             t = _epoch(item)
-            if t is None or t >= now - window:
+            if t is None or t >= inp.now - window:
                 restarts += 1
-    watcher_doc = {
-        "pid": w.get("pid") if w and watcher_is_alive else None,
-        "alive": bool(watcher_is_alive),
+    return {
+        "pid": w.get("pid") if w and inp.watcher_is_alive else None,
+        "alive": bool(inp.watcher_is_alive),
         "last_poll_at": iso(_epoch(w.get("last_poll_at"))) if w else None,
         "restarts": restarts,
-        "gave_up": bool(gave_up),
+        "gave_up": bool(inp.gave_up),
     }
 
-    current = None
-    if running is not None:
-        # (a start no clock can show, written by hand, is None: elapsed unknown)
-        elapsed = max(0.0, now - running.started_at) if running.started_at is not None else None
-        budget = running.run_budget
-        current = {
-            "agent": running.agent, "run_id": running.id, "pid": running.pid,
-            "elapsed": _round(elapsed), "run_budget": budget,
-            "stall_threshold": running.stall_threshold,
-            "phase": (notes or {}).get("phase"),
-            "agent_beat_age": _round(max(0.0, now - beat_at)) if (beat_at := (notes or {}).get("agent_beat_at"))
-            is not None else None,
-            # additions
-            "started_at": iso(running.started_at),
-            "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
-            "notify_dropped": (notes or {}).get("dropped"),   # datagrams of this run's socket not heard
-        }
 
-    gate = quota_gate(config, now, quota_use, next_due, paused_agents)
-    if roster is not None:
-        names = list(roster)
-    else:  # the last good roster is the driver's; the journal knows where agents ran
-        known = sorted(agent_rows.items(), key=lambda kv: (
-            kv[1].get("last_position") if kv[1].get("last_position") is not None else 1 << 30, kv[0]))
-        names = [n for n, _ in known]
-    agents = []
-    for position, name in enumerate(names):
-        a = agent_rows.get(name) or {}
-        last = a
-        if running is not None and running.agent == name:
-            last = {"last_status": "running", "last_started_at": running.started_at,
-                    "last_ended_at": None, "last_duration": None, "last_exit_code": None,
-                    "last_signal": None}
-        agents.append({
-            "name": name,
-            "position": position,
-            "last_status": last.get("last_status"),
-            "last_started_at": iso(last.get("last_started_at")),
-            "last_duration": _round(last.get("last_duration")),
-            "last_exit_code": last.get("last_exit_code"),
-            "runs": int(a.get("runs") or 0),
-            "consecutive_failures": int(a.get("consecutive_failures") or 0),
-            "backoff_until": _future(a.get("backoff_until"), now),
-            "skip_requested": bool(a.get("skip_requested")),
-            "quarantined_until": _future(a.get("quarantined_until"), now),
-            "paused": name in paused_agents,
-            "next_due": iso((next_due or {}).get(name)),
-            **agent_quota(config, gate, name),
-            # additions
-            "last_ended_at": iso(last.get("last_ended_at")),
-            "last_signal": last.get("last_signal"),
-        })
-
-    turn = None
-    if roster_lines and not ring_paused:
-        turn = next_turn(roster_lines, states or {}, turn_from or running or last_run, now, config,
-                         paused=paused_agents, requested=next_requested, next_due=next_due,
-                         ran_scheduled=ran_scheduled if driver_alive else (), gate=gate)
-    upcoming = None
-    if turn is not None:
-        name, at = turn
-        upcoming = {"agent": name,
-                    "at": None if running is not None else iso(at),
-                    "in": None if running is not None else round(max(0.0, at - now), 3),
-                    "after_current_run": running is not None}
-
+def _current_doc(inp: StatusInputs) -> Optional[Dict[str, Any]]:
+    running, now, notes = inp.running, inp.now, inp.notes or {}
+    if running is None:
+        return None
+    # (a start no clock can show, written by hand, is None: elapsed unknown)
+    elapsed = max(0.0, now - running.started_at) if running.started_at is not None else None
+    budget = running.run_budget
+    beat_at = notes.get("agent_beat_at")
     return {
-        "state_dir": str(state_dir),
-        "driver": driver,
-        "watcher": watcher_doc,
-        "current": current,
-        "roster": {"path": str(roster_path), "agents": len(names), "error": roster_error},
-        "agents": agents,
-        "quotas": quota_docs(config, gate),
-        # addition: who takes the next turn, and when (estimated from the journal)
-        "next": upcoming,
+        "agent": running.agent, "run_id": running.id, "pid": running.pid,
+        "elapsed": _round(elapsed), "run_budget": budget,
+        "stall_threshold": running.stall_threshold,
+        "phase": notes.get("phase"),
+        "agent_beat_age": _round(max(0.0, now - beat_at)) if beat_at is not None else None,
+        # additions
+        "started_at": iso(running.started_at),
+        "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
+        "notify_dropped": notes.get("dropped"),   # datagrams of this run's socket not heard
     }
+
+
+def _agent_names(inp: StatusInputs) -> List[str]:
+    if inp.roster is not None:
+        return list(inp.roster)
+    # the last good roster is the driver's; the journal knows where agents ran
+    known = sorted(inp.agent_rows.items(), key=lambda kv: (
+        kv[1].get("last_position") if kv[1].get("last_position") is not None else 1 << 30, kv[0]))
+    return [n for n, _ in known]
+
+
+def _agent_doc(inp: StatusInputs, gate, position: int, name: str) -> Dict[str, Any]:
+    now, running = inp.now, inp.running
+    a = inp.agent_rows.get(name) or {}
+    last = a
+    if running is not None and running.agent == name:
+        last = {"last_status": "running", "last_started_at": running.started_at,
+                "last_ended_at": None, "last_duration": None, "last_exit_code": None,
+                "last_signal": None}
+    return {
+        "name": name,
+        "position": position,
+        "last_status": last.get("last_status"),
+        "last_started_at": iso(last.get("last_started_at")),
+        "last_duration": _round(last.get("last_duration")),
+        "last_exit_code": last.get("last_exit_code"),
+        "runs": int(a.get("runs") or 0),
+        "consecutive_failures": int(a.get("consecutive_failures") or 0),
+        "backoff_until": _future(a.get("backoff_until"), now),
+        "skip_requested": bool(a.get("skip_requested")),
+        "quarantined_until": _future(a.get("quarantined_until"), now),
+        "paused": name in inp.paused_agents,
+        "next_due": iso((inp.next_due or {}).get(name)),
+        **agent_quota(inp.config, gate, name),
+        # additions
+        "last_ended_at": iso(last.get("last_ended_at")),
+        "last_signal": last.get("last_signal"),
+    }
+
+
+def _next_doc(inp: StatusInputs, gate) -> Optional[Dict[str, Any]]:
+    if not inp.roster_lines or inp.ring_paused:
+        return None
+    turn = next_turn(inp.roster_lines, inp.states or {}, inp.turn_from or inp.running or inp.last_run,
+                     inp.now, inp.config, paused=inp.paused_agents, requested=inp.next_requested,
+                     next_due=inp.next_due, ran_scheduled=inp.ran_scheduled if inp.driver_alive else (),
+                     gate=gate)
+    if turn is None:
+        return None
+    name, at = turn
+    current = inp.running is not None
+    return {"agent": name,
+            "at": None if current else iso(at),
+            "in": None if current else round(max(0.0, at - inp.now), 3),
+            "after_current_run": current}
 
 
 def quota_gate(config: Config, now: float, quota_use, next_due: Optional[Mapping[str, float]],
@@ -440,7 +465,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
     roster_error = next((p["detail"] for p in problems if p["kind"] == "roster"), None)
     # the clock read after everything else: a heartbeat read just now is never "from the future"
     now = time.time() if now is None else now
-    doc = build_status(
+    doc = build_status(StatusInputs(
         state_dir=state_dir, config=with_pace(config, facts), now=now,
         heartbeat=hb, driver_alive=alive,
         lock_holder=None if hb else holder_pid(state_dir / LOCK_FILE),
@@ -454,7 +479,7 @@ def gather_status(state_dir: Path, config: Config, now: Optional[float] = None,
         next_due=next_due, turn_from=turn_from, ran_scheduled=view["ran_scheduled"],
         quota_use=view["quota_use"],
         notes=read_notes(state_dir, view["running"].id) if view["running"] is not None else None,
-    )
+    ))
     add_leadership(doc, hb, lease)
     doc["problems"] = problems
     doc["config"] = {"path": str(config.path) if config.path is not None else None,

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import RunRow
-from ringd.cli.status import build_status, status_exit_code, unknown_agent
+from ringd.cli.status import StatusInputs, build_status, status_exit_code, unknown_agent
 
 NOW = 1_800_000_000.0
 
@@ -13,7 +13,7 @@ def doc(**kw):
                 watcher=None, watcher_is_alive=False, running=None, agent_rows={},
                 roster_path=Path("/s/ring.txt"), roster=["a", "b"], roster_error=None)
     args.update(kw)
-    return build_status(**args)
+    return build_status(StatusInputs(**args))
 
 
 def hb(age, **kw):
