@@ -443,6 +443,27 @@ def _file_identity(path: Path) -> Optional[tuple]:
     return st.st_dev, st.st_ino
 
 
+def _to_stderr(out: BinaryIO) -> Callable[[str], None]:
+    """A warning line to stderr, after what ``out`` holds so far."""
+    def warn(message: str) -> None:
+        out.flush()
+        sys.stderr.write(f"ringd: {message}\n")
+        sys.stderr.flush()
+    return warn
+
+
+def _require_known(state_dir: Path, config: Config, agent: str) -> None:
+    """Exit 2 naming the known agents unless ``agent`` is on the roster or in the journal."""
+    reader = open_reader(state_dir, config)
+    try:
+        known = known_names(config, state_dir, reader, include_journal=True)
+    finally:
+        if reader is not None:
+            reader.close()
+    if agent not in known:
+        raise unknown_agent(agent, known)
+
+
 def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO, *,
            lines: Optional[int] = None, interval: float = FOLLOW_INTERVAL,
            sleep: Callable[[float], None] = time.sleep, until: Optional[Callable[[], bool]] = None,
@@ -454,22 +475,11 @@ def follow(state_dir: Path, config: Config, agent: Optional[str], out: BinaryIO,
     every later run as it is written. A run whose driver died is reaped (which
     ends it), as ``status`` would. A run log that cannot be read is named in
     one line to ``warn`` (stderr), and following goes on."""
-    if warn is None:
-        def warn(message: str) -> None:
-            out.flush()
-            sys.stderr.write(f"ringd: {message}\n")
-            sys.stderr.flush()
+    warn = warn or _to_stderr(out)
     require_state_dir(state_dir)
     prefixed = agent is None
     if agent is not None:
-        reader = open_reader(state_dir, config)
-        try:
-            known = known_names(config, state_dir, reader, include_journal=True)
-        finally:
-            if reader is not None:
-                reader.close()
-        if agent not in known:
-            raise unknown_agent(agent, known)
+        _require_known(state_dir, config, agent)
     reader = None
     reader_file: Optional[tuple] = None   # (device, inode) of the journal ``reader`` reads
     tracked: Dict[int, _Tracked] = {}
