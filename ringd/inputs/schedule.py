@@ -9,9 +9,11 @@ Cron expressions are evaluated by ``cronsim`` in the box's local time zone
 match *strictly after the last start* (an instant, not a wall-clock reading):
 so a job runs at most once per slot whatever the clock or the zone does, a
 slot missed while the ring was down runs once (not once per missed slot), and
-a DST change never skips a day (cronsim follows Debian cron: a time skipped by
-spring-forward runs right after the jump; the repeated hour of fall-back runs
-a daily job once).
+a DST change never skips a day. Both DST changes follow Debian's cron: a job
+with a fixed minute and hour runs a time skipped by spring-forward right after
+the jump and the repeated hour of fall-back once; a wildcard job (its minute or
+hour field starts with ``*``) runs on the new time at once, so the repeated
+hour runs again (:func:`wildcard`).
 """
 from __future__ import annotations
 
@@ -166,9 +168,11 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
     minute instead of catching up on slots from before it existed).
 
     ``last_wall``: the local wall-clock time (naive) of the last start as read
-    in the zone of that moment. A match must also be later on the wall clock
-    than that, so a box moved west (or an hour repeated by DST) never runs a
-    slot whose wall-clock time was already run. None: read in ``tz``.
+    in the zone of that moment. A match of a job with a fixed minute and hour
+    must also be later on the wall clock than that, so a box moved west (or an
+    hour repeated by DST) never runs such a slot again; a wildcard job
+    (:func:`wildcard`) runs on the new time at once, as Debian's cron does.
+    None: read in ``tz``.
 
     ``set_back``: when the wall clock was first seen behind the last start
     (stepped back since it; None: it is not). Stepped back further than the
@@ -182,6 +186,15 @@ def next_due(schedule: Schedule, last_start: Optional[float], since: float,
     if schedule.every is not None:
         return since if last_start is None else last_start + schedule.every
     return _cron_due(schedule.cron, last_start, since, tz if tz is not None else local_zone(), last_wall, set_back)
+
+
+def wildcard(cron: str) -> bool:
+    """Does Debian's cron take ``cron`` for a wildcard job - its minute or hour
+    field starts with ``*`` (``*``, ``*/15``)? Such a job runs on the local
+    time as it is, the repeated hour of fall-back included; a job with a fixed
+    minute and hour never runs a wall-clock time twice."""
+    fields = cron.split()
+    return len(fields) >= 2 and (fields[0].startswith("*") or fields[1].startswith("*"))
 
 
 @functools.lru_cache(maxsize=512)
@@ -215,6 +228,8 @@ def _cron_match(cron: str, last_start: Optional[float], since: float, zone: tzin
 
     base = since if last_start is None else max(last_start, since)
     start = datetime.fromtimestamp(base, tz=zone)
+    if wildcard(cron):
+        last_wall = None   # (the instant rule alone: cronsim yields a repeated hour's slots once each)
     if last_wall is not None:
         wall_start = last_wall.replace(tzinfo=zone)
         if wall_start.timestamp() > base:

@@ -107,32 +107,96 @@ def test_fall_back_never_runs_a_job_twice_in_its_slot():
     assert local(next_due(s, first, first - 86400, BERLIN), BERLIN).date().day == 26
 
 
-def test_hourly_jobs_stay_an_hour_apart_through_fall_back():
+def test_hourly_jobs_run_every_real_hour_through_fall_back():
+    """A wildcard job (``*`` in its hour field) runs the repeated hour again, as
+    Debian's cron does: 02:00 CEST, then 02:00 CET an hour later."""
     zone = BERLIN
     start = ts(zone, 2026, 10, 24, 22, 0)
     starts = simulate(Schedule(cron="0 * * * *"), start, start + 8 * 3600, 30.0, lambda _: zone)
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    # 8 real hours from 22:00 CEST: 23, 0, 1, 2 CEST, (2 CET: the same wall-clock
-    # slot again, not run), 3, 4
+    walls = [local(t, zone).strftime("%H:%M%z") for t in starts]
+    assert walls == ["23:00+0200", "00:00+0200", "01:00+0200", "02:00+0200", "02:00+0100", "03:00+0100",
+                     "04:00+0100"], walls
+    assert all(3600 - 30 <= g <= 3600 + 30 for g in gaps), gaps
+
+
+FALL_BACK = [(BERLIN, (2026, 10, 25), 2), (NEW_YORK, (2026, 11, 1), 1)]   # the day, the repeated hour
+
+
+@pytest.mark.parametrize("zone,day,hour,expr", [
+    *[(z, d, h, e) for z, d, h in FALL_BACK for e in ("0 * * * *", "*/30 * * * *", "15 * * * *")],
+    (BERLIN, (2026, 10, 25), 2, "*/20 2 * * *"), (NEW_YORK, (2026, 11, 1), 1, "*/20 1 * * *"),
+])
+def test_a_wildcard_job_runs_the_repeated_hour_of_fall_back(zone, day, hour, expr):
+    """Each slot of the repeated hour is a slot of its own for a wildcard job:
+    due once at its first reading and once at its second (fold=1), never twice
+    at either. ``*/20 2 * * *`` is a wildcard job too (its minute field)."""
+    start = ts(zone, *day, 0, 0) - 3600
+    starts = simulate(Schedule(cron=expr), start, start + 6 * 3600, 20.0, lambda _: zone)
+    assert len(set(starts)) == len(starts)
+    repeated = [t for t in starts if local(t, zone).hour == hour]
+    first = [t for t in repeated if not local(t, zone).fold]
+    second = [t for t in repeated if local(t, zone).fold]
+    assert first and len(first) == len(second), [local(t, zone).isoformat() for t in repeated]
+    assert [local(t, zone).minute for t in first] == [local(t, zone).minute for t in second]
+    for a, b in zip(first, second):
+        assert b - a == pytest.approx(3600, abs=20)
+
+
+def test_after_02_00_cest_an_hourly_job_is_next_due_at_02_00_cet():
+    s = Schedule(cron="0 * * * *")
+    ran = ts(BERLIN, 2026, 10, 25, 2, 0, 4, fold=0)
+    nxt = next_due(s, ran, ran - 86400, BERLIN, wall_clock(ran, BERLIN))
+    assert nxt == ts(BERLIN, 2026, 10, 25, 2, 0, fold=1)
+    assert due([Entry("a", s, ran, ran - 86400, wall_clock(ran, BERLIN))], nxt - 1, BERLIN) == []
+    assert due([Entry("a", s, ran, ran - 86400, wall_clock(ran, BERLIN))], nxt, BERLIN) == ["a"]
+
+
+@pytest.mark.parametrize("zone,day,hour", FALL_BACK)
+@pytest.mark.parametrize("expr", ["0 {h} * * *", "30 {h} * * *", "0,30 {h} * * *", "45 1,2 * * *"])
+def test_a_fixed_hour_job_runs_once_in_the_repeated_hour(zone, day, hour, expr):
+    expr = expr.format(h=hour)
+    start = ts(zone, *day, 0, 0) - 3600
+    starts = simulate(Schedule(cron=expr), start, start + 6 * 3600, 20.0, lambda _: zone)
+    walls = [local(t, zone).replace(tzinfo=None) for t in starts]
+    assert len(set(walls)) == len(walls), walls   # no wall-clock reading run twice
+    assert any(w.hour == hour for w in walls), walls
+
+
+@pytest.mark.parametrize("zone,spring", [(BERLIN, (2026, 3, 29)), (NEW_YORK, (2026, 3, 8))])
+def test_spring_forward_runs_a_wildcard_job_on_the_new_time_once(zone, spring):
+    """The skipped hour has no slots: an hourly job runs at 01:00 and then at
+    03:00 once (the new time), a job fixed in the skipped hour right after the
+    jump."""
+    start = ts(zone, *spring, 0, 0) - 1800
+    starts = simulate(Schedule(cron="0 * * * *"), start, start + 5 * 3600, 20.0, lambda _: zone)
     walls = [local(t, zone).strftime("%H:%M") for t in starts]
-    assert walls == ["23:00", "00:00", "01:00", "02:00", "03:00", "04:00"], walls
-    assert all(3600 - 30 <= g <= 2 * 3600 + 30 for g in gaps), gaps
+    assert walls == ["00:00", "01:00", "03:00", "04:00", "05:00"], walls
+    assert all(b - a == pytest.approx(3600, abs=20) for a, b in zip(starts, starts[1:]))
+    fixed = simulate(Schedule(cron="30 2 * * *"), start, start + 5 * 3600, 20.0, lambda _: zone)
+    assert [local(t, zone).strftime("%H:%M") for t in fixed] == ["03:00"]
+
+
+def test_wildcard_is_the_minute_or_hour_field_starting_with_a_star():
+    from ringd.inputs.schedule import wildcard
+    assert wildcard("0 * * * *") and wildcard("* 2 * * *") and wildcard("*/5 3 * * *")
+    assert wildcard("15 */2 * * *")
+    assert not wildcard("0 2 * * *") and not wildcard("0,30 1-3 * * *") and not wildcard("30 2 * * 0")
 
 
 def test_an_every_minute_job_goes_on_after_a_two_hour_fall_back():
-    """Antarctica/Troll falls back two hours (03:00 +02 -> 01:00 +00): the
-    repeated readings (120 every-minute slots) are passed over at once - the
-    job never stops for good (a next due of infinity), nor runs a slot twice."""
+    """Antarctica/Troll falls back two hours (03:00 +02 -> 01:00 +00): an
+    every-minute job is a wildcard job, so it runs on, a minute apart, through
+    the 120 repeated readings - never stopped for good (a next due of
+    infinity), never twice in one minute."""
     zone = ZoneInfo("Antarctica/Troll")
     s = Schedule(cron="* * * * *")
     ran = ts(zone, 2026, 10, 25, 2, 59, 10)
-    assert local(next_due(s, ran, ran - 60, zone, wall_clock(ran, zone)), zone) == \
-        datetime(2026, 10, 25, 3, 0, tzinfo=zone)
+    assert next_due(s, ran, ran - 60, zone, wall_clock(ran, zone)) == ran + 50
     start = ts(zone, 2026, 10, 25, 2, 30)
     starts = simulate(s, start, start + 4 * 3600, 30.0, lambda _: zone)
-    slots = [local(t, zone).replace(tzinfo=None) for t in starts]
-    assert len(set(slots)) == len(slots)
-    assert slots[-1] >= datetime(2026, 10, 25, 4, 29)        # still running, minute by minute
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) >= 4 * 60 - 2 and all(30 <= g <= 90 for g in gaps), gaps
 
 
 def test_a_time_zone_change_neither_repeats_nor_skips_a_day():
