@@ -369,22 +369,15 @@ def check(state_dir: Path, config_path: Optional[Path], strict: bool) -> None:
     """Validate the config and the roster without starting anything.
 
     Exit 0 valid (warnings on stderr), 78 invalid, 1 with --strict and a warning."""
-    from ringd.inputs.roster import program_problem, read_roster
-    from ringd.host.safefile import check_state_dir
-    warned: List[str] = []
-    from ringd.host.heartbeat import ring_uid
-    # (judged for the user whose driver beats here; with none yet, for this one, who would start it)
-    uid = ring_uid(state_dir, by_state_dir=False)
-    with lenient_modes(lambda w: warned.append(w) if w not in warned else None, ring_uid=uid):
-        try:
-            config = load_config(config_path)
-            check_state_dir(state_dir)   # in ringd run's order: config, state dir, roster
-            roster_path = config.roster_path(state_dir)
-            agents = read_roster(roster_path)
-        except ConfigError as e:
-            _warn(warned)
-            raise fail(f"invalid: {e}", EXIT_CONFIG)
-    warned += config.warnings
+    from ringd.inputs.roster import program_problem
+    from ringd.inputs.startup import inputs_for_run
+    try:
+        # ringd run's own rule, a file others may write included: check validates for run
+        inputs = inputs_for_run(state_dir, config_path)
+    except ConfigError as e:
+        raise fail(f"invalid: {e}", EXIT_CONFIG)
+    config, roster_path, agents = inputs.config, inputs.roster_path, inputs.agents
+    warned: List[str] = list(config.warnings)
     # a section for a name the roster lacks is most often a typo (webb: for web):
     # its limits would silently apply to nothing. Not an error: the roster may
     # gain the agent later, and the running driver re-reads it at every hop.

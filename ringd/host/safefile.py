@@ -358,6 +358,18 @@ def others_can_change(path: Path, st: os.stat_result, uid: int, whose: str = "th
     return None
 
 
+@contextmanager
+def strict_modes() -> Iterator[None]:
+    """Within this block an unsafe file mode is an error, whatever encloses it
+    (:func:`lenient_modes`): what ``ringd run`` is given is judged as run judges it."""
+    global _mode_warning
+    previous, _mode_warning = _mode_warning, None
+    try:
+        yield
+    finally:
+        _mode_warning = previous
+
+
 def check_state_dir(state_dir: Path) -> bool:
     """The one rule on a state dir, for the driver, the watcher and ``ringd
     check`` alike: if it exists, a directory that group and others cannot write

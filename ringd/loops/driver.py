@@ -41,6 +41,7 @@ from ringd.core.policy import (Action, Requests, Spin, TurnInputs, alerts_after,
 from ringd.host.wakeup import requests_from
 from ringd.loops.reaper import driver_alive, orphan_cause, reap
 from ringd.inputs.roster import RosterSource, next_index, wraps
+from ringd.inputs.startup import inputs_for_run
 
 PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast ring
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
@@ -976,12 +977,13 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
         state_line, config_line = found.says()
         logger(f"config {config_line}; state dir {state_line}")
     try:
-        config = load_config(config_path)
+        inputs = inputs_for_run(state_dir, config_path)   # (ringd check's rule)
+        config = inputs.config
         for w in config.warnings:
             logger(f"warning: {w}")
         prepare_state_dir(state_dir)
         caller_umask = os.umask(0o077)  # journal, heartbeat, logs: 0600 whatever the umask
-        roster = RosterSource(config.roster_path(state_dir))
+        roster = RosterSource(inputs.roster_path)
         roster.refresh(force=True)
         if roster.error:
             raise ConfigError(roster.error)

@@ -68,6 +68,28 @@ def _simple(ring):
     ring.roster(f"a {ring.agents_dir}/a.sh")
 
 
+@pytest.mark.parametrize("what", ["roster", "config"])
+@pytest.mark.parametrize("mode", [0o620, 0o602], ids=["group-writable", "other-writable"])
+def test_check_refuses_a_roster_or_config_others_may_write_with_runs_line(ring, what, mode):
+    """check warned and exited 0 for a roster or config group or others may
+    write, which run then refused: whatever check accepts, run runs. Both exit
+    78 with the same reason; a reading command still only warns."""
+    _simple(ring)
+    path = ring.roster_path if what == "roster" else ring.config_path
+    os.chmod(path, mode)
+    code, err = run(ring_cmd("run", "--once", *ring.common()), ring.env)
+    assert code == 78, (code, err)
+    ran = one_line(err)
+    code, err = run(ring_cmd("check", *ring.common()), ring.env)
+    assert code == 78, (code, err)
+    checked = one_line(err)
+    assert f"{path}: " in checked and "writable by group or others" in checked, checked
+    assert checked.split(f"{path}: ", 1)[1] == ran.split(f"{path}: ", 1)[1], (checked, ran)
+    code, err = run(ring_cmd("status", *ring.common()), ring.env)
+    assert code in (0, 3) and "warning" in err and "writable by group or others" in err, (code, err)
+    assert not ring.runs(), "nothing may run"
+
+
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
 def test_config_values_no_command_could_use_are_refused_alike_by_check_run_and_ringwatch(ring, case):
     text, must = BAD_CONFIGS[case]
@@ -111,9 +133,8 @@ def test_a_relative_cwd_is_the_roster_folder_s_and_check_warns_of_a_missing_one(
 @pytest.mark.parametrize("what", ["a-file", "world-writable"])
 def test_check_judges_the_state_dir_by_the_rule_run_and_ringwatch_apply(ring, what):
     """check said "ok" (exit 0, silent) for a state dir that run and ringwatch
-    refuse (78): a file, or a directory others may write. check now refuses the
-    first with run's line, and warns about the second, as it does about a
-    writable roster or config (SPEC: only run and ringwatch refuse those)."""
+    refuse (78): a file, or a directory others may write. check refuses both
+    with run's line: it validates for run."""
     _simple(ring)
     ring.write_config(ring={"roster": str(ring.roster_path)})   # the roster is not looked for in the state dir
     if what == "a-file":
@@ -129,7 +150,7 @@ def test_check_judges_the_state_dir_by_the_rule_run_and_ringwatch_apply(ring, wh
     code, err = run(ring_cmd("check", *common), ring.env)
     line = one_line(err)
     assert reason in line, line
-    assert code == (78 if what == "a-file" else 0), (code, err)
+    assert code == 78, (code, err)
     for argv in (ring_cmd("run", "--once", *common), watch_cmd(*common)):
         code, err = run(argv, ring.env)
         assert code == 78 and reason in one_line(err), (argv[2:4], code, err)

@@ -74,7 +74,7 @@ def test_reading_commands_warn_on_writable_config_and_roster(ring):
     os.chmod(ring.config_path, 0o664)
     os.chmod(ring.roster_path, 0o666)
 
-    for args in (("status",), ("status", "--json"), ("history", "a"), ("logs", "a"), ("check",)):
+    for args in (("status",), ("status", "--json"), ("history", "a"), ("logs", "a")):
         res = ring.cli(*args)
         assert res.returncode in (0, 3), (args, res.stderr)
         lines = [x for x in res.stderr.splitlines() if x.strip()]
@@ -86,6 +86,8 @@ def test_reading_commands_warn_on_writable_config_and_roster(ring):
 
     refused = run(ring_cmd("run", "--once", *ring.common()), ring)
     assert refused.returncode == 78 and "writable by group or others" in refused.stderr
+    checked = run(ring_cmd("check", *ring.common()), ring)   # check validates for run
+    assert checked.returncode == 78 and "writable by group or others" in checked.stderr
     refused = run(watch_cmd(*ring.common()), ring)
     assert refused.returncode == 78 and "writable by group or others" in refused.stderr
     assert not marker.exists()   # a reading command never ran the untrusted alert command
