@@ -47,6 +47,7 @@ class FakeEnv:
         self.pending: List[Tuple[float, int]] = []   # (time, signal)
         self.children: List[FakeChild] = []
         self.logs: List[Tuple[float, str]] = []
+        self.levels: List[Tuple[str, int]] = []   # (message, level) of each log call
         self.beats: List[Tuple[float, dict]] = []
         self.proved: List[Tuple[int, int]] = []   # prove_containment calls
         self.notes: List[str] = []
@@ -198,8 +199,9 @@ class FakeEnv:
     def errno_reason(e):
         return e.strerror or str(e)
 
-    def log(self, message):
+    def log(self, message, level):
         self.logs.append((self.t, message))
+        self.levels.append((message, level))
 
     def close(self):
         pass

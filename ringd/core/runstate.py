@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple, Union
 
+from ringd.core.levels import ERR, INFO, WARNING
 from ringd.core.errors import EX_TEMPFAIL
 from ringd.core.policy import classify, died_of_term
 
@@ -110,6 +111,7 @@ class Close:
 @dataclass(frozen=True)
 class Log:
     text: str
+    level: int   # ringd.core.levels
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
         if s.ending is not None:
             return s, []
         s2, acts = _ending(s, "skip", "skipped by operator", SKIP_GRACE, now)
-        return s2, [Log("skipped by operator")] + acts
+        return s2, [Log("skipped by operator", INFO)] + acts
     if isinstance(ev, Ping):
         return (replace(s, watchdog_at=now + s.watchdog) if s.watchdog else s), []
     if isinstance(ev, Trigger):
@@ -218,7 +220,7 @@ def step(s: RunState, ev: Event, now: float) -> Tuple[RunState, List[Action]]:
             return s, []
         s, acts = _ending(s, "watchdog", "watchdog: the agent asked to be ended (WATCHDOG=trigger)",
                           WATCHDOG_GRACE, now)
-        return s, [Log(f"{s.reason}; ending it like a stall")] + acts
+        return s, [Log(f"{s.reason}; ending it like a stall", WARNING)] + acts
     if isinstance(ev, Phase):
         return replace(s, phase=ev.text), [SetPhase(ev.text)]
     return _tick(s, now)
@@ -252,18 +254,18 @@ def _tick(s: RunState, now: float) -> Tuple[RunState, List[Action]]:
             f"its process did not die of SIGKILL within {UNKILLABLE_WAIT:g}s (uninterruptible sleep?): left behind"
         status = classify(None, SIGKILL, ended_by=s.ending, termed_at_budget=s.termed_at_budget,
                           tempfail_exit_code=s.tempfail_exit_code)
-        return replace(s, closed=True), acts + [Log(reason), Close(status, _source(s), None, None, reason)]
+        return replace(s, closed=True), acts + [Log(reason, ERR), Close(status, _source(s), None, None, reason)]
     if s.kill_at is not None and not s.killed and now >= s.kill_at:
         acts.append(KillTree())
         s = replace(s, killed=True, killed_at=now)
     if s.ending is None and now >= s.stall_at:
         s = replace(s, ending="stall", reason=f"no exit {s.stall:g}s after start", killed=True, killed_at=now)
-        acts += [Log("stalled; SIGKILL to its whole process tree"), KillTree()]
+        acts += [Log("stalled; SIGKILL to its whole process tree", WARNING), KillTree()]
     elif s.ending is None and not s.termed_at_budget and s.watchdog_at is not None and now >= s.watchdog_at:
         # (after the budget's SIGTERM the run is ending: its watchdog is off, as systemd's is for a stopping service)
         s, more = _ending(s, "watchdog", f"watchdog: no ping for {s.watchdog:g} s", WATCHDOG_GRACE, now)
-        acts += [Log(f"{s.reason}; ending it like a stall")] + more
+        acts += [Log(f"{s.reason}; ending it like a stall", WARNING)] + more
     elif s.ending is None and not s.termed_at_budget and now >= s.term_at:
         s = replace(s, termed_at_budget=True, reason=f"run budget of {s.budget:g}s reached")
-        acts += [Log("reached its budget; SIGTERM to its process group"), Term()]
+        acts += [Log("reached its budget; SIGTERM to its process group", WARNING), Term()]
     return s, acts

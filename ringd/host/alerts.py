@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ringd.core.errors import EX_ALERT_CANNOT_START, EX_ALERT_TIMED_OUT
 from ringd.core.events import FAILURES
+from ringd.core.levels import ERR, INFO, WARNING
 
 ALERT_TIMEOUT = 30.0
 ALERT_OUTPUT_BYTES = 64 * 1024   # of one alert's output kept in alerts.log
@@ -82,7 +83,7 @@ def event_payload(kind: str, agent: Optional[str], detail: str, state_dir: Path,
 
 def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], detail: str,
          state_dir: Path, extra: Optional[Dict[str, Any]] = None, timeout: float = ALERT_TIMEOUT,
-         log: Callable[[str], None] = lambda _m: None, reaped_by_caller: bool = True) -> Optional[int]:
+         log: Callable[[str, int], None] = lambda _m, _level: None, reaped_by_caller: bool = True) -> Optional[int]:
     """Start the alert command for one event and return at once (pid or None).
     Never raises: an alert must never hurt the ring. ``reaped_by_caller``: the
     caller collects exited children itself (the driver does, as a subreaper), so
@@ -103,10 +104,10 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
     if why is not None:
         _dropped += 1
         if _dropped == 1:   # said once per storm
-            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {why}")
+            log(f"alert {kind}{f' ({agent})' if agent else ''}: not sent: {why}", WARNING)
         return None
     if _dropped:
-        log(f"{_dropped} alert(s) were not sent (too many at once)")
+        log(f"{_dropped} alert(s) were not sent (too many at once)", WARNING)
         _dropped = 0
     payload = event_payload(kind, agent, detail, state_dir, extra)
     try:
@@ -131,10 +132,10 @@ def fire(command: Optional[Sequence[str]], kind: str, agent: Optional[str], deta
             proc.returncode = 0
         from ringd.host.proctree import register_helper
         register_helper(proc.pid)   # the driver's own helper: never killed as part of a run
-        log(f"alert {kind}{f' ({agent})' if agent else ''}: started {command[0]} (pid {proc.pid})")
+        log(f"alert {kind}{f' ({agent})' if agent else ''}: started {command[0]} (pid {proc.pid})", INFO)
         return proc.pid
     except Exception as e:  # noqa: BLE001 - an alert must never stop the ring
-        log(f"alert {kind}: could not start {command[0]!r}: {e}")
+        log(f"alert {kind}: could not start {command[0]!r}: {e}", ERR)
         return None
 
 

@@ -5,7 +5,8 @@
 UTC with a ``Z``, the program and its pid. When stderr *is* the journal
 (``$JOURNAL_STREAM`` names stderr's device and inode, as systemd sets it), each
 line starts with an sd-daemon(3) priority, ``<3>`` error, ``<4>`` warning,
-``<6>`` info, so ``journalctl -p warning`` finds the problems. A driver started by
+``<6>`` info, so ``journalctl -p warning`` finds the problems; every call states
+its level (``ringd.core.levels``). A driver started by
 a watcher inherits ``JOURNAL_STREAM`` but writes to ``ringd.log``: the device and
 inode tell the two apart, so that file never gets the prefixes.
 """
@@ -17,25 +18,8 @@ import threading
 import time
 from typing import Optional, TextIO
 
+from ringd.core.levels import ERR, INFO, WARNING  # noqa: F401 - the levels callers state
 from ringd.host.notify import without_controls
-
-ERR, WARNING, INFO = 3, 4, 6
-
-# A line's priority when the caller does not give one: the words our own
-# messages use for trouble (lower-cased substrings; errors checked first).
-_ERROR_WORDS = ("error", "cannot", "giving up", "gave up", "refus", "damaged", "not usable", "exited 78")
-_WARNING_WORDS = ("warning", "unhealthy", "stale", "kill", "survived", "still running", "not restarting",
-                  "lost", "fenced", "timed out", "nothing to run", "is gone", "without a clean stop")
-
-
-def priority(message: str) -> int:
-    text = message.lower()
-    if any(w in text for w in _ERROR_WORDS):
-        return ERR
-    if any(w in text for w in _WARNING_WORDS):
-        return WARNING
-    return INFO
-
 
 def stream_is_journal(stream: TextIO, journal_stream: Optional[str]) -> bool:
     """Does ``stream`` go to the journal? (``JOURNAL_STREAM`` is ``DEV:INODE``.)"""
@@ -49,10 +33,9 @@ def stream_is_journal(stream: TextIO, journal_stream: Optional[str]) -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def format_line(prog: str, message: str, *, at: float, pid: int, level: Optional[int] = None,
-                journald: bool = False) -> str:
+def format_line(prog: str, message: str, *, at: float, pid: int, level: int, journald: bool = False) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-    prefix = f"<{priority(message) if level is None else level}>" if journald else ""
+    prefix = f"<{level}>" if journald else ""
     # One line, whatever the message quotes: a path from the config or the command
     # line may hold a newline or an escape sequence (ring.roster: "x\nFAKE: ok"
     # logged a configuration error as two lines, and ringwatch, which reports the
@@ -213,7 +196,7 @@ def rotate_stderr(state_dir, name: str = "ringd.log") -> bool:
     return True
 
 
-def emit(prog: str, message: str, level: Optional[int] = None, stream: Optional[TextIO] = None) -> None:
+def emit(prog: str, message: str, level: int, stream: Optional[TextIO] = None) -> None:
     """Write one line to stderr (or ``stream``) and flush it. A line that cannot
     be written (the log's disk is full: ENOSPC, EIO) is lost, never an error: a
     driver under ringwatch writes to ``logs/ringd.log``, and on a full disk it

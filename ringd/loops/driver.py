@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Set
 from ringd.host import alerts
 from ringd.host import cgroup
 from ringd.core import events, quota
+from ringd.core.levels import ERR, INFO, WARNING
 from ringd.loops import metrics
 from ringd.host import proctree
 from ringd.host import safefile
@@ -101,7 +102,7 @@ def journal_exit(e: JournalError) -> int:
     return EX_UNAVAILABLE if e.transient else EX_CONFIG
 
 
-def startup_journal_exit(e: JournalError, env, logger: Callable[[str], None]) -> int:
+def startup_journal_exit(e: JournalError, env, logger: Callable[[str, int], None]) -> int:
     """The exit of a driver whose journal failed before it was ready. A stop
     signal ends a journal call in flight (``ringd.journal.pgcall``) and is put back:
     an outage (transient) with a stop pending is the stop itself (SPEC: a
@@ -109,9 +110,9 @@ def startup_journal_exit(e: JournalError, env, logger: Callable[[str], None]) ->
     of a stop - not an outage (69, a failed unit). A journal no restart can
     help (damaged, a newer ring's) is refused all the same: 78."""
     if e.transient and requests_from(env.wait(0)[0]).stop:
-        logger(f"stopped while starting ({e})")
+        logger(f"stopped while starting ({e})", INFO)
         return EX_OK
-    logger(str(e))
+    logger(str(e), ERR)
     return journal_exit(e)
 
 
@@ -254,7 +255,7 @@ class Driver:
             self.env.reap_helpers(keep, helpers_only=agent_exited)
         if req.stop and not self.stop_requested:
             self.stop_requested = True
-            self.log("stop requested: finishing up")
+            self.log("stop requested: finishing up", INFO)
         if req.reload and not self.stop_requested:
             # at once, during a run too (SPEC: within 1 s): ``ringd reload`` waits for it;
             # the run in flight keeps its limits, the next one has the new ones
@@ -285,11 +286,11 @@ class Driver:
         except OSError as e:
             if self.beat_error is None:
                 self.log(f"cannot write the heartbeat ({self.env.errno_reason(e)}); "
-                         f"the ring goes on, a watcher will see it as stale")
+                         f"the ring goes on, a watcher will see it as stale", ERR)
             self.beat_error = str(e)
         else:
             if self.beat_error is not None:
-                self.log("heartbeat written again")
+                self.log("heartbeat written again", INFO)
             self.beat_error = None
         self.check_lock()
         if not self.journal_moved and self.journal.moved():   # (a stat, once a beat)
@@ -326,13 +327,13 @@ class Driver:
         if verdict != "lost":
             self.lock_lost_since = None
         if verdict == "retaken":
-            self.log(f"{self.lock.path} was removed or replaced; locked it again")
+            self.log(f"{self.lock.path} was removed or replaced; locked it again", WARNING)
         elif verdict == "lost" and self.lock_lost_since is None:
             # a second driver that locked the new file gives it up at once when it
             # sees us alive: only a loss that lasts means another driver runs
             self.lock_lost_since = now
         elif verdict == "lost" and now - self.lock_lost_since >= LOCK_LOSS_GRACE and not self.stop_requested:
-            self.log(f"{self.lock.path} was replaced and another driver holds it; stopping")
+            self.log(f"{self.lock.path} was replaced and another driver holds it; stopping", ERR)
             self.stop_requested, self.stop_reason, self.exit_code = True, "driver lost its lock", EX_TEMPFAIL
 
     # --- waiting -----------------------------------------------------------------------
@@ -385,16 +386,16 @@ class Driver:
             try:
                 self.config = for_watchdog(for_leadership(self.keep_journal(load_config(self.config_path))))
                 self.config_loaded_at, self.config_error = self.env.wall(), None
-                self.log(f"config reloaded from {self.config_path}")
+                self.log(f"config reloaded from {self.config_path}", INFO)
             except ConfigError as e:
                 self.config_error = str(e)
                 errors.append(("config", str(e)))
-                self.log(f"config error, keeping the running config: {e}")
+                self.log(f"config error, keeping the running config: {e}", ERR)
             # ring.roster may name another file now: read that one from here on
             # (status and check already do), keeping the last good roster until it parses
             path = self.config.roster_path(self.state_dir)
             if path != self.roster.path:
-                self.log(f"roster is now {path} (was {self.roster.path})")
+                self.log(f"roster is now {path} (was {self.roster.path})", INFO)
                 self.roster = self.roster.moved_to(path)
         had_error = self.roster.error is not None
         if self.roster.refresh(force=True):
@@ -416,21 +417,21 @@ class Driver:
         if (new.ring.journal, new.ring.lease_ttl) == (old.journal, old.lease_ttl):
             return new
         self.log("ring.journal and ring.lease_ttl take effect when the driver restarts; "
-                 "keeping the running ones")
+                 "keeping the running ones", WARNING)
         return dataclasses.replace(new, ring=dataclasses.replace(new.ring, journal=old.journal,
                                                                  lease_ttl=old.lease_ttl))
 
     def roster_changed(self, had_error: bool = False) -> None:
         if self.roster.error:
-            self.log(f"roster error, keeping the last good roster: {self.roster.error}")
+            self.log(f"roster error, keeping the last good roster: {self.roster.error}", ERR)
         elif had_error:
-            self.log(f"roster fixed: {self.roster.path} loaded again, {len(self.roster.agents)} agent(s)")
+            self.log(f"roster fixed: {self.roster.path} loaded again, {len(self.roster.agents)} agent(s)", INFO)
         else:
-            self.log(f"roster loaded: {len(self.roster.agents)} agent(s)")
+            self.log(f"roster loaded: {len(self.roster.agents)} agent(s)", INFO)
         try:
             self.journal.set_meta("roster_error", self.roster.error)
         except JournalError as e:   # state dir full or read-only
-            self.log(f"cannot record the roster state in the journal: {e}")
+            self.log(f"cannot record the roster state in the journal: {e}", ERR)
 
     # --- metrics and alerts ---------------------------------------------------------------
     def write_metrics(self, agent: Optional[str] = None, run_started_at: Optional[float] = None) -> None:
@@ -451,7 +452,7 @@ class Driver:
             self._metrics_failing = False
         except (OSError, JournalError) as e:
             if not self._metrics_failing:
-                self.log(f"cannot write metrics: {e}")
+                self.log(f"cannot write metrics: {e}", ERR)
             self._metrics_failing = True
 
     def alert(self, kind: str, agent: Optional[str], detail: str, **extra) -> None:
@@ -507,7 +508,7 @@ class Driver:
             self._prune_failing = False
         except JournalError as e:   # never allowed to hurt the ring; say so once
             if not self._prune_failing:
-                self.log(f"cannot prune the journal (ring.keep_runs): {e}")
+                self.log(f"cannot prune the journal (ring.keep_runs): {e}", ERR)
             self._prune_failing = True
             return   # (nothing was deleted: the transaction rolled back)
         # The logs of the runs that went, of agents no longer on the roster: no
@@ -529,7 +530,7 @@ class Driver:
         leader = self.leader
         if leader.must_stop():
             self.env.notify("STATUS=standby: another driver leads the ring")
-            self.log("standing by: another driver leads the ring (or the journal is unreachable)")
+            self.log("standing by: another driver leads the ring (or the journal is unreachable)", INFO)
         while not self.stop_requested:
             if not leader.must_stop():
                 try:
@@ -540,7 +541,7 @@ class Driver:
                         leader.settle_takeover(self.config, on_reaped=self.on_reaped)
                         return True
                 except (JournalError, OSError) as e:
-                    self.log(f"cannot close the lapsed leader's run yet: {e}")
+                    self.log(f"cannot close the lapsed leader's run yet: {e}", WARNING)
             sigs, _ = self.env.wait(self.config.ring.heartbeat_interval)
             self.absorb(sigs)
             self.beat()
@@ -579,11 +580,11 @@ class Driver:
             raise
         self.journal, self.journal_moved, self.unconfirmed, self.quota_read = new, False, {}, None
         self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
-                 f"(history and counters start from it)")
+                 f"(history and counters start from it)", WARNING)
         try:
             self.journal.set_meta("roster_error", self.roster.error)   # what status reads of it
         except JournalError as e:
-            self.log(f"cannot record the roster state in the journal: {e}")
+            self.log(f"cannot record the roster state in the journal: {e}", ERR)
         self._metrics_dirty = True
 
     def resume_from_journal(self) -> None:
@@ -624,7 +625,7 @@ class Driver:
         self.beat()
         self.env.ready()
         self.env.notify(f"STATUS=running the ring of {len(self.roster.agents)} agent(s)")
-        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}")
+        self.log(f"driver started: {len(self.roster.agents)} agent(s), state {self.state_dir}", INFO)
         while True:
             self.hear()
             if self.stop_requested or (turns_left is not None and turns_left <= 0):
@@ -640,14 +641,14 @@ class Driver:
             except JournalError as e:
                 if not e.transient:
                     # an unusable journal: nothing can be recorded; any agent is already stopped
-                    self.log(f"journal unusable, stopping: {e}")
+                    self.log(f"journal unusable, stopping: {e}", ERR)
                     self.exit_code = EX_CONFIG
                     break
-                self.log(f"journal failure, turn not taken: {e}")
+                self.log(f"journal failure, turn not taken: {e}", ERR)
                 try:
                     self.pause(min(JOURNAL_RETRY[1], max(JOURNAL_RETRY[0], self.config.ring.heartbeat_interval)))
                 except JournalError as e2:   # the last run's end met an unusable journal
-                    self.log(f"journal unusable, stopping: {e2}")
+                    self.log(f"journal unusable, stopping: {e2}", ERR)
                     self.exit_code = EX_CONFIG
                     break
                 continue
@@ -724,7 +725,7 @@ class Driver:
             raise
         self.unconfirmed = {}
         for run_id, name in lost:
-            self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}")
+            self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}", WARNING)
         if pending is not None:
             self.pending = None
             if hop is not None:   # said and alerted once the next agent is started (Hop.after_start)
@@ -735,7 +736,7 @@ class Driver:
             return self.wait_paused(limit)
         if self.paused_said:
             self.paused_said = False
-            self.log("ring resumed by the operator")
+            self.log("ring resumed by the operator", INFO)
         if plan is None:
             self.lap_boundary()
             return 0
@@ -752,9 +753,9 @@ class Driver:
         if plan.scheduled:
             # a scheduled agent's run is not a turn: the ring's position and lap stay
             if started is None:
-                self.log(f"{agent.name}: scheduled run skipped ({d.reason})")
+                self.log(f"{agent.name}: scheduled run skipped ({d.reason})", INFO)
                 return 0
-            self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})")
+            self.log(f"{agent.name}: due ({self.config.schedule_for(agent.name).describe()})", INFO)
             env.notify(f"STATUS=lap {self.lap}: running {agent.name} (scheduled)")
             self.ended(hop.run())
             return 0
@@ -762,9 +763,9 @@ class Driver:
             self.at_lap_start = False
             self.cursor, self.cursor_roster = (agent.name, plan.index), view.names
         if d.action is Action.RUN and d.reason:   # line changed, probation
-            self.log(f"{agent.name}: {d.reason}")
+            self.log(f"{agent.name}: {d.reason}", INFO)
         if started is None:
-            self.log(f"{agent.name}: turn skipped ({d.reason})")
+            self.log(f"{agent.name}: turn skipped ({d.reason})", INFO)
             return len(plan.passed) + 1
         env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
         self.ended(hop.run())
@@ -801,11 +802,11 @@ class Driver:
                 if self.stop_requested:
                     self.pending = None
                     pending.hop.say(f"ended, but its end could not be recorded ({e}); "
-                                    f"the next driver's reaper closes it")
+                                    f"the next driver's reaper closes it", ERR)
                     return
                 if not failing:
                     until = getattr(e, "retry_until", "the state dir is writable")
-                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until {until}")
+                    pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until {until}", ERR)
                 failing = True
                 sigs, _ = self.env.wait(delay)
                 self.absorb(sigs)
@@ -813,7 +814,7 @@ class Driver:
                 delay = min(delay * 2, 5.0)
                 continue
             if failing:
-                pending.hop.say("end recorded")
+                pending.hop.say("end recorded", INFO)
             self.pending = None
             self.after_run(pending.done(closed))
             return
@@ -824,7 +825,7 @@ class Driver:
         also checks its lease at the loop's top). A paused ``--once`` runs nothing."""
         if not self.paused_said:
             self.paused_said = True
-            self.log("ring paused by the operator: starting nothing until `ringd resume`")
+            self.log("ring paused by the operator: starting nothing until `ringd resume`", INFO)
             self.env.notify("STATUS=paused (ringd resume)")
         if self.once:
             return limit or 1
@@ -881,7 +882,7 @@ class Driver:
                 continue
             if hold is None:
                 self.quota_held.discard(name)
-                self.log(f"quota {name}: open again, {st.left_for(None)} of {st.pool.limit} left")
+                self.log(f"quota {name}: open again, {st.left_for(None)} of {st.pool.limit} left", INFO)
                 continue
             self.quota_held.add(name)
             reserved = f", {st.reserved_total} reserved for {', '.join(sorted(st.reserved))}" if st.reserved else ""
@@ -889,7 +890,7 @@ class Driver:
                      f"until {schedule.wall_clock(hold.until).strftime('%H:%M:%S')} "
                      f"(in {max(0.0, hold.until - gate.now):.1f}s)")
             self.log(f"{hold.reason}: {st.used} of {st.pool.limit} used in its "
-                     f"{st.pool.window:g}s window{reserved}; its agents wait {until}")
+                     f"{st.pool.window:g}s window{reserved}; its agents wait {until}", INFO)
 
     def lap_boundary(self) -> None:
         """A new lap starts when the ring wraps: count it, pause if configured, and
@@ -899,7 +900,7 @@ class Driver:
         try:
             self.journal.set_meta("lap", str(self.lap))
         except JournalError as e:   # state dir full or read-only: the ring goes on
-            self.log(f"cannot record lap {self.lap} in the journal: {e}")
+            self.log(f"cannot record lap {self.lap} in the journal: {e}", ERR)
         self.spin = spin_at_lap_end(self.spin, self.config.ring.backoff_max)
         if self.once:
             return
@@ -921,7 +922,7 @@ class Driver:
         if self.spin.delay > 0:
             if not self.spin_logged:
                 self.log(f"every run of the last lap failed within {self.config.ring.fast_fail:g}s; "
-                         f"waiting between laps (from 1s, doubling up to {self.config.ring.backoff_max:g}s)")
+                         f"waiting between laps (from 1s, doubling up to {self.config.ring.backoff_max:g}s)", WARNING)
                 self.spin_logged = True
             self.pause(self.spin.delay)
         else:
@@ -933,7 +934,7 @@ class Driver:
         delay = None if until is None else max(0.0, until - now)
         if not self.idle_logged:
             self.log("nothing to run: every agent is backing off, quarantined, paused, not due "
-                     "or held by its quota" + (f"; next in {delay:.1f}s" if delay is not None else ""))
+                     "or held by its quota" + (f"; next in {delay:.1f}s" if delay is not None else ""), WARNING)
             self.idle_logged = True
         self.pause(delay, until_roster_edit=True, wall_until=until)
 
@@ -941,7 +942,7 @@ class Driver:
         try:
             self.flush()
         except JournalError as e:
-            self.log(f"journal unusable, the last run's end is not recorded: {e}")
+            self.log(f"journal unusable, the last run's end is not recorded: {e}", ERR)
         self.env.notify("STOPPING=1")
         if self.leader is not None:
             self.leader.release()  # a standby takes over at once, not after the TTL
@@ -949,8 +950,8 @@ class Driver:
         try:
             self.env.beat(lap=self.lap, agent=None, run_id=None, stopped=True, extra=self.facts())
         except OSError as e:
-            self.log(f"cannot record the clean stop in the heartbeat: {e}")
-        self.log("driver stopped")
+            self.log(f"cannot record the clean stop in the heartbeat: {e}", ERR)
+        self.log("driver stopped", INFO)
 
 
 def echo_to_terminal() -> None:
@@ -965,7 +966,7 @@ def echo_to_terminal() -> None:
 
 
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,
-               logger: Callable[[str], None] = log, found=None) -> int:
+               logger: Callable[[str, int], None] = log, found=None) -> int:
     """``ringd run``: returns the process exit code. Errors are one line on stderr.
     ``found``: how the command line found the config and state dir
     (config.Location): said when they were not given, and always when the
@@ -975,12 +976,12 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     if found is not None and (found.found.config_from not in ("--config", "$RING_CONFIG")
                               or found.found.state_from not in ("--state", "$RING_STATE")):
         state_line, config_line = found.says()
-        logger(f"config {config_line}; state dir {state_line}")
+        logger(f"config {config_line}; state dir {state_line}", INFO)
     try:
         inputs = inputs_for_run(state_dir, config_path)   # (ringd check's rule)
         config = inputs.config
         for w in config.warnings:
-            logger(f"warning: {w}")
+            logger(f"warning: {w}", WARNING)
         prepare_state_dir(state_dir)
         caller_umask = os.umask(0o077)  # journal, heartbeat, logs: 0600 whatever the umask
         roster = RosterSource(inputs.roster_path)
@@ -989,7 +990,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             raise ConfigError(roster.error)
         lock = acquire_lock(state_dir)
     except RingError as e:
-        logger(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e))
+        logger(f"configuration error: {e}" if isinstance(e, ConfigError) else str(e), ERR)
         return e.code
     env = RealEnv(state_dir, logger, prove_containment=False)   # proven just before the first run (Driver.run)
     me = (env.pid, env.pid_start)
@@ -1003,7 +1004,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             journal.stop_recording()  # until this driver takes the lease
             repaired = journal.take_repaired()
             if repaired:
-                logger(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again")
+                logger(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again", WARNING)
             leader = Leader(journal, config.ring.lease_ttl, logger)
             config = for_leadership(config)
         else:
@@ -1020,7 +1021,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     other = live_driver(state_dir, me, journal if leader is None else None)
     if other is not None:
         logger(f"{state_dir / LOCK_FILE}: another driver (pid {other}) is alive though its lock file "
-               f"was removed; not starting beside it")
+               f"was removed; not starting beside it", ERR)
         journal.close()
         lock.release()
         env.close()
@@ -1034,7 +1035,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
     # (we hold the lock and no other driver lives)
     swept = cgroup.sweep(state_dir, also=env.containment.parent, deadline=kill_by)
     if swept:
-        logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)")
+        logger(f"removed {swept} run cgroup(s) left by a dead driver (anything still in them killed)", WARNING)
     driver = None
     try:
         driver = Driver(env, state_dir, config_path, for_watchdog(config), roster, journal, lock=lock, once=once,

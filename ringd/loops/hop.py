@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Set, Union
 
-from ringd.core import quota, runstate
+from ringd.core import levels, quota, runstate
+from ringd.core.levels import ERR, INFO, WARNING
 from ringd.journal import transitions
 from ringd.inputs.config import Config
 from ringd.journal.sqlite import Journal, JournalError
@@ -114,8 +115,8 @@ class Hop:
         self._use_failing: Optional[str] = None
         self._reports_said: Set[str] = set()   # kinds of ignored reports said (once a run each)
 
-    def say(self, text: str) -> None:
-        self.env.log(f"run {self.run_id}: {self.agent.name} {text}")
+    def say(self, text: str, level: int) -> None:
+        self.env.log(f"run {self.run_id}: {self.agent.name} {text}", level)
 
     # --- the run ---------------------------------------------------------------------
     def prepare(self) -> None:
@@ -158,7 +159,7 @@ class Hop:
         None once the log is made (or the error is no longer an outage)."""
         env, host = self.env, self.host
         self.say(f"cannot make its run log yet ({env.errno_reason(self._log_error)}): the state dir is full "
-                 f"or unwritable, not the agent's fault; it starts once there is room")
+                 f"or unwritable, not the agent's fault; it starts once there is room", WARNING)
         delay = outage_retry_after(None)
         retry_at = env.monotonic() + delay
         while True:
@@ -181,7 +182,7 @@ class Hop:
             if now < retry_at:
                 continue
             if self._open_log():
-                self.say("run log made: starting it")
+                self.say("run log made: starting it", INFO)
                 self._open_voice(env.wall())
                 return None
             if not is_outage(self._log_error.errno):
@@ -195,7 +196,7 @@ class Hop:
         watchdog, which it could not ping, is off for the run."""
         if self._notify_error is not None:
             off = f"; its {self.watchdog:g}s watchdog is off for this run" if self.watchdog else ""
-            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}")
+            self.say(f"gets no notify socket: {self.env.errno_reason(self._notify_error)}{off}", WARNING)
             self._notify_error = None
         if self.notify is not None:
             self._run_env["NOTIFY_SOCKET"] = self.notify.env
@@ -265,7 +266,7 @@ class Hop:
             if self.notify is not None:
                 self.notify.set_agent(child.pid)
             self.say(f"started (pid {child.pid}, budget {self.limits.run_budget:g}s"
-                     f"{f', watchdog {self.watchdog:g}s' if self.watchdog else ''})")
+                     f"{f', watchdog {self.watchdog:g}s' if self.watchdog else ''})", INFO)
             leader = host.leader
             if leader is not None:
                 # killed at the switch even while we block in a database call
@@ -320,11 +321,11 @@ class Hop:
             except quota.BadReport as e:
                 if e.kind not in self._reports_said:
                     self._reports_said.add(e.kind)
-                    self.say(f"sent a quota report that is ignored: {e}")
+                    self.say(f"sent a quota report that is ignored: {e}", WARNING)
                 continue
             if isinstance(report, quota.Refused) and f"refused:{report.pool}" not in self._reports_said:
                 self._reports_said.add(f"refused:{report.pool}")
-                self.say(f"reports quota {report.pool} exhausted for {max(0.0, report.until - wall_now):.0f}s")
+                self.say(f"reports quota {report.pool} exhausted for {max(0.0, report.until - wall_now):.0f}s", INFO)
             self.use.take(report, wall_now)
 
     def _record_use(self, now: float) -> None:
@@ -337,7 +338,7 @@ class Hop:
                 transitions.record_use(tx, self.run_id, self.agent.name, self.use)
         except JournalError as e:
             if self._use_failing is None:
-                self.say(f"cannot record its quota use yet ({e}); it is recorded with its end")
+                self.say(f"cannot record its quota use yet ({e}); it is recorded with its end", WARNING)
             self._use_failing = str(e)
             if not e.transient:
                 self.use.dirty = False   # (its end records it, or says why not)
@@ -346,7 +347,7 @@ class Hop:
         self.host.quota_read = None
         if self._use_failing is not None:
             self._use_failing = None
-            self.say("quota use recorded")
+            self.say("quota use recorded", INFO)
 
     def _publish_notes(self, now: float, force: bool = False) -> None:
         due = self.notes.due_at() if self.notes is not None else None
@@ -356,7 +357,7 @@ class Hop:
             except OSError as e:   # a full state dir: status shows an older phase, the run goes on
                 self.notes.dirty = False
                 if not self._notes_failing:   # said once, as for the heartbeat: never once a second
-                    self.say(f"cannot publish its phase: {self.env.errno_reason(e)}")
+                    self.say(f"cannot publish its phase: {self.env.errno_reason(e)}", ERR)
                 self._notes_failing = True
             else:
                 self._notes_failing = False
@@ -438,7 +439,7 @@ class Hop:
             return False
         if self.env.exit_status(child) is not None:
             return False   # it has ended on its own: an end this driver knows, kept (Driver.flush)
-        self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more")
+        self.say("lost its leadership; SIGKILL to its whole process tree, recording nothing more", WARNING)
         self.env.kill_tree(child, self.host.state_key, self.run_id)
         self.env.reap(child)
         return True
@@ -452,9 +453,9 @@ class Hop:
         elif isinstance(a, KillTree):
             killed = env.kill_tree(child, host.state_key, self.run_id)
             if killed:
-                self.say(f"left {killed} process(es) behind; killed them")
+                self.say(f"left {killed} process(es) behind; killed them", WARNING)
         elif isinstance(a, Log):
-            self.say(a.text)
+            self.say(a.text, a.level)
         elif isinstance(a, SetPhase):
             pass   # published by _publish_notes (at most once a second), kept on the row at the close
 
@@ -463,7 +464,7 @@ class Hop:
             return transitions.skip_requested_for(self.host.journal, self.run_id)
         except JournalError as e:
             # the agent is supervised to its end whatever the journal does
-            self.say(f"cannot read operator requests ({e}); the run goes on")
+            self.say(f"cannot read operator requests ({e}); the run goes on", ERR)
             return False
 
     def _record_pid(self, child, now: float) -> Optional[float]:
@@ -481,19 +482,19 @@ class Hop:
             # the row exists (written before the start); only its pid is missing:
             # supervise the agent anyway, never leave it running unwatched
             if not e.transient:
-                self.say(f"cannot record its pid: {e}")
+                self.say(f"cannot record its pid: {e}", ERR)
                 return None
             if not self._pid_deferred:
-                self.say(f"cannot record its pid yet ({e}); trying again every {PID_RECORD_RETRY:g}s")
+                self.say(f"cannot record its pid yet ({e}); trying again every {PID_RECORD_RETRY:g}s", WARNING)
                 self._pid_deferred = True
             return now + PID_RECORD_RETRY
         if self._pid_deferred:
-            self.say("pid recorded")
+            self.say("pid recorded", INFO)
         return None
 
     # --- closing -------------------------------------------------------------------------
     def _close_error(self, reason: str) -> "Pending":
-        self.say(f"could not start: {reason}")
+        self.say(f"could not start: {reason}", ERR)
         return self._close(Close("error", "driver", None, None, reason))
 
     def _close(self, c: Close) -> "Pending":
@@ -538,11 +539,11 @@ class Pending:
         duration = max(0.0, self.now - h.started_at)
         detail = f"exit {c.exit_code}" if c.exit_code is not None else (f"signal {c.signal}" if c.signal else "")
         if closed is not None:
-            h.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s")
+            h.say(f"{c.status}{f' ({detail})' if detail else ''} after {duration:.2f}s", levels.of_end(c.status))
             if closed.settled.entered_quarantine:
-                env.log(f"{h.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)")
+                env.log(f"{h.agent.name}: quarantined ({closed.settled.state.bad_streak} bad endings in a row)", WARNING)
         else:
-            h.say("ended, but its row was already closed (by an operator or the reaper)")
+            h.say("ended, but its row was already closed (by an operator or the reaper)", WARNING)
         if h.log_path is not None:
             env.keep_logs(h.agent.name, h.run_id, h.host.config.ring.keep_logs)
         return HopResult(h.run_id, h.agent.name, c.status, duration, closed)

@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 from ringd.core import lease as leaselib
+from ringd.core.levels import ERR, INFO, WARNING
 from ringd.host import procid
 from ringd.journal.sqlite import JournalError
 from ringd.journal.transitions import close_row
@@ -39,7 +40,7 @@ def lease_clock() -> float:
 
 
 class Leader:
-    def __init__(self, journal, ttl: float, log: Callable[[str], None], host: Optional[str] = None):
+    def __init__(self, journal, ttl: float, log: Callable[[str, int], None], host: Optional[str] = None):
         self.journal = journal            # a journal_pg.PgJournal
         self.ttl = ttl
         self.log = log
@@ -116,7 +117,7 @@ class Leader:
             time.sleep(0.02)
         n = len(killed)
         self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
-                 f"killed run {run_id} ({n} process(es), agent pid {pid})")
+                 f"killed run {run_id} ({n} process(es), agent pid {pid})", ERR)
 
     @property
     def role(self) -> str:
@@ -148,13 +149,13 @@ class Leader:
             self._say_repairs()
             if self._failing is None:
                 left = f"leading for at most {self.seconds_left():.1f}s more" if self.leading else "standing by"
-                self.log(f"lease: cannot {'renew' if self.leading else 'take'} it ({e}); {left}")
+                self.log(f"lease: cannot {'renew' if self.leading else 'take'} it ({e}); {left}", ERR)
             self._failing = str(e)
             self.must_stop()
             return
         self._say_repairs()
         if self._failing is not None:
-            self.log("lease: journal reachable again")
+            self.log("lease: journal reachable again", INFO)
             self._failing = None
         self.lease_holder, self.lease_expires_at = view.holder, view.expires_at
         if d.action == leaselib.WAIT:
@@ -173,20 +174,20 @@ class Leader:
             self.took_over = True
             self.took_over_from = d.previous if d.action == leaselib.TAKE else self.me
             self.log(f"lease: leading (epoch {d.epoch})"
-                     f"{f', after {d.previous}' if d.previous else ''}")
+                     f"{f', after {d.previous}' if d.previous else ''}", INFO)
 
     def _say_repairs(self) -> None:
         """What of the schema the journal made again (a table dropped under the
         running ring; by this beat or by any write since the last), said once."""
         repaired = self.journal.take_repaired()
         if repaired:
-            self.log(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again")
+            self.log(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again", WARNING)
 
     def _lose(self, why: str) -> None:
         with self._cond:
             self.leading = False
         self.journal.stop_recording()
-        self.log(f"lease: no longer leading ({why}); recording nothing more, standing by")
+        self.log(f"lease: no longer leading ({why}); recording nothing more, standing by", WARNING)
 
     def settle_takeover(self, config, on_reaped=None) -> None:
         """After taking the lease: close the lapsed leader's ``running`` row as
@@ -211,7 +212,7 @@ class Leader:
                            reason=reason)
         self.took_over = False
         if closed is not None:
-            self.log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
+            self.log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})", WARNING)
             if on_reaped is not None:
                 on_reaped(row, closed)
 
@@ -220,5 +221,5 @@ class Leader:
             try:
                 self.journal.release()
             except JournalError as e:
-                self.log(f"lease: cannot release ({e}); it lapses in {self.ttl:g}s")
+                self.log(f"lease: cannot release ({e}); it lapses in {self.ttl:g}s", WARNING)
         self.leading = False

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
+from ringd.core.levels import WARNING
 from ringd.host import cgroup
 from ringd.host import proctree
 from ringd.inputs.config import Config
@@ -108,7 +109,7 @@ def _kill_orphan(state_dir: Path, row: RunRow, deadline: float) -> int:
 
 def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tuple] = None,
          line_of: Callable[[str], Optional[str]] = lambda _n: None,
-         log: Callable[[str], None] = lambda _m: None,
+         log: Callable[[str, int], None] = lambda _m, _level: None,
          on_reaped: Optional[Callable[[RunRow, Closed], None]] = None,
          kill_by: Optional[float] = None) -> List[int]:
     """Close the orphaned ``running`` row, if any, as ``interrupted`` (source
@@ -128,7 +129,7 @@ def reap(journal: Journal, state_dir: Path, config: Config, *, me: Optional[tupl
                        line=line_of(row.agent), reason=reason, phase=read_notes(state_dir, row.id).get("phase"))
     if closed is None:
         return []
-    log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})")
+    log(f"reaper: run {row.id} of {row.agent} closed as interrupted ({reason})", WARNING)
     if on_reaped is not None:
         on_reaped(row, closed)
     return [row.id]

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, Optional, Set
 from ringd.host import alerts
 from ringd.host import cgroup
 from ringd.core import events
+from ringd.core.levels import ERR, INFO, WARNING
 from ringd.host import logline
 from ringd.host import proctree
 from ringd.inputs.config import Config, ConfigError, load_config
@@ -69,9 +70,10 @@ FOLLOW_MIN = 0.2        # s; STATUS= looks at the heartbeat at most this often (
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 
 
-def log(message: str) -> None:
-    """One line per event on stderr, in ringd's format (``ringd.host.logline``)."""
-    logline.emit("ringwatch", message)
+def log(message: str, level: int = logline.INFO) -> None:
+    """One line per event on stderr, in ringd's format (``ringd.host.logline``).
+    Every call states its level (as :func:`ringd.host.env.stderr_logger`)."""
+    logline.emit("ringwatch", message, level)
 
 
 class Stop(Exception):
@@ -139,7 +141,7 @@ class Watcher:
                    started_at=iso(time.time()), stopped=False, gave_up=False,
                    mode="restart_command" if self.command_mode else "owner")
         for warning in self._warnings():
-            log(f"warning: {warning}")
+            log(f"warning: {warning}", WARNING)
         try:
             self._first_driver()
             self.notifier.notify("READY=1")
@@ -161,19 +163,19 @@ class Watcher:
         live = _live_driver(hb)
         mode = f"restart_command {list(self.w.restart_command)}" if self.command_mode else "owner"
         log(f"watching {self.state_dir} (pid {os.getpid()}, mode {mode}, "
-            f"poll {self.w.poll_interval}s, stale after {self.w.stale_after}s)")
+            f"poll {self.w.poll_interval}s, stale after {self.w.stale_after}s)", INFO)
         if live is not None:
             proc = driverproc.adopt(*live)
             if proc is not None:
                 self.proc = proc
                 self.view = watchpolicy.following(hb, now, fresh=True) if self.command_mode \
                     else watchpolicy.adopted(hb, now)
-                log(f"driver already running (pid {proc.pid}); watching it")
+                log(f"driver already running (pid {proc.pid}); watching it", INFO)
                 return
         if self.command_mode:
             self.view = watchpolicy.following(hb, now, fresh=False)
             log(f"no live driver yet; waiting up to {self.w.stale_after}s for one to beat "
-                f"before running the restart command")
+                f"before running the restart command", INFO)
             return
         self._start_driver("initial start")
 
@@ -202,9 +204,9 @@ class Watcher:
         watcher is refused by the kernel lock (it also finds us in ringwatch.json)."""
         verdict = self.lock.verify() if self.lock is not None else "ok"
         if verdict == "retaken":
-            log(f"{self.lock.path} was removed or replaced; locked it again")
+            log(f"{self.lock.path} was removed or replaced; locked it again", WARNING)
         elif verdict == "lost" and not self.lock_lost:
-            log(f"{self.lock.path} was replaced and another process holds its lock; watching on")
+            log(f"{self.lock.path} was replaced and another process holds its lock; watching on", WARNING)
         self.lock_lost = verdict == "lost"
 
     def _child_exit(self, hb: Any, now: float) -> Optional[int]:
@@ -217,7 +219,7 @@ class Watcher:
         detail = f" ({why})" if why else ""
         if code == EXIT_CONFIG:
             log(f"driver (pid {proc.pid}) exited 78, a configuration error{detail}; not restarting it. "
-                f"Fix the configuration (ringd check), then start ringwatch again")
+                f"Fix the configuration (ringd check), then start ringwatch again", ERR)
             self._status("driver configuration error")
             self._save(driver={"pid": proc.pid, "pid_start": proc.start_time, "health": "config-error"},
                        stopped=True)
@@ -225,12 +227,12 @@ class Watcher:
             return EXIT_CONFIG
         if code == EXIT_LOCKED:
             log(f"driver (pid {proc.pid}) exited 75: another driver holds ringd.lock{detail}; "
-                f"watching that one by its heartbeat")
+                f"watching that one by its heartbeat", WARNING)
             self.proc = None
             self.view = watchpolicy.following(hb, now, fresh=False)
             return None
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
-        log(f"driver (pid {proc.pid}) {how}{detail}")
+        log(f"driver (pid {proc.pid}) {how}{detail}", WARNING)
         return None
 
     def _sync_proc(self) -> None:
@@ -262,7 +264,7 @@ class Watcher:
 
     # --- replacing an unhealthy driver ---------------------------------------------
     def _replace(self, verdict: watchpolicy.Verdict) -> Optional[int]:
-        log(f"driver unhealthy ({verdict.health}): {verdict.reason}")
+        log(f"driver unhealthy ({verdict.health}): {verdict.reason}", WARNING)
         old = self._old_proc()
         if old is not None and not old.alive():
             old.poll_exit()
@@ -296,7 +298,7 @@ class Watcher:
         if self.command_mode:
             self._run_restart_command(n)
             if old is not None and old.alive():
-                log(f"old driver (pid {old.pid}) survived the restart command; stopping it")
+                log(f"old driver (pid {old.pid}) survived the restart command; stopping it", WARNING)
                 self._stop(old, "survived restart command")
         else:
             self._start_driver(n)
@@ -306,7 +308,7 @@ class Watcher:
     def on_event(self, kind: str, detail: str) -> Optional[int]:
         """Log the event and run the operator's alert command (detached, time-limited).
         The alert helper's pid, or None if none was started."""
-        log(f"event: {kind}: {detail}")
+        log(f"event: {kind}: {detail}", WARNING)
         return alerts.fire(self.config.alerts.command, kind, None, detail, self.state_dir,
                     timeout=self.config.alerts.timeout, log=log, reaped_by_caller=False)
 
@@ -325,11 +327,11 @@ class Watcher:
         own = plan is None
         self.plan = plan or watchpolicy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
         log(f"stopping driver (pid {proc.pid}, {why}): SIGTERM, SIGKILL after {STOP_GRACE}s "
-            f"(or at a second SIGTERM)")
+            f"(or at a second SIGTERM)", INFO)
         self._status(f"stopping driver pid {proc.pid}")
         try:
             how = driverproc.stop(proc, lambda: self.plan, pause=self._stop_pause)
-            log(f"driver (pid {proc.pid}) {how}")
+            log(f"driver (pid {proc.pid}) {how}", WARNING if how in ("killed", "survived") else INFO)
             if how in ("killed", "survived"):
                 self._reap_orphan()
         finally:
@@ -348,19 +350,20 @@ class Watcher:
             # judged dead at once and retried restart_sec later under the start
             # limit (watchpolicy.not_started), never a tight loop
             where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-            log(f"cannot start the driver: {proctree.errno_reason(e)}{where}")
+            log(f"cannot start the driver: {proctree.errno_reason(e)}{where}", ERR)
             self.proc = None
             self.view = watchpolicy.not_started(time.monotonic())
             return
         self.proc = proc
         self.view = watchpolicy.started(proc.pid, proc.start_time, _this_boots_heartbeat(self.state_dir),
                                    time.monotonic())
-        log(f"started driver (pid {proc.pid}; {why}), output in {self.state_dir / 'logs' / driverproc.DRIVER_LOG}")
+        log(f"started driver (pid {proc.pid}; {why}), output in {self.state_dir / 'logs' / driverproc.DRIVER_LOG}",
+            INFO)
         self._status(f"started driver pid {proc.pid}")
 
     def _run_restart_command(self, why: str) -> None:
         argv = list(self.w.restart_command)
-        log(f"running restart command {argv} ({why})")
+        log(f"running restart command {argv} ({why})", INFO)
         self._status(f"running restart command ({why})")
         hb = _this_boots_heartbeat(self.state_dir)
         try:
@@ -368,7 +371,7 @@ class Watcher:
                                  stderr=sys.stderr.fileno(), start_new_session=True, close_fds=True,
                                  env=proctree.clean_env(os.environ, {}))
         except OSError as e:
-            log(f"restart command {argv[0]!r} cannot be started: {proctree.errno_reason(e)}")
+            log(f"restart command {argv[0]!r} cannot be started: {proctree.errno_reason(e)}", ERR)
         else:
             self._wait_command(p, argv)
         if self.proc is not None and not self.proc.ours:
@@ -387,14 +390,14 @@ class Watcher:
                     self._kill_command(p, fd)
                     raise
             if p.poll() is None:
-                log(f"restart command {argv} still running after {COMMAND_TIMEOUT}s; killing it")
+                log(f"restart command {argv} still running after {COMMAND_TIMEOUT}s; killing it", ERR)
                 self._kill_command(p, fd)
                 return
         finally:
             if fd is not None:
                 os.close(fd)
         if p.returncode != 0:
-            log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway")
+            log(f"restart command {argv} exited {p.returncode}; judging by the heartbeat anyway", WARNING)
 
     def _kill_command(self, p: subprocess.Popen, fd: Optional[int]) -> None:
         """SIGKILL the restart command's group and wait for it COMMAND_KILL_WAIT
@@ -409,23 +412,23 @@ class Watcher:
                 time.sleep(0.02)
         if p.poll() is None:
             log(f"restart command (pid {p.pid}) did not die of SIGKILL within {COMMAND_KILL_WAIT}s; "
-                f"leaving it behind")
+                f"leaving it behind", ERR)
 
     # --- giving up, shutting down ---------------------------------------------------
     def _give_up(self, reason: str) -> int:
         """After the give-up is recorded (_replace): say so, clean up, alert."""
         log(f"GIVING UP: the driver keeps failing: {reason}. Not restarting it again. "
             f"Look at {self.state_dir / 'logs' / driverproc.DRIVER_LOG} and `ringd status`, fix the cause, "
-            f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.")
+            f"then run `ringwatch reset --state {self.state_dir}` and start ringwatch again.", ERR)
         if self._unsaved is not None:   # the give-up is not in ringwatch.json (a full disk)
             try:
                 watchstate.mark_gave_up(self.state_dir)
                 log(f"cannot write {watchstate.state_path(self.state_dir)}; the give-up is recorded in "
-                    f"{self.state_dir / watchstate.GAVE_UP_FILE} instead")
+                    f"{self.state_dir / watchstate.GAVE_UP_FILE} instead", ERR)
             except OSError as e:
                 log(f"THE GIVE-UP IS NOT RECORDED: cannot write {watchstate.state_path(self.state_dir)} nor "
                     f"create {self.state_dir / watchstate.GAVE_UP_FILE} ({e.strerror}); a ringwatch started "
-                    f"again will start the driver again, with no restart history")
+                    f"again will start the driver again, with no restart history", ERR)
         self._reap_orphan()
         self._status("gave up: start limit hit; run `ringwatch reset`")
         self._await_alert(self.on_event(events.WATCHER_GAVE_UP, reason))
@@ -449,9 +452,9 @@ class Watcher:
                 except ChildProcessError:
                     return
                 self._wait(deadline, [fd] if fd is not None else [], wake_on_child=True)
-            log(f"alert helper (pid {pid}) still running; exiting without it")
+            log(f"alert helper (pid {pid}) still running; exiting without it", WARNING)
         except Stop:
-            log(f"exiting before the alert helper (pid {pid}) ended")
+            log(f"exiting before the alert helper (pid {pid}) ended", WARNING)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -462,14 +465,14 @@ class Watcher:
         # one deadline for all of it: the driver's stop, its run's reap, the save below
         self.plan = watchpolicy.stop_plan(time.monotonic(), grace=STOP_GRACE, budget=STOP_BUDGET)
         if self.command_mode:
-            log(f"{name}: exiting; the driver belongs to the service manager and keeps running")
+            log(f"{name}: exiting; the driver belongs to the service manager and keeps running", INFO)
         else:
             proc = self._old_proc() if self.view is not None else None
             if proc is not None and proc.alive():
-                log(f"{name}: stopping the driver (pid {proc.pid}) and exiting")
+                log(f"{name}: stopping the driver (pid {proc.pid}) and exiting", INFO)
                 self._stop(proc, name, self.plan)
             else:
-                log(f"{name}: exiting (no driver running)")
+                log(f"{name}: exiting (no driver running)", INFO)
                 if proc is not None:
                     proc.poll_exit()
         self._save(stopped=True, lock_wait=watchpolicy.left(self.plan, time.monotonic(), SAVE_LOCK_AT_STOP, 0.2))
@@ -492,12 +495,12 @@ class Watcher:
                                    give_up=self._told_to_stop())
         except Exception as e:  # noqa: BLE001 - no journal yet, or unusable: nothing to reap
             if "no journal" not in str(e):
-                log(f"cannot reap the driver's last run: {e}")
+                log(f"cannot reap the driver's last run: {e}", ERR)
             return
         try:
             reap(journal, self.state_dir, self.config, log=log, kill_by=kill_by)
         except Exception as e:  # noqa: BLE001 - best effort; `ringd status` reaps too
-            log(f"cannot reap the driver's last run: {e}")
+            log(f"cannot reap the driver's last run: {e}", ERR)
         finally:
             journal.close()
 
@@ -564,7 +567,7 @@ class Watcher:
             if self.plan is not None:
                 hurried = watchpolicy.stop_heard(self.plan, time.monotonic(), stopping=self.stop_signal is not None)
                 if hurried != self.plan:
-                    log(f"{signal.Signals(min(stop)).name} again: killing the driver now")
+                    log(f"{signal.Signals(min(stop)).name} again: killing the driver now", WARNING)
                 self.plan = hurried
             self.stop_signal = self.stop_signal or min(stop)
             self.stops_heard += 1
@@ -604,16 +607,16 @@ class Watcher:
             config = load_config(self.config_path)
         except ConfigError as e:
             error = str(e)
-            log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}")
+            log(f"SIGHUP: configuration not reloaded, keeping the previous one: {e}", ERR)
         else:
             if config.watch.restart_command != self.w.restart_command:
                 log("SIGHUP: watch.restart_command changed; the deployment mode only changes "
-                    "when ringwatch is restarted - keeping the current one")
+                    "when ringwatch is restarted - keeping the current one", WARNING)
                 config = replace(config, watch=replace(config.watch, restart_command=self.w.restart_command))
             self.config = config
             for warning in self._warnings():
-                log(f"warning: {warning}")
-            log("SIGHUP: configuration reloaded")
+                log(f"warning: {warning}", WARNING)
+            log("SIGHUP: configuration reloaded", INFO)
         last = self._load().get("reload")
         seq = last.get("seq") if isinstance(last, dict) else None
         seq = seq + 1 if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq < 2 ** 53 else 1
@@ -663,7 +666,7 @@ class Watcher:
             try:
                 stack.enter_context(watchstate.write_lock(self.state_dir, wait, give_up=self._told_to_stop()))
             except (RingError, OSError) as e:
-                log(f"writing {watchstate.state_path(self.state_dir)} without its lock: {e}")
+                log(f"writing {watchstate.state_path(self.state_dir)} without its lock: {e}", WARNING)
             yield
 
     def _load(self) -> Dict[str, Any]:
@@ -676,7 +679,7 @@ class Watcher:
         mem = dict(self._unsaved)
         gen = data.get("reset_gen")
         if gen is not None and gen != mem.get("reset_gen"):
-            log("ringwatch reset: restart history cleared")
+            log("ringwatch reset: restart history cleared", INFO)
             mem.update(watchstate.reset_fields(gen))
         return mem
 
@@ -703,11 +706,11 @@ class Watcher:
         except OSError as e:
             if self._unsaved is None:
                 log(f"cannot write {watchstate.state_path(self.state_dir)} ({e.strerror}); "
-                    f"watching on with the state in memory")
+                    f"watching on with the state in memory", ERR)
             self._unsaved = data
             return
         if self._unsaved is not None:
-            log(f"{watchstate.state_path(self.state_dir)} written again")
+            log(f"{watchstate.state_path(self.state_dir)} written again", INFO)
         self._unsaved = None
 
 

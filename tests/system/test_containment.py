@@ -543,7 +543,7 @@ def test_an_ended_runs_cgroup_is_emptied_at_once_and_removed_at_the_next_wait(tm
     for the driver's next wait (on a turning ring: while the next agent execs)."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    env = RealEnv(state, lambda m: None)
+    env = RealEnv(state, lambda m, level: None)
     cg = None
     try:
         cg = env.make_cgroup(7)
@@ -572,7 +572,7 @@ def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
     import time
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    env = RealEnv(state, lambda m: None)
+    env = RealEnv(state, lambda m, level: None)
     cg, sleeper = None, None
     try:
         cg = env.make_cgroup(8)
@@ -605,7 +605,7 @@ def test_a_cgroup_that_cannot_be_removed_yet_never_holds_up_a_wait(tmp_path):
 def _run_cgroup_env(tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    env = RealEnv(state, lambda m: None)
+    env = RealEnv(state, lambda m, level: None)
     if env.make_cgroup(7) is None:
         env.close()
         pytest.skip(f"no run cgroups here ({env.containment.reason})")

@@ -158,7 +158,7 @@ def test_cgroups_left_populated_by_processes_sigkill_could_not_end_are_not_retri
     monkeypatch.setattr(env_mod, "STUCK_RETRY", 60.0, raising=False)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    env = env_mod.RealEnv(state, lambda m: None, prove_containment=False)
+    env = env_mod.RealEnv(state, lambda m, level: None, prove_containment=False)
     stuck = [_SpentCgroup(True) for _ in range(env_mod.SPENT_KEPT - 1)]
     busy = _SpentCgroup(False)
     env._spent_cgroups.extend([*stuck, busy])
@@ -183,7 +183,7 @@ def test_a_lowered_keep_logs_prunes_a_full_folder_over_several_runs_not_in_one_h
     (state / "logs" / "a").mkdir(parents=True, mode=0o700)
     for run_id in range(1, 1001):
         (state / "logs" / "a" / f"{run_id}.log").touch()
-    env = env_mod.RealEnv(state, lambda m: None, prove_containment=False)
+    env = env_mod.RealEnv(state, lambda m, level: None, prove_containment=False)
     try:
         def left():
             return sorted(int(p.stem) for p in (state / "logs" / "a").iterdir())

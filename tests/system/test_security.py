@@ -338,7 +338,7 @@ def test_a_drivers_log_dirs_are_listed_once_at_start_up_not_at_each_agents_first
     listed = []
     real = safefile.run_log_ids
     monkeypatch.setattr(safefile, "run_log_ids", lambda folder: listed.append(folder) or real(folder))
-    env = RealEnv(state, lambda m: None, prove_containment=False)
+    env = RealEnv(state, lambda m, level: None, prove_containment=False)
     try:
         env.index_run_logs(["a", "b", "c", "d"])   # "c": no log dir yet
         assert len(listed) == 2

@@ -30,10 +30,11 @@ def test_an_alert_storm_starts_a_bounded_number_of_alert_commands(tmp_path, monk
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     said = []
+    say = lambda m, level: said.append(m)   # noqa: E731
     pids = []
     try:
         for i in range(200):
-            pid = alerts.fire(["/bin/true"], events.FAILURES, f"a{i}", "failed", state, log=said.append,
+            pid = alerts.fire(["/bin/true"], events.FAILURES, f"a{i}", "failed", state, log=say,
                               reaped_by_caller=True)
             if pid is not None:
                 pids.append(pid)
@@ -57,9 +58,10 @@ def test_the_rate_limit_drops_only_the_alert_a_failing_ring_raises_at_every_run(
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     said = []
-    assert alerts.fire(["/bin/true"], events.FAILURES, "a", "failed", state, log=said.append,
+    say = lambda m, level: said.append(m)   # noqa: E731
+    assert alerts.fire(["/bin/true"], events.FAILURES, "a", "failed", state, log=say,
                        reaped_by_caller=True) is None
     for kind in (events.QUARANTINED, events.WATCHER_GAVE_UP, events.RUN_REAPED):
-        pid = alerts.fire(["/bin/true"], kind, "a", "x", state, log=said.append, reaped_by_caller=True)
+        pid = alerts.fire(["/bin/true"], kind, "a", "x", state, log=say, reaped_by_caller=True)
         assert pid is not None, (kind, said)
         os.waitpid(pid, 0)

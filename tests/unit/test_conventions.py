@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,26 @@ def test_driver_runs_with_time_span_config(ring):
     assert ring.start_driver("--once").wait(timeout=20) == 0
     assert ring.runs()[0]["status"] == "timeout" and ring.runs()[0]["run_budget"] == 1.5
     assert time.monotonic() - t0 < 15
+
+
+# --- log levels ---------------------------------------------------------------------
+
+def test_every_log_call_states_its_level():
+    """A log line's journald priority is data: each call to a logger (``log``,
+    ``logger``, ``say``, ``logline.emit``) in ringd and ringwatch passes one
+    (a second argument or ``level=``), never leaving it to be read from words."""
+    import ast
+    root = Path(__file__).resolve().parents[2]
+    missing = []
+    for path in sorted([*(root / "ringd").rglob("*.py"), *(root / "ringwatch").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            is_emit = isinstance(f, ast.Attribute) and name == "emit" and ast.unparse(f.value) == "logline"
+            if name in ("log", "logger", "say") or is_emit:
+                wanted = 3 if is_emit else 2
+                if len(node.args) < wanted and not any(k.arg == "level" for k in node.keywords):
+                    missing.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not missing, "log calls without a level:\n" + "\n".join(missing)

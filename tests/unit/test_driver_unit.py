@@ -303,7 +303,7 @@ def test_a_runs_files_are_made_only_once_its_row_is_committed(tmp_path):
                 if self.calls == 1:
                     raise JournalError("journal.db: database or disk is full", transient=True)
 
-    env = RealEnv(tmp_path, lambda m: None)
+    env = RealEnv(tmp_path, lambda m, level: None)
     parent, prefix = env.containment.parent, env.containment.prefix
 
     def run_cgroups():
@@ -742,9 +742,10 @@ def test_a_journal_no_restart_can_help_is_refused_even_with_a_stop_pending():
     damaged = JournalError("/s/journal.db: journal is not a valid SQLite database (truncated or overwritten)")
     outage = JournalError("journal unreachable", transient=True)
     said = []
-    assert startup_journal_exit(damaged, StopPending(), said.append) == EX_CONFIG
-    assert startup_journal_exit(outage, StopPending(), said.append) == EX_OK
-    assert startup_journal_exit(outage, Quiet(), said.append) == EX_UNAVAILABLE
+    say = lambda m, level: said.append(m)   # noqa: E731
+    assert startup_journal_exit(damaged, StopPending(), say) == EX_CONFIG
+    assert startup_journal_exit(outage, StopPending(), say) == EX_OK
+    assert startup_journal_exit(outage, Quiet(), say) == EX_UNAVAILABLE
     assert said[1].startswith("stopped while starting")
 
 
@@ -826,7 +827,7 @@ def _renaming_ring(tmp_path, lines, **ring):
     src = RosterSource(roster)
     src.refresh(force=True)
     journal = Journal.open(tmp_path)
-    env = RealEnv(tmp_path, lambda m: None)
+    env = RealEnv(tmp_path, lambda m, level: None)
     d = Driver(env, tmp_path, None, Config(ring=RingSettings(**{**RING, **ring})), src, journal)
     return d, env, journal, write
 

@@ -116,7 +116,7 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
 
     release = threading.Event()
     killing = threading.Event()
-    leader = Leader(NoRunning(), ttl=2.0, log=lambda m: None, host="h")
+    leader = Leader(NoRunning(), ttl=2.0, log=lambda m, level: None, host="h")
 
     def slow_kill(*args):
         killing.set()
