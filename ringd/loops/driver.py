@@ -48,6 +48,11 @@ PRUNE_EVERY = PRUNE_BATCH // 2   # runs between two retention batches on a fast 
 LOCK_LOSS_GRACE = 1.0       # s a replaced lock file must stay locked by another before we give way
 JOURNAL_RETRY = (1.0, 5.0)   # s; wait before retrying a turn the journal could not record
 CLOCK_STEP = 1.0            # s the wall clock must jump (against the monotonic one) to count as stepped
+# A stopping driver tries this long to record an end it saw (another writer's lock, a
+# full disk) before it leaves the row to the next driver's reaper: within the watcher's
+# and systemd's stop timeouts, after the agent's own grace.
+END_WRITE_WAIT = 5.0        # s
+END_WRITE_RETRY = 0.25      # s between two of those tries
 UNCONFIRMED_START = ("its start was committed, but the driver never heard so (the journal's connection "
                      "was lost at the commit): no process was started")
 
@@ -779,16 +784,18 @@ class Driver:
 
     def flush(self) -> None:
         """Commit the last run's end now (before a wait, a stop, a hand-over).
-        While the state dir is full or read-only: say why once, keep beating and
-        retry; give up only when the driver is told to stop (the row then stays
-        ``running`` and the next driver's reaper closes it as ``interrupted``).
+        While the state dir is full or read-only, or another process holds the
+        journal's write lock: say why once, keep beating and retry. Told to stop,
+        the driver goes on trying for END_WRITE_WAIT, so an end it saw is
+        recorded as it was, never reaped later as ``interrupted``; only past
+        that bound does the row stay ``running`` for the next driver's reaper.
         A many-host driver that loses its lead meanwhile keeps the end it knows,
         and writes it once it leads again (:meth:`stand_by`): a driver never
         reaps a run it saw end. An unusable journal is raised (the agent is gone)."""
         pending = self.pending
         if pending is None:
             return
-        delay, failing = 0.2, False
+        delay, failing, give_up_at = 0.2, False, None
         while True:
             if self.leader is not None and self.leader.must_stop():
                 return   # kept: written if this driver leads again, else the next leader's reaper decides
@@ -800,10 +807,20 @@ class Driver:
                     self.pending = None
                     raise
                 if self.stop_requested:
-                    self.pending = None
-                    pending.hop.say(f"ended, but its end could not be recorded ({e}); "
-                                    f"the next driver's reaper closes it", ERR)
-                    return
+                    now = self.env.monotonic()
+                    if give_up_at is None:
+                        give_up_at = now + END_WRITE_WAIT
+                        pending.hop.say(f"ended; trying for up to {END_WRITE_WAIT:g}s to record its end before "
+                                        f"the driver stops ({e})", WARNING)
+                    elif now >= give_up_at:
+                        self.pending = None
+                        pending.hop.say(f"ended, but its end could not be recorded within {END_WRITE_WAIT:g}s "
+                                        f"of the stop ({e}); the next driver's reaper closes it", ERR)
+                        return
+                    failing = True
+                    self.absorb(self.env.wait(min(END_WRITE_RETRY, give_up_at - now))[0])
+                    self.beat_if_due()
+                    continue
                 if not failing:
                     until = getattr(e, "retry_until", "the state dir is writable")
                     pending.hop.say(f"ended, but its end cannot be recorded ({e}); retrying until {until}", ERR)

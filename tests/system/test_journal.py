@@ -1,5 +1,6 @@
 """The journal's schema enforces the SPEC's invariants by itself."""
 import os
+import signal
 import sqlite3
 import stat
 import time
@@ -354,3 +355,39 @@ def test_a_journal_that_was_there_before_ring_wrote_it_is_made_private(tmp_path)
     finally:
         j.close()
     assert modes and set(modes.values()) == {0o600}, modes
+
+
+# --- the driver's journal under other writers and deleted files -------------------------
+
+def test_an_end_held_back_when_a_stop_comes_while_another_writer_holds_the_lock_is_recorded(ring):
+    """An agent exits 0; its end waits to be committed with the next start, and
+    that start waits for the write lock a ``sqlite3`` shell holds (BEGIN
+    EXCLUSIVE) when a SIGTERM comes. The run was left ``running`` and reaped
+    as ``interrupted``. The stopping driver keeps trying for a bounded time:
+    the lock let go within it, the row is ``ok``, and the driver exits 0."""
+    import psutil
+    from conftest import line_written, wait_until
+    go, pidfile = ring.base / "go", ring.base / "a.pid"
+    ring.agent("a", f"echo $$ > {pidfile}\nwhile [ ! -e {go} ]; do sleep 0.02; done\nexit 0")
+    ring.agent("b", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    drv = ring.start_driver()
+    pid = int(line_written(pidfile))
+    holder = sqlite3.connect(str(ring.journal_path), timeout=10, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        go.touch()
+        wait_until(lambda: not psutil.pid_exists(pid), timeout=10, message="agent a to exit")
+        drv.send_signal(signal.SIGTERM)
+        err = drv.err_path
+        wait_until(lambda: drv.poll() is not None or "before the driver stops" in err.read_text(), timeout=10,
+                   message="the driver to wait for the lock to record the end")
+        waited = drv.poll() is None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert drv.wait(timeout=20) == 0
+    assert waited, err.read_text()
+    assert [(r["agent"], r["status"], r["exit_code"]) for r in ring.runs()] == [("a", "ok", 0)], err.read_text()
+    assert "end recorded" in err.read_text()
