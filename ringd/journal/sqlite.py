@@ -14,8 +14,10 @@ write in one atomic step; the journal itself decides nothing.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
+import struct
 import stat
 import time
 from collections.abc import Set
@@ -148,6 +150,34 @@ def _check_companions(path: Path) -> None:
                                f"move it aside")
 
 
+def _refuse_a_lone_companion(path: Path) -> None:
+    """A -wal without its -shm, or a -shm without its -wal, while another
+    process has the journal open: one was removed under that process (the
+    driver), and a writer opening now would share the index of the one left
+    and write a log that process overwrites - its commit (an operator's pause)
+    silently lost. Refused as busy: the driver takes the journal up again (at
+    its next beat or turn), and the command then goes through."""
+    have = [os.path.lexists(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
+    if have[0] == have[1]:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        flock = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, SHARED_FIRST, SHARED_SIZE, 0)
+        held = struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, flock))[0] != fcntl.F_UNLCK
+    except OSError:
+        held = False
+    finally:
+        os.close(fd)
+    if held:
+        missing, there = ("-wal", "-shm") if not have[0] else ("-shm", "-wal")
+        raise JournalError(f"{path}{missing}: missing while {path.name}{there} is there and another process has "
+                           f"the journal open (removed under the driver?); the driver takes the journal up again "
+                           f"shortly: try again", transient=True)
+
+
 def no_schema_yet(path: Path) -> bool:
     """A journal with no table at all is one the first driver is creating (0
     bytes, then a header, then its schema in one transaction), or an empty file
@@ -214,6 +244,12 @@ def _give_to_ring_owner(fd: int, path: Path) -> None:
 
 
 WAL_HEADER, WAL_FRAME_HEADER = 32, 24   # bytes (SQLite's WAL file format)
+# SQLite's lock bytes in the database file (its unix VFS): a connection takes a
+# read lock on PENDING_BYTE to get its shared lock, then holds a read lock in
+# the shared range for as long as it is open in WAL mode.
+PENDING_BYTE = 0x40000000
+SHARED_FIRST, SHARED_SIZE = PENDING_BYTE + 2, 510
+ORPHAN_CLOSE_WAIT = 0.5   # s the close of an orphaned connection waits for other connections to end
 WAL_SLACK_FRAMES = 16                    # the commit that crosses wal_autocheckpoint, and then some
 
 
@@ -261,6 +297,52 @@ def _identities(paths) -> Dict[str, Tuple[int, int]]:
             st = os.stat(name, follow_symlinks=False)
             out[name] = (st.st_dev, st.st_ino)
     return out
+
+
+def _lock_range(fd: int, cmd: int, kind: int, start: int, length: int) -> int:
+    """fcntl(2) lock call on a range of ``fd``; returns the l_type it reports."""
+    flock = struct.pack("hhqqi", kind, os.SEEK_SET, start, length, 0)
+    return struct.unpack("hhqqi", fcntl.fcntl(fd, cmd, flock))[0]
+
+
+def _hold_pending(fd: int, deadline: float) -> Optional[bool]:
+    """Hold SQLite's pending byte of the database ``fd`` with an open file
+    description lock (it conflicts with the POSIX locks SQLite takes, this
+    process's too, so no connection starts while it is held), at a moment no
+    other process has the database open, waiting for one until ``deadline`` in
+    short steps. True: held, no other connection; False: held, another
+    connection open all along; None: not held (or no such locks here)."""
+    ofd_setlk = getattr(fcntl, "F_OFD_SETLK", None)
+    if ofd_setlk is None:
+        return None
+    while True:
+        try:
+            _lock_range(fd, ofd_setlk, fcntl.F_WRLCK, PENDING_BYTE, 1)
+            got = True
+        except OSError:
+            got = False   # (a connection is taking its shared lock right now)
+        if got and _lock_range(fd, fcntl.F_GETLK, fcntl.F_WRLCK, SHARED_FIRST, SHARED_SIZE) == fcntl.F_UNLCK:
+            return True   # (F_GETLK reports other processes' locks only)
+        if time.monotonic() >= deadline:
+            return False if got else None
+        if got:
+            _lock_range(fd, ofd_setlk, fcntl.F_UNLCK, PENDING_BYTE, 1)
+        time.sleep(0.01)
+
+
+def _new_log_has_commits(path: Path, ours: Dict[str, Tuple[int, int]]) -> bool:
+    """Is there a -wal at ``path``'s name, not ``ours``, longer than its header:
+    begun by another process after ours was removed (a shorter one holds no
+    frame)? A new -shm is no matter: the next first connection builds the
+    index again."""
+    name = f"{path}-wal"
+    try:
+        st = os.stat(name, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return (st.st_dev, st.st_ino) != ours.get(name) and st.st_size > WAL_HEADER
 
 
 def pause_key(name: Optional[str]) -> str:
@@ -574,6 +656,24 @@ class Journal:
             return False
         return (st.st_dev, st.st_ino) != identity
 
+    def companions_replaced(self) -> Optional[str]:
+        """The path of this connection's -wal or -shm if it was removed or
+        replaced there since the journal was opened (``rm journal.db-wal``), else
+        None. The connection then writes a log no other process reads, and
+        another process that opens the journal starts a new one: operator
+        commands and the driver stop seeing each other's writes."""
+        known = getattr(self, "_wal_files", None)
+        if not known:
+            return None
+        now = _identities(known)
+        return next((name for name, identity in known.items() if now.get(name) != identity), None)
+
+    def replaced(self) -> Optional[str]:
+        """What of the journal's files (itself, its -wal, its -shm) was removed or
+        replaced under this connection, or None: one stat each, for the driver's
+        look at every beat and before every turn."""
+        return str(self.path) if self.moved() else self.companions_replaced()
+
     # --- opening -------------------------------------------------------------
     @classmethod
     def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = BUSY_TIMEOUT,
@@ -590,6 +690,7 @@ class Journal:
             if path.is_symlink():
                 raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
             _check_sqlite_header(path)
+            _refuse_a_lone_companion(path)
         elif not create:
             raise JournalError(f"{path}: no journal (has the driver ever run here?)")
         else:
@@ -717,17 +818,54 @@ class Journal:
                 f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value;")
 
-    def close(self) -> None:
+    def close(self) -> Optional[str]:
         """Close the connection. SQLite removes the -wal and -shm at the last close,
         but not of a journal moved or removed since it was opened: left at the
         path, a journal put there (a backup restored) would take them up as its
-        own - the old journal's pages read as the new one's. Ours are removed."""
+        own - the old journal's pages read as the new one's. Ours are removed.
+        A connection whose -wal or -shm went is closed by :meth:`_close_orphaned`;
+        returns what became of its writes then ("saved" or "lost"), else None."""
+        if not self.moved() and self.companions_replaced() is not None:
+            ours, self._wal_files = self._wal_files, {}
+            return self._close_orphaned(ours)
         stale, self._wal_files = (self._wal_files if self.moved() else {}), {}   # (closed twice: once)
         self.con.close()
         for name, identity in _identities(stale).items():
             if identity == stale[name]:   # (never one a journal at the path made since)
                 with suppress(OSError):
                     os.unlink(name)
+        return None
+
+    def _close_orphaned(self, ours: Dict[str, Tuple[int, int]]) -> str:
+        """Close a connection whose -wal or -shm was removed at the path. A plain
+        close would checkpoint its unlinked log into journal.db, under the pages
+        of any new log another process began since, and then delete that log by
+        name: an operator's pause, committed there, was lost. Instead, with
+        SQLite's pending byte held (no connection can start meanwhile) and no
+        other connection open: when no new log holds a commit, our log goes
+        into journal.db and nothing is lost ("saved"); else the new log is
+        kept, and our commits since the last checkpoint go with our log
+        ("lost"). The close itself then neither checkpoints nor deletes
+        anything: its exclusive lock fails against the held byte."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self.con.close()
+            return "lost"
+        try:
+            alone = _hold_pending(fd, time.monotonic() + ORPHAN_CLOSE_WAIT)
+            saved = alone is True and not _new_log_has_commits(self.path, ours) and self._checkpoint()
+            self.con.close()
+        finally:
+            os.close(fd)   # only now: closing it drops this process's POSIX locks on the file
+        return "saved" if saved else "lost"
+
+    def _checkpoint(self) -> bool:
+        try:
+            busy = self.con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.Error:
+            return False
+        return busy == 0
 
     # --- transactions ------------------------------------------------------------
     @contextmanager

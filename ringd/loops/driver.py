@@ -236,7 +236,7 @@ class Driver:
         self._metrics_dirty = False
         self._metrics_failing = False
         self._prune_failing = False
-        self.journal_moved = False   # journal.db removed or replaced under us (seen at a beat)
+        self.journal_moved = False   # journal.db, -wal or -shm removed or replaced under us (seen at a beat or a wake)
         self._runs_since_prune = 0
         self.paused_said = False
         self.quota_held: Set[str] = set()   # pools said to hold their agents (Driver.say_quota)
@@ -266,6 +266,10 @@ class Driver:
             # the run in flight keeps its limits, the next one has the new ones
             self.reload_requested = True
             self.reload()
+        if req.wake and not self.journal_moved and self.journal.replaced():
+            # an operator's request (SIGUSR1) was written to the journal at the path:
+            # looked for there before the next turn trusts the controls it reads
+            self.journal_moved = True
         return req
 
     def stop_pending(self) -> bool:
@@ -298,7 +302,7 @@ class Driver:
                 self.log("heartbeat written again", INFO)
             self.beat_error = None
         self.check_lock()
-        if not self.journal_moved and self.journal.moved():   # (a stat, once a beat)
+        if not self.journal_moved and self.journal.replaced():   # (three stats, once a beat)
             self.journal_moved = True
         if self._runs_since_prune:
             self.prune_journal()
@@ -564,16 +568,19 @@ class Driver:
         return True
 
     def reopen_journal(self) -> None:
-        """journal.db was removed (to start afresh) or replaced under us: our
-        connection wrote where no reader looks, and operator requests (pause,
-        skip, resume) went to a journal we never read. Between runs, take up the
-        file now at the path - made anew if there is none, as at start-up - and
-        say so; the history and counters are the new file's."""
+        """journal.db, or its -wal or -shm, was removed (to start afresh) or
+        replaced under us: our connection wrote where no reader looks, and
+        operator requests (pause, skip, resume) went to a journal we never read.
+        Between runs, take up the files now at the path - made anew if there
+        are none, as at start-up - and say so: the history and counters are the
+        new journal's (a lone -wal or -shm gone: ours, saved into journal.db
+        when no other process wrote meanwhile; Journal.close)."""
         self.flush()   # the last run's end, into the journal it started in
+        what = self.journal.replaced() or str(self.journal.path)
         # Closed first: the close removes our journal.db-wal/-shm at the path, which
         # a new journal there would otherwise take up as its own (Journal.close).
         # Should the new one not open (a full disk), the next turn tries again.
-        self.journal.close()
+        fate = self.journal.close()
         new = Journal.open(self.state_dir, verify=True, give_up=self.stop_pending)
         try:
             new.start_ids_after(safefile.highest_run_log_id(self.state_dir))   # no old run log reused
@@ -584,8 +591,16 @@ class Driver:
             new.close()   # (the next turn opens it again)
             raise
         self.journal, self.journal_moved, self.unconfirmed, self.quota_read = new, False, {}, None
-        self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
-                 f"(history and counters start from it)", WARNING)
+        if fate == "saved":
+            self.log(f"{what} was removed or replaced under the driver; its journal was closed with "
+                     f"nothing lost and opened again", WARNING)
+        elif fate == "lost":
+            self.log(f"{what} was removed or replaced under the driver and another process began a new one: "
+                     f"the driver's writes since the journal's last checkpoint are lost; using the journal "
+                     f"now there (what others wrote since is kept)", ERR)
+        else:
+            self.log(f"{new.path} was removed or replaced under the driver; using the journal now there "
+                     f"(history and counters start from it)", WARNING)
         try:
             self.journal.set_meta("roster_error", self.roster.error)   # what status reads of it
         except JournalError as e:

@@ -391,3 +391,98 @@ def test_an_end_held_back_when_a_stop_comes_while_another_writer_holds_the_lock_
     assert waited, err.read_text()
     assert [(r["agent"], r["status"], r["exit_code"]) for r in ring.runs()] == [("a", "ok", 0)], err.read_text()
     assert "end recorded" in err.read_text()
+
+
+def _other_process_pauses(state):
+    """Another process (an operator's ``ringd pause``) opens the journal as a
+    writer and commits; its exit code and stderr."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    code = ("import sys; from pathlib import Path; from ringd.journal.sqlite import Journal\n"
+            "try:\n    j = Journal.open(Path(sys.argv[1]))\n"
+            "except Exception as e:\n    sys.exit(str(e))\n"
+            "with j.transaction() as tx:\n    tx.set_meta('paused', 'paused')\nj.close()\n")
+    r = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return r.returncode, r.stderr
+
+
+@pytest.mark.parametrize("gone", [("-wal", "-shm"), ("-wal",), ("-shm",)], ids="+".join)
+@pytest.mark.parametrize("meanwhile", ["nobody", "an-operator-pauses"])
+def test_a_connection_whose_wal_was_removed_closes_keeping_what_it_can(tmp_path, gone, meanwhile):
+    """``rm journal.db-wal journal.db-shm`` under an open writer: it writes a log
+    no other process reads. Its plain close checkpointed that log into
+    journal.db and deleted the new one another process had begun by name: an
+    operator's pause, committed there, was lost. Closed now with SQLite's
+    pending byte held: alone, its writes go into journal.db ("saved"); after
+    another process's commit, that commit is kept ("lost": the writer's own
+    since its last checkpoint go). With one of the two files gone, a writer
+    sharing the one left would be overwritten: it is refused (try again)
+    until the journal is taken up again. The journal stays sound."""
+    j = Journal.open(tmp_path)
+    close(j, start(j), "ok")
+    j.con.execute("PRAGMA wal_checkpoint(TRUNCATE)")   # (as a running driver's journal: its schema in journal.db)
+    for _ in range(3):
+        close(j, start(j), "failed")   # (in the log only: no checkpoint since)
+    p = journal_path(tmp_path)
+    for suffix in gone:
+        os.unlink(f"{p}{suffix}")
+    assert j.replaced() == f"{p}{gone[0]}"
+    if meanwhile == "an-operator-pauses":
+        code, err = _other_process_pauses(tmp_path)
+        if len(gone) == 1:
+            assert code != 0 and "try again" in err, (code, err)
+        else:
+            assert code == 0, err
+    fate = j.close()
+    if meanwhile == "an-operator-pauses" and len(gone) == 1:
+        assert _other_process_pauses(tmp_path) == (0, "")   # (the journal is whole again)
+    again = Journal.open(tmp_path, verify=True)
+    try:
+        assert again.con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        statuses = [r.status for r in again.history()][::-1]
+        if meanwhile == "an-operator-pauses":
+            assert again.meta("paused") == "paused", "the operator's pause was lost"
+        if meanwhile == "nobody" or len(gone) == 1:
+            assert fate == "saved" and statuses == ["ok", "failed", "failed", "failed"]
+        else:
+            assert fate == "lost" and statuses == ["ok"]
+    finally:
+        again.close()
+
+
+def test_a_driver_whose_wal_was_removed_hears_a_pause_made_since(ring):
+    """journal.db-wal and -shm deleted under a running driver: it kept writing
+    to its unlinked log, and `ringd pause` answered "ring paused" while 9 runs
+    started in the next 2 s. The driver notices (it compares the files'
+    identities at each beat, as it does the lock file's, and when an
+    operator's request wakes it), takes up the journal now at the path, and
+    reads the pause."""
+    from conftest import wait_until
+    ring.agent("a", "sleep 0.05")
+    ring.agent("b", "sleep 0.05")
+    ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
+    drv = ring.start_driver()
+    wait_until(lambda: len(ring.runs()) >= 6, timeout=20, message="the ring turning")
+    for suffix in ("-wal", "-shm"):
+        os.unlink(f"{ring.journal_path}{suffix}")
+    paused = ring.cli("pause")
+    assert paused.returncode == 0, paused.stderr
+    err = drv.err_path
+    log = wait_until(lambda: "ring paused by the operator" in err.read_text() and err.read_text(), timeout=10,
+                     message="the driver to hear the pause")
+    assert "removed or replaced under the driver" in log, log
+    at = ring.heartbeat()["at_epoch"]
+    wait_until(lambda: (ring.heartbeat() or {}).get("at_epoch", 0) > at + 1.0, timeout=10,
+               message="the paused driver beating on for a second")
+    after = err.read_text().split("ring paused by the operator", 1)[1]
+    assert " started (pid " not in after, after
+    assert drv.poll() is None
+    con = sqlite3.connect(f"file:{ring.journal_path}?mode=ro", uri=True, timeout=10)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        con.close()
+    status = ring.cli("status", "--json")
+    assert status.returncode == 0 and "paused" in status.stdout, status.stdout + status.stderr
