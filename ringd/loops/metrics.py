@@ -75,7 +75,8 @@ def render(s: Snapshot) -> str:
                [({}, s.driver_started_at)])
     metric("ring_driver_role", "gauge", "1 for this driver's role: leader runs agents, standby waits.",
            [({"role": r}, int(r == s.role)) for r in ("leader", "standby")])
-    metric("ring_laps_total", "counter", "Laps completed by the current driver.", [({}, s.laps)])
+    metric("ring_laps_total", "counter", "Laps of the ring finished before the current one, counted in the "
+           "journal across driver restarts.", [({}, s.laps)])
     metric("ring_roster_agents", "gauge", "Agents on the roster in use.", [({}, s.roster_agents)])
     metric("ring_roster_error", "gauge", "1 while the roster file has an error (last good roster in use).",
            [({}, int(s.roster_error))])

@@ -167,6 +167,22 @@ def test_metrics_parse_and_agree_with_status(ring):
     assert set(last) == {"a", "b", "c"}
 
 
+def test_the_laps_counter_says_what_it_counts_across_drivers(ring):
+    """ring_laps_total's HELP said "by the current driver", but the count is the
+    journal's and goes on across drivers: each of three drivers (run --once,
+    one lap each) shows the laps finished before its own."""
+    from prometheus_client.parser import text_string_to_metric_families
+    ring.agent("a", "exit 0")
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    for n in range(3):
+        assert ring.start_driver("--once").wait(timeout=30) == 0
+        text = (ring.state / "metrics.prom").read_text()
+        (family,) = [f for f in text_string_to_metric_families(text) if f.name == "ring_laps"]
+        assert family.samples[0].value == n == ring.heartbeat()["lap"] - 1
+    assert "# HELP ring_laps_total Laps of the ring finished before the current one, counted in the journal " \
+           "across driver restarts." in text
+
+
 def test_watcher_alerts_when_it_replaces_the_driver(ring):
     import signal as sig
     seen = ring.base / "watch-alerts"
