@@ -125,18 +125,60 @@ def target(mode: str, *, bin_dir: Optional[Path] = None, state: Optional[Path] =
             raise OperatorError(str(e), EX_BAD_USAGE) from None
     if user is not None:
         try:
-            pwd.getpwnam(user)
+            account = pwd.getpwnam(user)
         except KeyError:
             raise OperatorError(f"--user {user}: no such user on this box (create it first, or leave "
                                 f"--user out for a systemd dynamic user)", EX_BAD_USAGE) from None
+        if _is_overflow_user(account):
+            raise OperatorError(f"--user {user}: {user} is not a service user (uid {account.pw_uid} is the "
+                                f"kernel's overflow user, which unmapped ids of other namespaces and NFS clients "
+                                f"also appear as); create a user for the ring, or leave --user out for a systemd "
+                                f"dynamic user", EX_BAD_USAGE)
     if mode != "launchd" and user is None and not _under_var_lib(state_dir):
         raise OperatorError(f"--state {state_dir}: a dynamic user can only own a state dir under /var/lib; "
                             f"give --user NAME for a state dir elsewhere", EX_BAD_USAGE)
     t = Target(mode=mode, bin_dir=bin_dir, state_dir=state_dir,
                config_path=config_path, user=user, config_in_args=not (mode == "launchd" and not user and not config))
     t.files = render(t)
-    t.warnings = missing_programs(t) + search_warnings(t)
+    t.warnings = missing_programs(t) + hidden_by_private_tmp(t) + search_warnings(t)
     return t
+
+
+OVERFLOW_UID = 65534   # nobody's uid; the kernel's overflowuid unless set otherwise
+
+
+def _is_overflow_user(account: pwd.struct_passwd) -> bool:
+    """``nobody``: the name, uid 65534, or the kernel's overflow uid - the owner
+    the kernel shows for ids it cannot map (NFS root squash, user namespaces),
+    so a ring run as it shares its files with all of those."""
+    try:
+        with open("/proc/sys/kernel/overflowuid") as f:
+            overflow = int(f.read().strip())
+    except (OSError, ValueError):
+        overflow = OVERFLOW_UID
+    return account.pw_name == "nobody" or account.pw_uid in (OVERFLOW_UID, overflow)
+
+
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
+
+
+def hidden_by_private_tmp(t: Target) -> List[str]:
+    """The programs (and state dir and config) of a systemd unit under /tmp or
+    /var/tmp: PrivateTmp=yes gives the unit its own empty ones, so the unit
+    fails to start (203/EXEC) or finds no state. One warning naming them."""
+    if t.mode == "launchd":
+        return []
+    progs = ("ringd", "ringwatch") if t.mode == "systemd" else ("ringwatch",)
+    paths = [t.bin_dir / p for p in progs] + [t.state_dir, t.config_path]
+    hidden = []
+    for p in paths:
+        for shown in dict.fromkeys((p, Path(os.path.realpath(p)))):
+            if any(shown == tmp or tmp in shown.parents for tmp in PRIVATE_TMP) and str(p) not in hidden:
+                hidden.append(str(p))
+    if not hidden:
+        return []
+    return [f"{', '.join(hidden)}: under /tmp or /var/tmp, which PrivateTmp=yes hides from the unit: it would "
+            f"not start (203/EXEC) or find no state; install ring (or keep the state and config) elsewhere"]
 
 
 def missing_programs(t: Target) -> List[str]:

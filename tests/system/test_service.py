@@ -33,10 +33,34 @@ def cli(*args, env=None, cwd=None):
     return subprocess.run(ring_cmd(*args), capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
 
 
+_OUTSIDE_TMP: list = []   # folders made outside /tmp by the running test (removed after it)
+
+
+def outside_private_tmp(name: str) -> Path:
+    """A new folder PrivateTmp=yes would not hide from a unit (``tmp_path`` is
+    under /tmp, and service print warns of programs there): under /run or the
+    runtime dir when writable, else the home's cache; removed after the test."""
+    import tempfile
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/run", str(Path.home() / ".cache")):
+        if base and os.path.isdir(base) and os.access(base, os.W_OK):
+            break
+    made = Path(tempfile.mkdtemp(prefix="ring-test-", dir=base))
+    _OUTSIDE_TMP.append(made)
+    (made / name).mkdir()
+    return made / name
+
+
+@pytest.fixture(autouse=True)
+def _remove_outside_tmp():
+    yield
+    while _OUTSIDE_TMP:
+        shutil.rmtree(_OUTSIDE_TMP.pop(), ignore_errors=True)
+
+
 def stub_bin(tmp_path: Path) -> Path:
-    """Stand-in ringd/ringwatch (verify checks that ExecStart's program exists)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
+    """Stand-in ringd/ringwatch (verify checks that ExecStart's program exists),
+    in a folder outside /tmp."""
+    bindir = outside_private_tmp("bin")
     for prog in ("ringd", "ringwatch"):
         stub = bindir / prog
         stub.write_text(f"#!/bin/sh\nexec {sys.executable} -m {prog} \"$@\"\n")
@@ -368,8 +392,7 @@ def test_a_bin_dir_without_the_programs_is_warned_about(tmp_path):
     ``systemd-analyze verify`` and never starts; print and install rendered one
     silently (a --bin-dir typo, or a ring run from a checkout, not installed).
     They warn in one line naming it (exit still 0: --bin-dir may be another box's)."""
-    empty = tmp_path / "nobin"
-    empty.mkdir()
+    empty = outside_private_tmp("nobin")
     root = tmp_path / "root"
     for mode, progs in (("watcher", ["ringwatch"]), ("systemd", ["ringd", "ringwatch"]),
                         ("launchd", ["ringwatch"])):
@@ -404,3 +427,52 @@ def test_init_refuses_a_layout_ringd_run_would_refuse_before_creating_anything(t
     assert res.returncode != 0 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr
     assert str(d / ("config" if kind == "config-is-a-file" else "STATE")) in res.stderr, res.stderr
     assert sorted(p.relative_to(d) for p in d.rglob("*")) == before, "init created part of the layout"
+
+
+def test_a_unit_whose_programs_private_tmp_hides_is_warned_about(tmp_path):
+    """A unit runs with PrivateTmp=yes: programs under /tmp or /var/tmp (a venv
+    made there) are not there for it, and it fails with 203/EXEC. print
+    rendered one without a word; it warns in one line (exit still 0), as it
+    does of a program that is missing, and so does install."""
+    stubs = stub_bin(tmp_path)
+    in_tmp = tmp_path / "venv-bin"
+    shutil.copytree(stubs, in_tmp)
+    linked = outside_private_tmp("linked") / "bin"
+    linked.symlink_to(in_tmp)   # (a path outside /tmp that leads into it)
+    for bindir in (in_tmp, linked):
+        for mode, progs in (("watcher", ["ringwatch"]), ("systemd", ["ringd", "ringwatch"])):
+            res = cli("service", "print", "--mode", mode, "--bin-dir", str(bindir))
+            lines = res.stderr.splitlines()
+            assert res.returncode == 0 and res.stdout, res.stderr
+            assert len(lines) == 1 and lines[0].startswith("ringd: warning: ") and "PrivateTmp" in lines[0], lines
+            assert all(f"{bindir}/{p}" in lines[0] for p in progs), lines[0]
+    res = cli("service", "print", "--mode", "launchd", "--bin-dir", str(in_tmp))   # (launchd has no PrivateTmp)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    res = cli("service", "install", "--mode", "watcher", "--root", str(tmp_path / "root"), "--bin-dir", str(in_tmp))
+    assert res.returncode == 0 and "PrivateTmp" in res.stderr, res.stderr
+    ok = cli("service", "print", "--mode", "systemd", "--bin-dir", str(stubs))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+
+
+def test_nobody_is_refused_as_the_services_user(tmp_path):
+    """``service install --user nobody`` wrote units (and a polkit rule) for the
+    kernel's overflow user, whose uid every unmapped id appears as: refused in
+    one line, as print, for every mode; nothing is written."""
+    try:
+        nobody = pwd.getpwuid(65534).pw_name
+    except KeyError:
+        pytest.skip("no user with uid 65534 here")
+    root = tmp_path / "root"
+    for name in dict.fromkeys(("nobody", nobody)):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        for mode in ("watcher", "systemd", "launchd"):
+            for verb in (("print",), ("install", "--root", str(root))):
+                res = cli("service", *verb, "--mode", mode, "--user", name, "--state", "/srv/ring",
+                          "--bin-dir", str(stub_bin(tmp_path)))
+                lines = res.stderr.splitlines()
+                assert res.returncode == 2 and res.stdout == "", (mode, verb, res.returncode, res.stdout[:300])
+                assert len(lines) == 1 and f"--user {name}: {name} is not a service user" in lines[0], lines
+    assert not root.exists()
