@@ -11,6 +11,11 @@ seconds of monotonic time. A wall-clock jump (a heartbeat "from the future" or
 from long ago), a corrupt file or a half-written one therefore never kills a
 healthy driver nor keeps a hung one alive.
 
+A driver that exits 69 (``EX_UNAVAILABLE``: a full state dir, a journal it
+cannot reach) met an outage: it is started again after a back-off
+(:func:`outage_backoff`), and such an exit never counts toward the start limit
+(:func:`is_outage`), so an outage never makes the watcher give up.
+
 The restart window mirrors systemd's ``StartLimitBurst`` /
 ``StartLimitIntervalSec``. It is persisted across restarts of the watcher and
 kept in seconds since boot (``ringd.loops.watchstate.Clock``), so a step of the wall
@@ -22,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from ringd.core.errors import EX_UNAVAILABLE
 from ringd.core.records import number  # (one rule for a number read from a file)
 
 OK = "ok"              # beating, process alive
@@ -165,6 +171,27 @@ def next_check(view: DriverView, *, last_poll: float, poll_interval: float,
     due = last_poll + poll_interval
     edge = (view.since + grace) if view.beat_at is None else (view.beat_at + stale_after)
     return min(due, edge + 1e-3) if edge + 1e-3 > last_poll else due
+
+
+# --- an outage: the driver exited 69 --------------------------------------------------
+
+OUTAGE_BACKOFF_MIN = 1.0    # s; the first wait after an outage, whatever restart_sec (0 would spin)
+OUTAGE_BACKOFF_MAX = 60.0   # s; the longest wait between two tries through an outage
+
+
+def is_outage(exit_code: Optional[int]) -> bool:
+    """Is this exit of the driver an outage: 69, ``EX_UNAVAILABLE`` (try again
+    later)? Retried after :func:`outage_backoff`; never counted toward the
+    start limit, so it never makes the watcher give up."""
+    return exit_code == EX_UNAVAILABLE
+
+
+def outage_backoff(outages: int, restart_sec: float, cap: float = OUTAGE_BACKOFF_MAX) -> float:
+    """The wait before starting the driver again after the ``outages``-th exit
+    69 in a row (1 for the first): ``restart_sec`` (at least OUTAGE_BACKOFF_MIN)
+    doubling with each, up to ``cap`` (or ``restart_sec``, if that is longer)."""
+    base = max(restart_sec, OUTAGE_BACKOFF_MIN)
+    return min(max(cap, base), base * 2.0 ** min(max(outages, 1) - 1, 64))
 
 
 # --- the restart window (systemd StartLimitBurst / StartLimitIntervalSec) ---------

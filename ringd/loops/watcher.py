@@ -9,7 +9,8 @@ only acts: start, stop, wait, persist ``ringwatch.json``, speak sd_notify.
 
 Exit codes: 0 stopped by SIGTERM/SIGINT; 70 gave up (start limit hit, now or
 earlier - see ``ringwatch reset``); 75 another watcher holds the lock; 78 a
-configuration error (its own, or the driver exited 78).
+configuration error (its own, or the driver exited 78). A driver that exits 69
+(an outage) is started again after a back-off, outside the start limit.
 """
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ class Watcher:
         self.lock_lost = False
         self.plan: Optional[watchpolicy.StopPlan] = None   # the stop of the driver under way
         self.stops_heard = 0                          # SIGTERM/SIGINT deliveries heard
+        self.outages = 0                              # the driver's exits 69 in a row (watchpolicy.is_outage)
         self._deferred: Set[int] = set()              # other signals heard outside _wait
 
     @property
@@ -195,6 +197,8 @@ class Watcher:
                    driver={"pid": self.view.pid, "pid_start": self.view.pid_start,
                            "health": verdict.health})
         self._status(self._driver_status(verdict, hb))
+        if verdict.health == watchpolicy.OK:
+            self.outages = 0   # (beating: an outage from now on is a new one)
         if verdict.unhealthy:
             return self._replace(verdict)
         return None
@@ -231,9 +235,27 @@ class Watcher:
             self.proc = None
             self.view = watchpolicy.following(hb, now, fresh=False)
             return None
+        if watchpolicy.is_outage(code):
+            self._after_outage(proc, detail)
+            return None
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         log(f"driver (pid {proc.pid}) {how}{detail}", WARNING)
         return None
+
+    def _after_outage(self, proc: DriverProc, detail: str) -> None:
+        """The driver exited 69: what it needs cannot be used now (a full state
+        dir, a journal it cannot reach). Not a failure of the driver: start it
+        again after a back-off (watchpolicy.outage_backoff), never counted
+        toward the start limit, as long as the outage lasts."""
+        self.outages += 1
+        delay = watchpolicy.outage_backoff(self.outages, self.w.restart_sec)
+        log(f"driver (pid {proc.pid}) exited 69, an outage{detail}; starting it again in {delay:g}s "
+            f"(an outage never counts toward the start limit)", WARNING)
+        self._status(f"driver unavailable (exit 69); starting it again in {delay:g}s")
+        proc.close()
+        self.proc = None
+        self._sleep(time.monotonic() + delay)
+        self._start_driver(f"after an outage ({self.outages} exit(s) 69 in a row)")
 
     def _sync_proc(self) -> None:
         """Keep ``self.proc`` (the pidfd we sleep on) on the driver the view names."""

@@ -1399,3 +1399,31 @@ def test_a_sigterm_while_the_watcher_waits_for_its_state_files_lock_is_heard_at_
         assert took < 6.0, f"the watcher exited {took:.1f}s after its SIGTERM\n{err}"
     finally:
         os.close(dir_fd)
+
+
+def test_a_state_dir_full_at_start_up_is_an_outage_the_watcher_waits_out(ring):
+    """The state dir is full for a few seconds as the watcher starts: each
+    driver exits 69 (EX_UNAVAILABLE) before it can make its journal. Three of
+    those counted against the start limit: GIVING UP, exit 70, and a new
+    watcher refused to start. An outage is retried with a back-off instead,
+    outside the start limit; once space is freed the ring turns."""
+    ring.write_config(watch={"start_limit_burst": 2, "start_limit_interval": 60, "restart_sec": 0.2})
+    with mounted_tmpfs(ring.state, "1m"):
+        simple_ring(ring, "sleep 0.1")
+        filler = fill_up(ring.state)
+        watcher = ring.start_watcher()
+        try:
+            err = watcher.err_path
+            wait_until(lambda: err.read_text().count("exited 69, an outage") >= 3 or watcher.poll() is not None,
+                       timeout=30, message="three exits 69 of the driver")
+            assert watcher.poll() is None, err.read_text()
+            filler.unlink()
+            wait_until(lambda: len(ring.runs()) >= 2 or watcher.poll() is not None, timeout=30,
+                       message="the ring turning once space is freed")
+            assert watcher.poll() is None, err.read_text()
+            state = watch_state(ring)
+            assert state.get("gave_up") is False and state.get("restarts") == [], state
+            assert "GIVING UP" not in err.read_text()
+            stop_watcher(ring, watcher)
+        finally:
+            ring.cleanup()   # (before the tmpfs goes: nothing of the ring may hold it)

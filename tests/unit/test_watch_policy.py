@@ -319,3 +319,21 @@ def test_the_watchers_stop_budget_fits_its_steps_and_the_units_stop_timeout():
     from ringd.loops import driverproc, watcher
     assert watcher.STOP_GRACE + driverproc.KILL_WAIT + cgroup.KILL_WAIT <= watcher.STOP_BUDGET
     assert watcher.STOP_BUDGET + watcher.REAP_BUSY_AT_STOP + watcher.SAVE_LOCK_AT_STOP + 5 <= STOP_GRACE_WATCHER
+
+
+# --- an outage: the driver exited 69 ---------------------------------------------------
+
+def test_only_exit_69_is_an_outage():
+    assert watchpolicy.is_outage(69)
+    for code in (0, 1, 70, 75, 78, -9, -15, None):
+        assert not watchpolicy.is_outage(code), code
+
+
+def test_the_outage_back_off_doubles_from_restart_sec_to_a_cap():
+    waits = [watchpolicy.outage_backoff(n, 5.0) for n in range(1, 8)]
+    assert waits == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
+    assert watchpolicy.outage_backoff(1, 0.0) == watchpolicy.OUTAGE_BACKOFF_MIN   # restart_sec 0 never spins
+    assert watchpolicy.outage_backoff(3, 0.2) == 4 * watchpolicy.OUTAGE_BACKOFF_MIN
+    assert watchpolicy.outage_backoff(1, 300.0) == 300.0                          # never below restart_sec
+    assert watchpolicy.outage_backoff(10 ** 6, 300.0) == 300.0                    # no overflow, however long
+    assert watchpolicy.outage_backoff(0, 5.0) == 5.0
