@@ -934,9 +934,9 @@ def test_a_daemon_log_line_is_one_line_whatever_the_input_it_quotes():
     """The daemons' error lines quote paths from the config and the command line;
     a newline or an escape sequence there split a configuration error in two
     (the second half free for a forger) or reached the terminal."""
-    from ringd.host.logline import format_line
+    from ringd.host.logline import ERR, format_line
     line = format_line("ringd", "configuration error: /x\nFAKE: all is well\x1b[2J: roster file not found",
-                       at=0, pid=7)
+                       at=0, pid=7, level=ERR)
     assert line.endswith("\n") and line.count("\n") == 1, line
     assert "\x1b" not in line and "FAKE: all is well" in line
 
