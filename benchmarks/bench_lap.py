@@ -295,7 +295,7 @@ def connect(*a, **kw):
 sqlite3.connect = connect
 from ringd.loops.driver import run_driver
 from pathlib import Path
-code = run_driver(Path(sys.argv[1]), Path(sys.argv[2]), once=True, logger=lambda m: None)
+code = run_driver(Path(sys.argv[1]), Path(sys.argv[2]), once=True, logger=lambda m, level: None)
 # the trace repeats a statement once per trigger it fires: count each once
 top = [q.strip() for i, q in enumerate(log) if not q.lstrip().startswith("--") and (i == 0 or q != log[i - 1])]
 first = next(i for i, q in enumerate(top) if q.upper().startswith("INSERT INTO RUNS"))
