@@ -55,14 +55,18 @@ class JournalError(Exception):
 
     ``transient``: the journal is fine but could not be written now (state dir
     full or read-only, busy): retrying later may succeed. Otherwise the journal
-    itself is unusable (damaged, not a database) and retrying is pointless."""
+    itself is unusable (damaged, not a database) and retrying is pointless.
+    ``busy``: transient because another process holds the write lock, which it
+    lets go of (a wait that ends by itself)."""
 
     transient = False
+    busy = False
 
-    def __init__(self, message: str, transient: Optional[bool] = None):
+    def __init__(self, message: str, transient: Optional[bool] = None, busy: bool = False):
         super().__init__(message)
         if transient is not None:
             self.transient = transient
+        self.busy = busy
 
 
 def _wrap(path: Path, e: sqlite3.Error) -> JournalError:
@@ -87,7 +91,7 @@ def _busy(path: Path, e: sqlite3.Error) -> Optional[JournalError]:
     text = str(e)
     if isinstance(e, sqlite3.OperationalError) and text.startswith(_BUSY):
         return JournalError(f"{path}: journal is busy: another process holds its write lock ({text}); "
-                            f"try again", transient=True)
+                            f"try again", transient=True, busy=True)
     return None
 
 

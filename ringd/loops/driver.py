@@ -800,10 +800,12 @@ class Driver:
     def flush(self) -> None:
         """Commit the last run's end now (before a wait, a stop, a hand-over).
         While the state dir is full or read-only, or another process holds the
-        journal's write lock: say why once, keep beating and retry. Told to stop,
-        the driver goes on trying for END_WRITE_WAIT, so an end it saw is
-        recorded as it was, never reaped later as ``interrupted``; only past
-        that bound does the row stay ``running`` for the next driver's reaper.
+        journal's write lock: say why once, keep beating and retry. Told to stop
+        while another process holds the lock, the driver goes on trying for
+        END_WRITE_WAIT, so an end it saw is recorded as it was, never reaped
+        later as ``interrupted``; only past that bound (or at once, for a
+        failure no short wait mends) does the row stay ``running`` for the next
+        driver's reaper.
         A many-host driver that loses its lead meanwhile keeps the end it knows,
         and writes it once it leads again (:meth:`stand_by`): a driver never
         reaps a run it saw end. An unusable journal is raised (the agent is gone)."""
@@ -821,6 +823,11 @@ class Driver:
                 if not e.transient:
                     self.pending = None
                     raise
+                if self.stop_requested and not e.busy:
+                    self.pending = None   # (a full disk, an unreachable server: no wait within a stop mends it)
+                    pending.hop.say(f"ended, but its end could not be recorded ({e}); the next driver's reaper "
+                                    f"closes it", ERR)
+                    return
                 if self.stop_requested:
                     now = self.env.monotonic()
                     if give_up_at is None:
