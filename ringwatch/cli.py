@@ -75,7 +75,7 @@ def cli(ctx: click.Context, state_opt: Optional[str], config_opt: Optional[str])
     if where.found.config_from not in ("--config", "$RING_CONFIG") or \
             where.found.state_from not in ("--state", "$RING_STATE"):
         state_line, config_line = where.says()
-        logline.emit("ringwatch", f"config {config_line}; state dir {state_line}")
+        logline.emit("ringwatch", f"config {config_line}; state dir {state_line}", logline.INFO)
     try:
         code = Watcher(state_dir, config_path, config).run()
     except RingError as e:

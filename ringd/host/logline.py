@@ -196,12 +196,14 @@ def rotate_stderr(state_dir, name: str = "ringd.log") -> bool:
     return True
 
 
-def emit(prog: str, message: str, level: int, stream: Optional[TextIO] = None) -> None:
+def emit(prog: str, message: str, level: int = INFO, stream: Optional[TextIO] = None) -> None:
     """Write one line to stderr (or ``stream``) and flush it. A line that cannot
     be written (the log's disk is full: ENOSPC, EIO) is lost, never an error: a
     driver under ringwatch writes to ``logs/ringd.log``, and on a full disk it
     exited 1 at its first line, every driver the watcher started likewise, and
-    the watcher gave up - though the journal and heartbeat could be written."""
+    the watcher gave up - though the journal and heartbeat could be written.
+    Every call states its level (tests/unit/test_conventions.py checks it);
+    the default only keeps one that does not from failing."""
     global _journald
     stream = stream or sys.stderr
     if _journald is None:   # stderr does not change under a running daemon: look once
