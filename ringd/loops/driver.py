@@ -752,7 +752,16 @@ class Driver:
                 hop.after_start = lambda: self.after_run(pending.done(closed))
             else:
                 self.after_run(pending.done(closed))
-        if controls.ring_paused:
+        return self.take(plan, view, limit, controls.ring_paused, ran, now, started, hop)
+
+    def take(self, plan, view, limit: Optional[int], ring_paused: bool, ran, now: float,
+             started: Optional[int], hop: Optional[Hop]) -> int:
+        """Act on the turn the journal's transaction chose: wait out a pause, count a
+        lap, idle, or run the hop it started. Returns the roster positions gone through."""
+        env = self.env
+        if plan is not None and plan.index is not None:
+            agent, d = view.agents[plan.index], plan.decision
+        if ring_paused:
             return self.wait_paused(limit)
         if self.paused_said:
             self.paused_said = False

@@ -59,3 +59,8 @@ def test_every_module_has_a_docstring():
     missing = [str(p.relative_to(RINGD)) for p in RINGD.rglob("*.py")
                if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, missing
+def test_no_function_is_over_100_lines():
+    long = [(str(p.relative_to(RINGD)), n.name, n.end_lineno - n.lineno + 1)
+            for p in RINGD.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 100]
+    assert not long, long
