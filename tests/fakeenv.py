@@ -53,6 +53,7 @@ class FakeEnv:
         self.notes: List[str] = []
         self.waits = 0
         self.reaped: List[int] = []
+        self.killed_now: List[Tuple[float, int, int]] = []   # kill_run_now calls: (time, pid, run id)
         self.pid, self.pid_start, self.started_at = 4242, 1.0, WALL0
         self._pids = itertools.count(1000)
         self.hooks: List[Tuple[float, Callable[[], None]]] = []   # run at a time (e.g. edit the roster)
@@ -159,6 +160,21 @@ class FakeEnv:
 
     def reap_helpers(self, keep=(), helpers_only=False):
         pass
+
+    def kill_run_now(self, pid, ticks, state_key, run_id, run_cgroup=None):
+        """The lease watchdog's kill (another thread): the agent ``pid`` dies now."""
+        self.killed_now.append((self.t, pid, run_id))
+        for c in self.children:
+            if c.pid == pid and c.exit_at > self.t:
+                c.exit_at, c.code, c.signal = self.t, None, signal.SIGKILL
+        return 1
+
+    def lease_clock(self):
+        return self.t
+
+    @staticmethod
+    def hostname():
+        return "fakehost"
 
     def prove_containment(self):
         # no cgroups here (make_cgroup always says None); when it was asked: (beats, agents started) so far

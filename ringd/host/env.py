@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -271,6 +272,37 @@ class RealEnv:
         if self._stuck:
             self._stuck = {pid: t for pid, t in self._stuck.items() if same_process(pid, t)}
         return list(self._stuck)
+
+    @staticmethod
+    def kill_run_now(pid: int, ticks: Optional[int], state_key: str, run_id: int,
+                     run_cgroup: Optional[cgroup.RunCgroup] = None) -> int:
+        """SIGKILL a run's cgroup (everything in it, atomically), its group and
+        every descendant of ours but our helpers (setsid env -i escapes
+        included), from any thread: signals only, never a reap (the loop owns
+        every exit status). Returns how many descendants were killed."""
+        if run_cgroup is not None:
+            run_cgroup.signal_kill()
+        killed = set()
+        for _ in range(5):
+            # walk first, then signal, and walk again: a child of a dying process
+            # is re-parented to us meanwhile and one walk can miss it
+            victims = [v for v in proctree.run_descendants() if v[0] not in killed]
+            if same_process(pid, ticks):
+                proctree.signal_group(pid, signal.SIGKILL)
+            for victim, start in victims:   # identity as listed: a pid recycled since is not hit
+                if proctree.signal_process(victim, start, signal.SIGKILL):
+                    killed.add(victim)
+            if not victims and killed:
+                break
+            time.sleep(0.02)
+        return len(killed)
+
+    @staticmethod
+    def lease_clock() -> float:
+        """The local clock of a many-host ring's lease: boot time, never the wall clock."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    hostname = staticmethod(socket.gethostname)
 
     @staticmethod
     def reap_helpers(keep: Iterable[int] = (), helpers_only: bool = False) -> None:

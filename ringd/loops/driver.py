@@ -1053,7 +1053,7 @@ def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = Fal
             repaired = journal.take_repaired()
             if repaired:
                 logger(f"journal schema: {', '.join(repaired)} missing (dropped by hand?); made again", WARNING)
-            leader = Leader(journal, config.ring.lease_ttl, logger)
+            leader = Leader(journal, config.ring.lease_ttl, logger, env)
             config = for_leadership(config)
         else:
             journal = Journal.open(state_dir, verify=True, give_up=env.stop_pending)   # a stop heard at once

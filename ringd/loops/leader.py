@@ -13,20 +13,18 @@ a driver blocked on the journal past its switch must still kill its agent in
 time. (A call is bounded, ``ringd.journal.pgcall``, at a fifth of the TTL, a new
 connection included; but a few of them in a row can outlast the switch.) The thread
 only sends SIGKILL to the run's processes (it never reaps: the loop owns every
-exit status) and stops this driver leading and recording.
+exit status) and stops this driver leading and recording. Every effect - the
+lease's clock, the kill, the host's name - goes through the driver's env
+(``ringd.host.seam.DriverEnv``).
 """
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import threading
-import time
 from typing import Callable, Optional
 
 from ringd.core import lease as leaselib
 from ringd.core.levels import ERR, INFO, WARNING
-from ringd.host import procid
+from ringd.host.seam import DriverEnv
 from ringd.journal.sqlite import JournalError
 from ringd.journal.transitions import close_row
 
@@ -34,18 +32,15 @@ LEADER, STANDBY = "leader", "standby"
 KILL_SETTLE = 10.0   # s: at most this long a regained leadership waits for its watchdog's kill to end
 
 
-def lease_clock() -> float:
-    """The local clock of the lease: boot time, never the wall clock."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 class Leader:
-    def __init__(self, journal, ttl: float, log: Callable[[str, int], None], host: Optional[str] = None):
+    def __init__(self, journal, ttl: float, log: Callable[[str, int], None], env: DriverEnv,
+                 host: Optional[str] = None):
         self.journal = journal            # a journal_pg.PgJournal
         self.ttl = ttl
         self.log = log
-        self.host = host or socket.gethostname()
-        self.me = leaselib.holder_name(self.host, os.getpid(), procid.start_ticks(os.getpid()))
+        self.env = env
+        self.host = host or env.hostname()
+        self.me = leaselib.holder_name(self.host, env.pid, env.pid_start)
         self.renew_sent_at: Optional[float] = None   # lease clock of the last good renewal
         self.leading = False
         self.lease_holder: Optional[str] = None
@@ -76,7 +71,7 @@ class Leader:
                 if not self.leading or sent is None or self._agent is None:
                     self._cond.wait()
                     continue
-                left = leaselib.stop_deadline(sent, self.ttl) - lease_clock()
+                left = leaselib.stop_deadline(sent, self.ttl) - self.env.lease_clock()
                 if left > 0:
                     self._cond.wait(left)
                     continue
@@ -96,26 +91,9 @@ class Leader:
                     self._cond.notify_all()
 
     def _kill_run(self, pid: int, ticks: Optional[int], state_key: str, run_id: int, cgroup=None) -> None:
-        """SIGKILL the run's cgroup (everything in it, atomically), its group and
-        every descendant of ours but our helpers (setsid env -i escapes included).
-        Signals only: the loop reaps them later and removes the cgroup."""
-        from ringd.host import proctree  # psutil: only once it is needed
-        if cgroup is not None:
-            cgroup.signal_kill()
-        killed = set()
-        for _ in range(5):
-            # walk first, then signal, and walk again: a child of a dying process
-            # is re-parented to us meanwhile and one walk can miss it
-            victims = [v for v in proctree.run_descendants() if v[0] not in killed]
-            if procid.same_process(pid, ticks):
-                proctree.signal_group(pid, signal.SIGKILL)
-            for victim, start in victims:   # identity as listed: a pid recycled since is not hit
-                if proctree.signal_process(victim, start, signal.SIGKILL):
-                    killed.add(victim)
-            if not victims and killed:
-                break
-            time.sleep(0.02)
-        n = len(killed)
+        """SIGKILL the run's processes at once (DriverEnv.kill_run_now: signals
+        only, from this thread; the loop reaps them later and removes the cgroup)."""
+        n = self.env.kill_run_now(pid, ticks, state_key, run_id, cgroup)
         self.log(f"lease: not renewed for half its TTL while the driver waits on the journal; "
                  f"killed run {run_id} ({n} process(es), agent pid {pid})", ERR)
 
@@ -128,7 +106,7 @@ class Leader:
 
     def must_stop(self) -> bool:
         """A leader past its half-TTL switch (or no leader at all): no agent may run."""
-        if self.leading and leaselib.must_stop(self.renew_sent_at, self.ttl, lease_clock()):
+        if self.leading and leaselib.must_stop(self.renew_sent_at, self.ttl, self.env.lease_clock()):
             self._lose("lease not renewed for half its TTL")
         return not self.leading
 
@@ -136,12 +114,12 @@ class Leader:
         """Until the half-TTL switch (the hop wakes then)."""
         if not self.leading or self.renew_sent_at is None:
             return 0.0
-        return max(0.0, leaselib.stop_deadline(self.renew_sent_at, self.ttl) - lease_clock())
+        return max(0.0, leaselib.stop_deadline(self.renew_sent_at, self.ttl) - self.env.lease_clock())
 
     def beat(self) -> None:
         """Take or renew the lease (one short transaction). Never raises."""
         self.must_stop()
-        sent = lease_clock()
+        sent = self.env.lease_clock()
         try:
             d = self.journal.acquire(self.me, self.ttl)
             view = self.journal.read_lease()
@@ -207,7 +185,7 @@ class Leader:
         previous = self.took_over_from or f"a driver (pid {row.driver_pid})"
         reason = (f"leader {previous} (host {leaselib.holder_host(previous) or '?'}) "
                   f"lost its lease while it ran")
-        now = time.time()
+        now = self.env.wall()
         closed = close_row(self.journal, row, "interrupted", source="reaper", now=now, ring=config.ring,
                            reason=reason)
         self.took_over = False

@@ -105,7 +105,8 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
     run's agent too (seen under load: the next run `failed (signal 9)` after 20 ms)."""
     import threading
 
-    from ringd.loops.leader import Leader, lease_clock
+    from fakeenv import FakeEnv
+    from ringd.loops.leader import Leader
 
     class NoRunning:
         def running_row(self):
@@ -116,14 +117,15 @@ def test_a_regained_lease_starts_nothing_while_the_watchdog_still_kills():
 
     release = threading.Event()
     killing = threading.Event()
-    leader = Leader(NoRunning(), ttl=2.0, log=lambda m, level: None, host="h")
+    env = FakeEnv()
+    leader = Leader(NoRunning(), ttl=2.0, log=lambda m, level: None, env=env, host="h")
 
     def slow_kill(*args):
         killing.set()
         release.wait(10)
     leader._kill_run = slow_kill
     with leader._cond:   # a run in flight, the last renewal long ago: the watchdog fires
-        leader.leading, leader.renew_sent_at = True, lease_clock() - 10
+        leader.leading, leader.renew_sent_at = True, env.lease_clock() - 10
         leader._agent = (12345, None, "key", 7, None)
         leader._cond.notify()
     assert killing.wait(5), "the watchdog did not fire"
@@ -149,3 +151,38 @@ def test_two_drivers_named_alike_never_both_lead():
     taken = decide(held, me, None, 100.0)                    # lapsed: the twin takes it
     assert (taken.action, taken.epoch) == (TAKE, 6)
     assert decide(LeaseRow(me, 6, 130.0), me, 5, 101.0).action == WAIT   # the first one, back
+
+
+def test_the_lease_watchdog_reads_the_envs_clock_and_kills_through_the_env():
+    """The leader goes only through the driver's env: its name is the env's
+    host, pid and start ticks; its watchdog judges the half-TTL switch on the
+    env's lease clock and kills the run in flight with DriverEnv.kill_run_now
+    (here a fake clock: nothing fires until it is moved past the switch)."""
+    import threading
+
+    from conftest import wait_until
+    from fakeenv import FakeEnv
+    from ringd.loops.leader import Leader
+
+    class Journal:
+        def __init__(self):
+            self.stopped = threading.Event()
+
+        def stop_recording(self):
+            self.stopped.set()
+
+    env, journal, said = FakeEnv(), Journal(), []
+    env.t = 100.0
+    leader = Leader(journal, ttl=2.0, log=lambda m, level: said.append(m), env=env)
+    assert leader.me == holder_name("fakehost", env.pid, env.pid_start)
+    leader.guard(1234, 55, "key", 7)
+    with leader._cond:   # renewed at 100 on the lease clock: the switch is at 101
+        leader.leading, leader.renew_sent_at = True, env.lease_clock()
+        leader._cond.notify()
+    assert not journal.stopped.wait(0.3) and not env.killed_now, "fired before the env's clock passed the switch"
+    with leader._cond:
+        env.t = 101.5
+        leader._cond.notify()
+    wait_until(lambda: any("killed run" in m for m in said), 5, message="the watchdog's kill")
+    assert env.killed_now == [(101.5, 1234, 7)] and journal.stopped.is_set() and not leader.leading
+    assert leader.killed_pid == 1234 and "killed run 7 (1 process(es), agent pid 1234)" in said[-1]
