@@ -1,6 +1,6 @@
 """The ``ringwatch`` command line (click): run the watcher, or ``reset`` its
 restart history. Thin: resolve locations, load the config, call
-:mod:`ringd.loops.watcher` / :mod:`ringd.loops.watchstate`, turn every error into one
+:mod:`ringd.loops.watcher` / :mod:`ringd.host.watchstate`, turn every error into one
 ``ringwatch: ...`` line and an exit code - never a traceback.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ringd.cli.commands import RingGroup, drop_output
 from ringd.inputs.config import ConfigError, lenient_modes, load_config, locate
 from ringd.core.errors import EX_BAD_USAGE, EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_IOERR, STATUS_UNKNOWN, RingError
 
-from ringd.loops import watchstate
+from ringd.host import watchstate
 
 
 # An unexpected error (a bug) exits 1, never 70: 70 says the watcher gave up, and

@@ -18,7 +18,7 @@ cannot reach) met an outage: it is started again after a back-off
 
 The restart window mirrors systemd's ``StartLimitBurst`` /
 ``StartLimitIntervalSec``. It is persisted across restarts of the watcher and
-kept in seconds since boot (``ringd.loops.watchstate.Clock``), so a step of the wall
+kept in seconds since boot (:class:`Clock`), so a step of the wall
 clock moves no restart into or out of it; restarts from an earlier boot are
 placed by their wall time and pruned robustly against clock jumps.
 """
@@ -37,6 +37,17 @@ DEAD = "dead"          # its process is gone
 UNHEALTHY = (STALE, DEAD)
 
 BeatKey = Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """One reading of the clocks the restart window needs: ``boot``, seconds since
+    boot (CLOCK_BOOTTIME: never stepped, and it counts a suspend, as the window
+    should); ``boot_id``, which boot that is; ``wall``, epoch seconds, only for the
+    ISO times ringwatch.json shows."""
+    boot_id: Optional[str]
+    boot: float
+    wall: float
 PID_LIMIT = 2 ** 31   # pid_t is 32 bits: no kernel gives a pid this big (os.pidfd_open overflows)
 
 

@@ -20,7 +20,7 @@ from ringd.host import procid
 from ringd.host.servicemanager import Notifier
 
 HEARTBEAT_FILE = "ringd.heartbeat"
-WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringd.loops.watchstate), read by status and metrics
+WATCHER_FILE = "ringwatch.json"   # the watcher's state (ringd.host.watchstate), read by status and metrics
 # An empty file that records a give-up ringwatch.json could not (a full disk):
 # creating it needs an inode, no data block. A watcher refuses to start while
 # it exists, as it does on "gave_up": true; `ringwatch reset` removes it.

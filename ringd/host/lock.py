@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 
-LOCK_FILE = "ringd.lock"   # the driver's (ringd.loops.watchstate has the watcher's)
+LOCK_FILE = "ringd.lock"   # the driver's (ringd.host.watchstate has the watcher's)
 
 
 class LockHeld(Exception):

@@ -14,8 +14,8 @@ from ringd.core.settings import RingSettings
 from ringd.host.safefile import others_can_change
 from ringd.inputs.config import Config, config_changes, parse_config
 from ringd.inputs.roster import Agent, roster_changes
-from ringd.loops.watchstate import Clock, status_doc
-from ringd.loops.watchstate import status_exit_code as watcher_exit_code
+from ringd.host.watchstate import Clock, status_doc
+from ringd.host.watchstate import status_exit_code as watcher_exit_code
 
 
 def test_config_changes_name_each_key_and_never_a_password():

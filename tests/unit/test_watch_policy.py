@@ -221,14 +221,14 @@ def test_record_restart_prunes_and_sorts():
     assert watchpolicy.record_restart([50.0, 1.0], 60.0, 30) == [50.0, 60.0]
 
 
-# --- the persisted window: seconds since boot (ringd.loops.watchstate, pure given a Clock) -------
+# --- the persisted window: seconds since boot (ringd.host.watchstate, pure given a Clock) -------
 
 def test_restarts_of_this_boot_keep_their_boot_time_whatever_the_wall_clock_did():
     """Three restarts 100-80 s ago by the boot clock; the wall clock was then set
     back an hour. Their ISO times are now an hour in the future: placed by the
     wall clock (clamped to now) they were a burst in the window and the watcher
     gave up; by their boot time they are long out of a 30 s window."""
-    from ringd.loops.watchstate import Clock, encode_restarts, restart_times
+    from ringd.host.watchstate import Clock, encode_restarts, restart_times
     before = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
     saved = encode_restarts([900.0, 910.0, 920.0], before)
     assert saved["restarts"][0] == "2027-01-15T07:58:20+00:00"
@@ -242,7 +242,7 @@ def test_restarts_of_this_boot_keep_their_boot_time_whatever_the_wall_clock_did(
 
 
 def test_restarts_of_another_boot_or_an_older_ringwatch_are_placed_by_wall_time():
-    from ringd.loops.watchstate import Clock, encode_restarts, restart_times
+    from ringd.host.watchstate import Clock, encode_restarts, restart_times
     old = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
     saved = encode_restarts([990.0], old)
     rebooted = Clock(boot_id="b2", boot=30.0, wall=old.wall + 60)   # 60 s later by the wall clock
@@ -260,7 +260,7 @@ def test_restarts_of_another_boot_or_an_older_ringwatch_are_placed_by_wall_time(
 def test_restart_times_too_big_for_a_float_are_dropped_not_raised():
     """ringwatch.json with a 400-digit restart (or its boot time) made the watcher
     and `ringwatch reset` - the operator's way out - an internal error."""
-    from ringd.loops.watchstate import Clock, encode_restarts, restart_times
+    from ringd.host.watchstate import Clock, encode_restarts, restart_times
     old = Clock(boot_id="b1", boot=1000.0, wall=1_800_000_000.0)
     saved = encode_restarts([990.0], old)
     assert restart_times({"restarts": [10 ** 400, -10 ** 400, old.wall - 5]}, old) == [995.0]
@@ -316,7 +316,8 @@ def test_the_watchers_stop_budget_fits_its_steps_and_the_units_stop_timeout():
     for the rest (the short journal and lock waits, an interpreter's exit)."""
     from ringd.host import cgroup
     from ringd.cli.service import STOP_GRACE_WATCHER
-    from ringd.loops import driverproc, watcher
+    from ringd.host import driverproc
+    from ringd.loops import watcher
     assert watcher.STOP_GRACE + driverproc.KILL_WAIT + cgroup.KILL_WAIT <= watcher.STOP_BUDGET
     assert watcher.STOP_BUDGET + watcher.REAP_BUSY_AT_STOP + watcher.SAVE_LOCK_AT_STOP + 5 <= STOP_GRACE_WATCHER
 

@@ -1,25 +1,21 @@
 """The driver as a process, seen from the watcher: start ``ringd run`` in its own
 session with its output appended to ``<state>/logs/ringd.log``, hold a pidfd on
-it (ours or adopted), and stop it: SIGTERM (+ SIGCONT for a stopped one), a
-grace, then SIGKILL - always addressed by pid *and* start time through a pidfd,
-so a recycled pid is never signalled.
+it (ours or adopted), and signal it - always addressed by pid *and* start time
+through a pidfd, so a recycled pid is never signalled. (The stop's steps are the
+watcher's: ``ringd.loops.watcher``.)
 """
 from __future__ import annotations
 
 import os
-import select
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from ringd.host import proctree
 from ringd.host import safefile
 from ringd.host.procid import same_process
-
-from ringd.core import watchpolicy
 
 DRIVER_LOG = "ringd.log"
 KILL_WAIT = 5.0   # s; a driver SIGKILL has not ended by then is left (uninterruptible sleep)
@@ -72,6 +68,11 @@ class DriverProc:
     @property
     def ours(self) -> bool:
         return self.child is not None
+
+    @property
+    def fd(self) -> Optional[int]:
+        """What a wait wakes on at its exit: its pidfd, until it is reaped or closed."""
+        return self.pidfd if self.status is None else None
 
     def alive(self) -> bool:
         if self.status is not None:
@@ -160,58 +161,9 @@ def adopt(pid: int, start_time: Optional[float]) -> Optional[DriverProc]:
     return DriverProc(pid=pid, start_time=start_time, pidfd=fd)
 
 
-def _exited(proc: DriverProc) -> bool:
-    if proc.child is not None and proc.poll_exit() is not None:
-        return True
-    return not proc.alive()
-
-
-def _pause(until: float, fds: List[int]) -> None:
-    """Wait until ``until``, or one of ``fds`` (the driver's pidfd) is readable."""
-    left = until - time.monotonic()
-    if left <= 0:
-        return
-    if fds:
-        select.select(fds, [], [], left)
-    else:
-        time.sleep(min(left, 0.05))
-
-
-def stop(proc: DriverProc, plan: Callable[[], watchpolicy.StopPlan], kill_wait: float = KILL_WAIT,
-         pause: Callable[[float, List[int]], None] = _pause) -> str:
-    """SIGTERM + SIGCONT, SIGKILL at ``plan().kill_at``, then wait up to
-    ``kill_wait``, all within ``plan().end`` (watchpolicy.stop_step). ``plan`` is
-    asked again after each ``pause`` - the caller's wait, which hears its
-    signals: a second SIGTERM hurries the plan (watchpolicy.stop_heard). Returns
-    how it ended: ``gone`` (already), ``terminated`` or ``killed``;
-    ``survived`` if even SIGKILL did not end it (a process in uninterruptible
-    sleep)."""
-    if not proc.alive():
-        proc.poll_exit()
-        return "gone"
-    _signal(proc, signal.SIGTERM)
-    _signal(proc, signal.SIGCONT)  # a SIGSTOPped driver must run to handle SIGTERM
-    killed_at: Optional[float] = None
-    while True:
-        if _exited(proc):
-            return "terminated" if killed_at is None else "killed"
-        now = time.monotonic()
-        what, until = watchpolicy.stop_step(plan(), now, killed_at, kill_wait)
-        if what == "kill":
-            _signal(proc, signal.SIGKILL)
-            killed_at = now
-        elif what == "give up":
-            return "survived"
-        else:
-            pause(until, [proc.pidfd] if proc.pidfd is not None else [])
-
-
-def forward(proc: DriverProc, sig: int) -> None:
-    if proc.alive():
-        _signal(proc, sig)
-
-
-def _signal(proc: DriverProc, sig: int) -> None:
+def send(proc: DriverProc, sig: int) -> None:
+    """Signal the driver through its pidfd (a recycled pid is never hit), else by
+    pid and start time."""
     if proc.pidfd is not None:
         try:
             signal.pidfd_send_signal(proc.pidfd, sig)
@@ -219,4 +171,3 @@ def _signal(proc: DriverProc, sig: int) -> None:
             pass
         return
     proctree.signal_process(proc.pid, proc.start_time, sig)
-

@@ -25,7 +25,6 @@ import fcntl
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -36,7 +35,7 @@ from ringd.core.timefmt import iso, parse_iso
 from ringd.host.heartbeat import watcher_gave_up as gave_up   # (the one rule: status and metrics read it too)
 from ringd.host.safefile import check_state_dir
 
-from ringd.core.watchpolicy import number
+from ringd.core.watchpolicy import Clock, number
 
 STATE_FILE = WATCHER_FILE
 LOCK_FILE = "ringwatch.lock"
@@ -139,17 +138,6 @@ def reset_fields(gen: Any) -> Dict[str, Any]:
     reset's generation (a watcher holding its state in memory compares it)."""
     return dict(restarts=[], restart_clock=None, gave_up=False, gave_up_at=None,
                 gave_up_reason=None, reset_gen=gen)
-
-
-@dataclass(frozen=True)
-class Clock:
-    """One reading of the clocks the restart window needs: ``boot``, seconds since
-    boot (CLOCK_BOOTTIME: never stepped, and it counts a suspend, as the window
-    should); ``boot_id``, which boot that is; ``wall``, epoch seconds, only for the
-    ISO times ringwatch.json shows."""
-    boot_id: Optional[str]
-    boot: float
-    wall: float
 
 
 def clock_now() -> Clock:
