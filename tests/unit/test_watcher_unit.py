@@ -211,6 +211,24 @@ def test_a_full_disk_keeps_the_history_in_memory_and_records_the_give_up_in_the_
     assert env.said("the give-up is recorded in")
 
 
+def test_a_reset_clears_the_history_kept_in_memory_on_a_full_disk(tmp_path):
+    """On a full disk the history lives in memory; space freed and a `ringwatch
+    reset` run (reset_gen moved), the next restart decision sees no history:
+    written back, it would have undone the reset and given up early."""
+    from ringd.host.watchstate import reset_fields
+    w, env = make(tmp_path, default=Driver(exits_at=1.0, code=1), start_limit_burst=2)
+    env.disk_full = True
+
+    def freed_and_reset():
+        env.disk_full = False
+        env.state = reset_fields(1)
+    env.at(2.3, freed_and_reset)   # after two restarts, before the third
+    env.send(3.0, signal.SIGTERM)
+    assert w.run() == 0
+    assert env.said("ringwatch reset: restart history cleared") and not env.said("GIVING UP")
+    assert len(env.started) == 3 and len(env.state["restarts"]) == 1 and env.state["reset_gen"] == 1
+
+
 # --- exits the driver chose: 69, 75, 78 ------------------------------------------------------
 
 def test_exits_69_are_waited_out_with_a_back_off_outside_the_start_limit(tmp_path):
