@@ -38,17 +38,21 @@ by ``tests/system/test_soak.py``.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set, Tuple
@@ -79,7 +83,10 @@ watch:
   restart_sec: 0.2
   start_limit_burst: 10000
   start_limit_interval: 60
+agents:
+  pinger: {watchdog: 1.5, run_budget: 4, stall_threshold: 5}
 """
+PG_RING = '  journal: "{dsn}"\n  lease_ttl: 5\n'   # added to the ring section for --pg
 
 # name -> (shell body, healthy: exits by itself promptly, so it must run every lap)
 AGENTS: Dict[str, Tuple[str, bool]] = {
@@ -95,15 +102,27 @@ AGENTS: Dict[str, Tuple[str, bool]] = {
     # an escapee with no key at all: its own session, an empty environment; its
     # command line names the work dir (ESCAPEE) so the samplers can see it
     "escaper":  ("setsid env -i {python} -c 'import time; time.sleep(30)' {escapee} &\nsleep 0.05", True),
+    # well-behaved talker: pings its watchdog (1.5 s) every 0.1 s for 2 s
+    "pinger":   ("exec {python} - <<'EOF'\nimport os, socket, time\n"
+                 "addr = os.environ['NOTIFY_SOCKET']\naddr = '\\0' + addr[1:] if addr.startswith('@') else addr\n"
+                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\nend = time.monotonic() + 2.0\n"
+                 "while time.monotonic() < end:\n    try:\n        s.sendto(b'WATCHDOG=1', addr)\n"
+                 "    except OSError:\n        pass\n    time.sleep(0.1)\nEOF", True),
     "extra":    ("echo extra", True),                                      # only while added
 }
-BASE = ["ok", "fail", "slow", "wedge", "tempfail", "chatty", "quick", "forker", "escaper"]
+BASE = ["ok", "fail", "slow", "wedge", "tempfail", "chatty", "quick", "forker", "escaper", "pinger"]
 UNSTARTABLE_FOR = 3.0    # s a roster of unstartable programs stays in place
 
 KINDS = ["driver SIGKILL", "driver SIGSTOP", "agent SIGKILL", "skip current", "skip named",
          "roster valid edit", "roster broken+fixed", "roster remove+re-add", "roster add+remove",
-         "ringwatch SIGKILL+fresh", "lock file deleted", "SIGHUP storm", "unstartable roster"]
+         "ringwatch SIGKILL+fresh", "lock file deleted", "SIGHUP storm", "unstartable roster",
+         "WAL removed", "inodes exhausted", "PG connection dropped", "fds passed by nobody"]
 READERS = "readers status/history"
+TMPFS_SIZE, TMPFS_INODES = "256m", 4096   # the state dir's own file system (root only)
+FILL_FOR = 3.0           # s the state dir's file system stays out of inodes
+FLOOD_SOCKETS = 300      # lingering TCP sockets passed to a run's notify socket by another user
+FLOOD_PER_DATAGRAM = 100 # (the kernel takes at most 253 a datagram)
+LINGER = 60              # s a passed socket's last close would block: longer than any recovery wait
 
 
 @dataclass
@@ -121,6 +140,7 @@ class SoakResult:
     figures: Dict[str, object]
     notes: List[str] = field(default_factory=list)
     recovery: Dict[str, List[float]] = field(default_factory=dict)
+    skipped: Dict[str, str] = field(default_factory=dict)   # kind -> why it was not injected at all
 
     @property
     def ok(self) -> bool:
@@ -129,6 +149,9 @@ class SoakResult:
     def table(self) -> str:
         out = [f"{'fault kind':<28}{'injected':>9}{'survived':>10}   recovered in (mean / max)"]
         for kind, (i, s) in self.faults.items():
+            if kind in self.skipped:
+                out.append(f"{kind:<28}{'-':>9}{'-':>10}   skipped: {self.skipped[kind]}")
+                continue
             rec = self.recovery.get(kind) or []
             times = f"   {sum(rec) / len(rec):.1f}s / {max(rec):.1f}s" if rec else ""
             out.append(f"{kind:<28}{i:>9}{s:>10}{times}{'' if i == s else '   <-- NOT SURVIVED'}")
@@ -143,6 +166,162 @@ class SoakResult:
         return "\n".join(out)
 
 
+class Tmpfs:
+    """A small tmpfs of the soak's own for the state dir, so a fault can use up
+    its inodes without touching the box's file systems. Root only."""
+
+    def __init__(self, at: Path):
+        self.at = at
+        self.mounted = False
+
+    def mount(self) -> Optional[str]:
+        """Mount it; None when mounted, else why not (then the dir is a plain one)."""
+        self.at.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            return "not root: no tmpfs of its own to fill"
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},nr_inodes={TMPFS_INODES},mode=0755",
+                            "ring-soak", str(self.at)], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            return f"mount -t tmpfs failed: {r.stderr.strip()[:120]}"
+        self.mounted = True
+        return None
+
+    def unmount(self) -> Optional[str]:
+        """Unmount (retried while busy for 10 s, then lazily); a note when it was not clean."""
+        if not self.mounted:
+            return None
+        end = time.monotonic() + 10
+        while True:
+            r = subprocess.run(["umount", str(self.at)], capture_output=True, text=True, timeout=30)
+            if r.returncode == 0:
+                self.mounted = False
+                return None
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.2)
+        subprocess.run(["umount", "-l", str(self.at)], capture_output=True, timeout=30)
+        self.mounted = False
+        return f"tmpfs {self.at} busy at the end ({r.stderr.strip()[:120]}): unmounted lazily"
+
+
+class PgRing:
+    """A throwaway PostgreSQL cluster (tests/pgcluster.py's) with a fresh schema
+    for the soak's ring; removed at the end."""
+
+    def __init__(self):
+        sys.path.insert(0, str(REPO / "tests"))
+        try:
+            import psycopg  # noqa: F401  (the ring's own driver for it)
+            from pgcluster import PgCluster, pg_bindir
+        except ImportError as e:
+            raise SystemExit(f"soak: --pg needs psycopg and tests/pgcluster.py importable: {e}")
+        bindir = pg_bindir()
+        if bindir is None or not (bindir / "initdb").exists():
+            raise SystemExit("soak: --pg needs PostgreSQL's server binaries (initdb, pg_ctl)")
+        self.cluster = PgCluster(bindir)
+        self.dsn = self.cluster.fresh_dsn()
+        self._con = None
+        self._lock = threading.Lock()
+
+    def rows(self, sql: str, *params, _fetch: bool = True) -> List[dict]:
+        """The soak's queries are SQLite's (``?``); PostgreSQL's placeholder is ``%s``."""
+        import psycopg
+        from psycopg.rows import dict_row
+        with self._lock:
+            for attempt in range(3):
+                try:
+                    if self._con is None or self._con.closed:
+                        self._con = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row,
+                                                    application_name="ring-soak")
+                    cur = self._con.execute(sql.replace("?", "%s"), params)
+                    return cur.fetchall() if _fetch else []
+                except psycopg.errors.UndefinedTable:
+                    return []
+                except psycopg.OperationalError:
+                    self._con = None
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.2)
+        return []
+
+    def execute(self, sql: str) -> None:
+        self.rows(sql, _fetch=False)
+
+    def destroy(self) -> None:
+        if self._con is not None:
+            self._con.close()
+        self.cluster.destroy()
+
+
+class FdFlood:
+    """FLOOD_SOCKETS TCP sockets whose last close blocks for LINGER s: each has
+    unsent data its peer (held here, never read) will not take, and SO_LINGER
+    on. Passed away, their close blocks whoever holds them last."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # (inherited by the peers)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(FLOOD_SOCKETS + 16)
+        self.peers: List[socket.socket] = []
+        self.clients: List[socket.socket] = []
+        for _ in range(FLOOD_SOCKETS):
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            c.connect(self.listener.getsockname())
+            self.peers.append(self.listener.accept()[0])
+            c.setblocking(False)
+            try:
+                while True:
+                    c.send(b"x" * 65536)
+            except BlockingIOError:
+                pass
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, LINGER))
+            self.clients.append(c)
+
+    def drop_clients(self, last: bool = False) -> None:
+        """Close our copies: never the last while the sender holds its own, or
+        (``last``) abortively, so that no close here lingers."""
+        for c in self.clients:
+            if last:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()
+        self.clients = []
+
+    def release(self) -> None:
+        """Close the peers: a passed socket's lingering close then ends at once (RST)."""
+        self.drop_clients(last=True)   # (still ours when the sender never started)
+        for p in self.peers:
+            p.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            p.close()
+        self.peers = []
+        self.listener.close()
+
+
+# The sender, run as nobody: a connected datagram socket to the run's notify
+# socket (argv[1], connected by root: the path sits in a 0700 dir) and the
+# lingering sockets (argv[2]); says it is ready, sends them on a line from
+# stdin; exits without closing (an exiting process's close never lingers).
+FLOOD_SENDER = """import array, json, os, socket, sys
+out = socket.socket(fileno=int(sys.argv[1]))
+fds = [int(x) for x in sys.argv[2].split(",")]
+per = int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+got = {"sent": 0, "fds": 0, "errors": []}
+for i in range(0, len(fds), per):
+    chunk = array.array("i", fds[i:i + per])
+    try:
+        out.sendmsg([b"WATCHDOG=1\\nSTATUS=a stranger"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, chunk)])
+        got["sent"] += 1
+        got["fds"] += len(chunk)
+    except OSError as e:
+        got["errors"].append(repr(e))
+print(json.dumps(got), flush=True)
+os._exit(0)
+"""
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
@@ -151,12 +330,21 @@ def _alive(p: psutil.Process) -> bool:
 
 
 class Soak:
-    def __init__(self, seconds: float, workdir: Path, seed: int, log: Callable[[str], None] = print):
+    def __init__(self, seconds: float, workdir: Path, seed: int, log: Callable[[str], None] = print,
+                 pg: Optional[PgRing] = None):
         self.seconds = seconds
         self.work = workdir
         self.rnd = random.Random(seed)
         self.say = log
-        self.state = workdir / "state"
+        self.pg = pg
+        self.only: Set[str] = set()            # only these kinds (--only), else all
+        self.tmpfs = Tmpfs(workdir / "fs")     # the state dir's file system (mounted by setup)
+        self.state = self.tmpfs.at / "state"
+        self.skipped: Dict[str, str] = {}
+        self.wal_lost: Dict[str, int] = {}     # run id -> the WAL removal (its number) it was lost with
+        self.wal_faults = 0
+        self.loads: List[float] = []                   # 1-min load average, every ~5 s
+        self.flood_stats: List[Tuple[int, int]] = []   # (fds passed, the driver's peak above its level)
         self.agents_dir = workdir / "agents"
         self.config = workdir / "ring.yaml"
         self.marks = workdir / "marks"
@@ -191,9 +379,19 @@ class Soak:
 
     # --- set-up ----------------------------------------------------------------------
     def setup(self) -> None:
+        why = self.tmpfs.mount()
+        if why:
+            self.skipped["inodes exhausted"] = why
+        if self.pg is None:
+            self.skipped["PG connection dropped"] = "SQLite journal (--pg for a PostgreSQL ring)"
+        else:
+            self.skipped["WAL removed"] = "PostgreSQL journal: no WAL file in the state dir"
+        if os.geteuid() != 0:
+            self.skipped["fds passed by nobody"] = "not root: cannot send as another user"
         self.state.mkdir(mode=0o700, parents=True)
         self.agents_dir.mkdir()
-        self.config.write_text(CONFIG)
+        pg = PG_RING.format(dsn=self.pg.dsn) if self.pg else ""
+        self.config.write_text(CONFIG.replace("ring:\n", "ring:\n" + pg, 1))
         os.chmod(self.config, 0o600)
         for name, (body, _) in AGENTS.items():
             p = self.agents_dir / f"{name}.sh"
@@ -262,6 +460,8 @@ class Soak:
         return pid, float(start)
 
     def rows(self, sql: str = "SELECT * FROM runs ORDER BY id", *params) -> List[sqlite3.Row]:
+        if self.pg is not None:
+            return self.pg.rows(sql, *params)
         path = self.state / "journal.db"
         if not path.exists():
             return []
@@ -343,9 +543,12 @@ class Soak:
                 try:
                     nfds = psutil.Process(drv[0]).num_fds()
                     hb = self.heartbeat() or {}
-                    self.fd_samples.setdefault(drv, []).append((int(hb.get("run_id") or 0), nfds))
+                    if hb.get("role") != "standby":   # (a standby holds no run's descriptors: not comparable)
+                        self.fd_samples.setdefault(drv, []).append((int(hb.get("run_id") or 0), nfds))
                 except (psutil.Error, OSError):
                     pass
+            if self.samples % 33 == 1:
+                self.loads.append(os.getloadavg()[0])
             self.stopping.wait(0.15)
 
     def reader(self, which: str) -> None:
@@ -400,6 +603,10 @@ class Soak:
             "lock file deleted": self.f_lock_deleted,
             "SIGHUP storm": self.f_sighup_storm,
             "unstartable roster": self.f_unstartable_roster,
+            "WAL removed": self.f_wal_removed,
+            "inodes exhausted": self.f_inodes_exhausted,
+            "PG connection dropped": self.f_pg_connection_dropped,
+            "fds passed by nobody": self.f_fds_passed_by_nobody,
         }[kind]()
 
     def _replaced(self, old: Tuple[int, float]) -> bool:
@@ -660,6 +867,298 @@ class Soak:
         back = self.wait(lambda: self.rows("SELECT id FROM runs WHERE id > ? AND status <> 'error'", after))
         return ok and bool(back)
 
+    # --- this round's faults: the journal's WAL, inodes, PostgreSQL, notify fds -----------
+    def marks_size(self) -> int:
+        try:
+            return self.marks.stat().st_size
+        except OSError:
+            return 0
+
+    def marks_since(self, offset: int) -> List[str]:
+        try:
+            with open(self.marks, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace").split()
+        except OSError:
+            return []
+
+    def missing(self) -> Set[str]:
+        """Run ids an agent wrote to its marks file that have no row."""
+        return set(self.marks_since(0)) - {str(r["id"]) for r in self.rows("SELECT id FROM runs")}
+
+    def log_mark(self) -> Tuple[int, int]:
+        try:
+            st = os.stat(self.state / "logs" / "ringd.log")
+            return st.st_ino, st.st_size
+        except OSError:
+            return 0, 0
+
+    def log_since(self, mark: Tuple[int, int]) -> str:
+        """What the driver wrote to logs/ringd.log since ``mark`` (across one rotation)."""
+        logs = self.state / "logs"
+        text = ""
+        for name in ("ringd.log.1", "ringd.log"):
+            try:
+                with open(logs / name, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if st.st_ino == mark[0]:
+                        f.seek(mark[1])
+                    elif name == "ringd.log.1":
+                        continue
+                    text += f.read().decode(errors="replace")
+            except OSError:
+                continue
+        return text
+
+    def cli_retrying(self, *args: str) -> Optional[subprocess.CompletedProcess]:
+        """A control command, tried again while it says "try again" (bounded); None if it never went through."""
+        end = time.monotonic() + RECOVER
+        while True:
+            r = self.cli(*args)
+            if r.returncode == 0:
+                return r
+            if "try again" not in r.stderr or time.monotonic() >= end:
+                self.notes.append(f"{' '.join(args)}: exit {r.returncode}: {r.stderr.strip()[-200:]}")
+                return None
+            time.sleep(0.1)
+
+    def quiet(self, hold: float = 1.2) -> bool:
+        """No run in flight and no agent started for ``hold`` s, within RECOVER."""
+        end = time.monotonic() + RECOVER
+        size, calm = self.marks_size(), time.monotonic()
+        while time.monotonic() < end:
+            now = self.marks_size()
+            if now != size or self.rows("SELECT id FROM runs WHERE status = 'running'"):
+                size, calm = now, time.monotonic()
+            elif time.monotonic() - calm >= hold:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def f_wal_removed(self) -> Optional[bool]:
+        """rm journal.db-wal journal.db-shm under the running driver, then (at once,
+        or up to 1 s later) an operator's pause: the driver takes the journal up
+        again and the pause holds - nothing starts after it but a start racing it
+        - and a resume lifts it. Rows it cost are counted for "nothing lost"."""
+        drv = self.driver()
+        names = [self.state / "journal.db-wal", self.state / "journal.db-shm"]
+        if not drv or not all(n.exists() for n in names):
+            return None
+        self.wal_faults += 1
+        missing0, log0 = self.missing(), self.log_mark()
+        for n in names:
+            with suppress(FileNotFoundError):
+                os.unlink(n)
+        self.stopping.wait(self.rnd.choice([0.0, 0.0, self.rnd.uniform(0, 1.0)]))
+        ok, paused = False, False
+        try:
+            if self.cli_retrying("pause") is None:
+                return False
+            paused, at = True, self.marks_size()
+            held = self.quiet()
+            after = self.marks_since(at)
+            doc = self.status_json() or {}
+            ok = held and len(after) <= 1 and (doc.get("driver") or {}).get("paused") is True
+            if not ok:
+                self.notes.append(f"WAL removed: pause {'held' if held else 'did not hold'}; {len(after)} agents "
+                                  f"started after it answered ({after[:10]}); status paused: "
+                                  f"{(doc.get('driver') or {}).get('paused')}")
+            if self.cli_retrying("resume") is None:
+                return False
+            paused, t_r = False, time.time()
+            resumed = self.wait(lambda: self.rows("SELECT id FROM runs WHERE started_at > ?", t_r))
+            if not resumed:
+                self.notes.append(f"WAL removed: nothing ran within {RECOVER:g}s of the resume")
+            ok = ok and bool(resumed)
+        finally:
+            if paused:
+                self.cli("resume")
+            lost = self.missing() - missing0
+            said = self.log_since(log0)
+            if lost:
+                self.wal_lost.update({i: self.wal_faults for i in lost})
+                told = ("the driver said its writes were lost" if "are lost" in said else
+                        "the driver said NOTHING LOST" if "nothing lost" in said else "the driver said nothing of it")
+                self.notes.append(f"WAL removed #{self.wal_faults}: {len(lost)} runs lost "
+                                  f"({sorted(lost, key=int)[:5]}...; {told})")
+            if "removed or replaced under the driver" not in said:
+                self.notes.append(f"WAL removed #{self.wal_faults}: the driver did not say it noticed")
+        return ok
+
+    def status_json(self) -> Optional[dict]:
+        r = self.cli("status", "--json")
+        try:
+            return json.loads(r.stdout)
+        except ValueError:
+            return None
+
+    def f_inodes_exhausted(self) -> Optional[bool]:
+        """The state dir's file system out of inodes for FILL_FOR s (no new run log,
+        socket, heartbeat or lock file can be made), then freed: the ring turns
+        again, and no run was recorded `error` (an outage is never an agent's
+        fault)."""
+        drv = self.driver()
+        if not drv or os.statvfs(self.tmpfs.at).f_ffree < 16:
+            return None
+        fill = self.tmpfs.at / "fill"
+        before = self.last_id()
+        fill.mkdir()
+        made = 0
+        try:
+            while True:
+                try:
+                    os.close(os.open(fill / str(made), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+                made += 1
+            self.stopping.wait(FILL_FOR)
+        finally:
+            for i in range(made):
+                os.unlink(fill / str(i))
+            fill.rmdir()
+        t_freed = time.time()
+        back = self.wait(lambda: len(self.rows("SELECT id FROM runs WHERE started_at > ? AND status NOT IN "
+                                               "('running', 'error')", t_freed)) >= 2)
+        errors = self.rows("SELECT id, agent, reason FROM runs WHERE id > ? AND status = 'error'", before)
+        ok = bool(back) and not errors
+        if errors:
+            self.notes.append(f"inodes exhausted: {len(errors)} runs `error`: " + "; ".join(
+                f"{r['id']} {r['agent']}: {(r['reason'] or '')[:80]}" for r in errors[:3]))
+        if not back:
+            self.notes.append(f"inodes exhausted: the ring did not turn within {RECOVER:g}s of the freeing")
+        if self.watcher is None or self.watcher.poll() is not None:
+            self.notes.append(f"inodes exhausted: ringwatch exited {self.watcher.poll() if self.watcher else None}"
+                              f"; a fresh one started")
+            self.start_watcher()
+            ok = False
+        return ok
+
+    def in_flight(self) -> Optional[int]:
+        """The run id of the heartbeat's current run while its row is `running`."""
+        run_id = (self.heartbeat() or {}).get("run_id")
+        if run_id and self.rows("SELECT id FROM runs WHERE id = ? AND status = 'running'", run_id):
+            return int(run_id)
+        return None
+
+    def f_pg_connection_dropped(self) -> Optional[bool]:
+        """pg_terminate_backend of every server process of the driver while a run is
+        in flight: that run ends with its own status (never `interrupted`), and the
+        ring turns on."""
+        drv = self.driver()
+        run_id = self.wait(self.in_flight, 5) if drv else None
+        if not drv or not run_id:
+            return None
+        backends = self.rows("SELECT pid FROM pg_stat_activity WHERE application_name = ?", f"ringd pid={drv[0]}")
+        dropped = [b["pid"] for b in backends
+                   if self.rows("SELECT pg_terminate_backend(?::int) AS t", b["pid"])[0]["t"]]
+        if not dropped:
+            return None
+
+        def ended():
+            r = self.rows("SELECT status, reason FROM runs WHERE id = ? AND status <> 'running'", run_id)
+            return r[0] if r else None
+        row = self.wait(ended)
+        if not row or row["status"] == "interrupted":
+            self.notes.append(f"PG connection dropped ({len(dropped)} backends of driver {drv[0]}): run {run_id} "
+                              + (f"interrupted: {row['reason']}" if row else f"not ended within {RECOVER:g}s"))
+            return False
+        return self.new_runs(run_id, 2)
+
+    def pinger_socket(self) -> Optional[Tuple[int, str]]:
+        """(run id, NOTIFY_SOCKET) of the pinger's run when it is the current one."""
+        hb = self.heartbeat() or {}
+        if hb.get("agent") != "pinger" or not hb.get("run_pid"):
+            return None
+        try:
+            env = psutil.Process(hb["run_pid"]).environ()
+        except psutil.Error:
+            return None
+        if env.get("RING_RUN_ID") != str(hb.get("run_id")) or not env.get("NOTIFY_SOCKET"):
+            return None
+        return int(hb["run_id"]), env["NOTIFY_SOCKET"]
+
+    def nfds(self, pid: int) -> Optional[int]:
+        try:
+            return psutil.Process(pid).num_fds()
+        except psutil.Error:
+            return None
+
+    def f_fds_passed_by_nobody(self) -> Optional[bool]:
+        """nobody passes FLOOD_SOCKETS lingering TCP sockets (their last close
+        blocks LINGER s) to the pinger's notify socket while it runs: its pings
+        are still heard (neither that run nor its next is `stalled`), and the
+        driver's open descriptors are back at their level within RECOVER, while
+        the sockets' peers still hold them open."""
+        drv = self.driver()
+        target = self.wait(self.pinger_socket, 15) if drv else None
+        if not drv or not target:
+            return None
+        run_id, path = target
+        with self.lock:
+            recent = [n for _, n in self.fd_samples.get(drv, [])[-20:]]
+        baseline = max(recent + [self.nfds(drv[0]) or 0])
+        flood = FdFlood()
+        try:
+            got = self._send_flood(flood, path)
+            if not got:
+                return None
+            peak = [0]
+
+            def back():
+                n = self.nfds(drv[0])
+                peak[0] = max(peak[0], n or 0)
+                return self.driver() == drv and n is not None and n <= baseline + FD_SLACK
+            fds_back = self.wait(back)
+            self.flood_stats.append((got["fds"], peak[0] - baseline))
+            if not fds_back:
+                self.notes.append(f"fds passed by nobody: driver {drv[0]} holds {self.nfds(drv[0])} fds "
+                                  f"{RECOVER:g}s on (level {baseline}, peak {peak[0]})")
+        finally:
+            flood.release()
+        runs = self.wait(lambda: (lambda r: r if len(r) >= 2 else None)(self.rows(
+            "SELECT id, status, reason FROM runs WHERE agent = 'pinger' AND id >= ? AND status <> 'running' "
+            "ORDER BY id LIMIT 2", run_id)), RECOVER + 10) or []
+        stalled = [f"{r['id']} {r['status']}: {(r['reason'] or '')[:60]}" for r in runs if r["status"] == "stalled"]
+        if stalled or len(runs) < 2:
+            self.notes.append(f"fds passed by nobody: pinger runs after {run_id}: "
+                              f"{stalled or [(r['id'], r['status']) for r in runs]}")
+        return bool(fds_back) and len(runs) == 2 and not stalled
+
+    def _send_flood(self, flood: FdFlood, path: str) -> Optional[dict]:
+        """Connect to ``path`` as root (it sits in a 0700 dir), hand the socket and
+        the flood to a sender running as nobody, drop our copies, let it send.
+        What it sent, or None when nothing got through (the run had ended)."""
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            out.connect("\0" + path[1:] if path.startswith("@") else path)
+        except OSError:
+            out.close()
+            return None
+        fds = [c.fileno() for c in flood.clients]
+        child = subprocess.Popen(["/usr/bin/python3", "-I", "-c", FLOOD_SENDER, str(out.fileno()),
+                                  ",".join(map(str, fds)), str(FLOOD_PER_DATAGRAM)],
+                                 pass_fds=[out.fileno(), *fds], user="nobody", group="nogroup", extra_groups=[],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True)
+        out.close()
+        ready = child.stdout.readline() == b"ready\n"
+        flood.drop_clients(last=not ready)   # the sender's copies, and then the driver's, are the last
+        try:
+            stdout, stderr = child.communicate(b"go\n", timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            self.notes.append("fds passed by nobody: the sender hung for 60 s")
+            return None
+        try:
+            got = json.loads(stdout)
+        except ValueError:
+            self.notes.append(f"fds passed by nobody: sender exit {child.returncode}: {stderr.decode()[-200:]}")
+            return None
+        return got if got["fds"] else None
+
     @staticmethod
     def error_row_bound(agents: int, window: float, initial: float = 0.5, most: float = 1.5) -> int:
         """Most `error` rows ``agents`` unstartable agents may write in ``window``
@@ -685,12 +1184,14 @@ class Soak:
             end = time.monotonic() + self.seconds
             rounds = 0
             while time.monotonic() < end:
-                kinds = list(KINDS)
+                kinds = [k for k in KINDS if not self.only or k in self.only]
                 self.rnd.shuffle(kinds)
                 rounds += 1
                 for kind in kinds:
                     if time.monotonic() >= end:
                         break
+                    if kind in self.skipped:
+                        continue
                     self.stopping.wait(self.rnd.uniform(0.2, 1.0))
                     t0 = time.monotonic()
                     try:
@@ -768,19 +1269,20 @@ class Soak:
         except OSError:
             marks = []
         lost = sorted(set(marks) - ids, key=int)
+        with_wal = [i for i in lost if i in self.wal_lost]
+        other = [i for i in lost if i not in self.wal_lost]
         checks.append(Check("nothing lost", not lost,
                             f"{len(set(marks))} agent starts, every one with its row" if not lost
-                            else f"agent runs without a row: {lost[:20]}"))
+                            else f"{len(lost)} of {len(set(marks))} agent starts without a row: {len(with_wal)} lost "
+                                 f"with a removed WAL (in {len(set(self.wal_lost[i] for i in with_wal))} of "
+                                 f"{self.wal_faults} removals), {len(other)} otherwise {other[:20]}"))
         running = [r["id"] for r in rows if r["status"] == "running"]
         checks.append(Check("no row left running", not running, f"{len(rows)} rows" if not running
                             else f"running: {running}"))
         bad = self.incoherent(rows)
         checks.append(Check("every terminal row coherent", not bad, "times, exit code/signal, one closing "
                             "event each, counters = rows" if not bad else "; ".join(bad[:8])))
-        con = sqlite3.connect(f"file:{self.state / 'journal.db'}?mode=ro", uri=True)
-        integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
-        con.close()
-        checks.append(Check("integrity_check", integrity == "ok", integrity))
+        checks.append(self.integrity())
         checks.append(Check("one agent at a time", not self.overlaps,
                             f"{self.samples} samples, never two runs alive" if not self.overlaps
                             else "; ".join(self.overlaps[:5])))
@@ -810,9 +1312,38 @@ class Soak:
             "longest gap between two run starts": f"{max(gaps):.1f} s" if gaps else "n/a",
             "agent processes seen": len(self.all_pids),
             "named skips used up by the run they landed on": self.skips_used_by_ending_run,
+            "journal": "PostgreSQL (throwaway cluster)" if self.pg else "SQLite",
+            "load average (1 min): at the start, highest, at the end": (
+                f"{self.loads[0]:.2f}, {max(self.loads):.2f}, {os.getloadavg()[0]:.2f} (2 cores)"
+                if self.loads else "n/a"),
         }
+        if self.flood_stats:
+            figures["fds passed by nobody"] = (f"{sum(n for n, _ in self.flood_stats)} in {len(self.flood_stats)} "
+                                               f"floods; the driver's peak above its level "
+                                               f"{max(d for _, d in self.flood_stats)}")
+        if self.wal_faults:
+            figures["runs lost with a removed WAL"] = (f"{len(self.wal_lost)} in "
+                                                       f"{len(set(self.wal_lost.values()))} of {self.wal_faults}")
         return SoakResult(seconds=self.seconds, faults=self.faults, checks=checks, figures=figures,
-                          notes=self.notes, recovery=self.recovery)
+                          notes=self.notes, recovery=self.recovery, skipped=self.skipped)
+
+    def integrity(self) -> Check:
+        """SQLite: PRAGMA integrity_check. PostgreSQL: amcheck's bt_index_check of
+        the journal's indexes, when the server has the extension."""
+        if self.pg is None:
+            con = sqlite3.connect(f"file:{self.state / 'journal.db'}?mode=ro", uri=True)
+            integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+            con.close()
+            return Check("integrity_check", integrity == "ok", integrity)
+        try:
+            self.pg.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+            idx = self.rows("SELECT c.relname, bt_index_check(c.oid) FROM pg_index i JOIN pg_class c ON c.oid = "
+                            "i.indexrelid JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'btree' AND i.indrelid "
+                            "IN ('runs'::regclass, 'events'::regclass, 'agents'::regclass, 'run_counts'::regclass)")
+        except Exception as e:  # noqa: BLE001 - reported as the check's detail
+            return Check("amcheck (PostgreSQL)", False, f"{type(e).__name__}: {str(e)[:160]}")
+        return Check("amcheck (PostgreSQL)", True, f"bt_index_check of {len(idx)} journal indexes: ok "
+                     f"(PRAGMA integrity_check is SQLite's)")
 
     def incoherent(self, rows) -> List[str]:
         bad = []
@@ -834,7 +1365,9 @@ class Soak:
                 bad.append(f"run {rid}: deferred with exit {code}")
             if st == "failed" and code in (0, 75) and sig is None:
                 bad.append(f"run {rid}: failed with exit {code}")
-            if st == "stalled" and sig != signal.SIGKILL:
+            # a watchdog's stall starts with SIGTERM to the group: an agent may die of it
+            watchdog = st == "stalled" and (r["reason"] or "").startswith("watchdog:")
+            if st == "stalled" and sig != signal.SIGKILL and not (watchdog and sig == signal.SIGTERM):
                 bad.append(f"run {rid}: stalled without SIGKILL")
             if st == "error" and not r["reason"]:
                 bad.append(f"run {rid}: error without a reason")
@@ -920,19 +1453,36 @@ class Soak:
 
 
 def run_soak(seconds: float = 120, workdir: Optional[Path] = None, seed: Optional[int] = None,
-             log: Callable[[str], None] = print) -> SoakResult:
+             log: Callable[[str], None] = print, pg: bool = False, keep: bool = False,
+             only: Optional[List[str]] = None) -> SoakResult:
     """Run the soak for ``seconds`` in ``workdir`` (a fresh temp dir by default) and
-    return the verdict. Never leaves a process behind."""
+    return the verdict; ``pg``: the ring's journal on a throwaway PostgreSQL
+    cluster. Never leaves a process, a mount or a cluster behind; the state
+    dir is copied out of its tmpfs first when the soak failed or ``keep``."""
     seed = seed if seed is not None else random.randrange(1 << 30)
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ring-soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    soak = Soak(seconds, work, seed, log)
-    log(f"soak: {seconds:g}s, seed {seed}, work dir {work}")
+    cluster = PgRing() if pg else None
+    soak = Soak(seconds, work, seed, log, pg=cluster)
+    soak.only = set(only or ())
+    log(f"soak: {seconds:g}s, seed {seed}, work dir {work}, journal {'PostgreSQL' if pg else 'SQLite'}, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    result = None
     try:
         result = soak.run()
     finally:
         soak.stopping.set()
         soak.kill_leftovers()
+        try:
+            if soak.tmpfs.mounted and (keep or result is None or not result.ok):
+                shutil.copytree(soak.state, work / "state.kept", symlinks=True,
+                                ignore=lambda d, names: [n for n in names if n.endswith(".sock")])
+        finally:
+            note = soak.tmpfs.unmount()
+            if cluster is not None:
+                cluster.destroy()
+    if note:
+        result.notes.append(note)
     result.figures["seed"] = seed
     result.figures["work dir"] = str(work)
     return result
@@ -944,8 +1494,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="random seed (printed; replays the fault order)")
     ap.add_argument("--workdir", default=None, help="work dir (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (always kept on failure)")
+    ap.add_argument("--pg", action="store_true", help="the ring's journal on a throwaway PostgreSQL cluster")
+    ap.add_argument("--only", default="", help="comma-separated fault kinds to inject (default: every kind)")
     args = ap.parse_args(argv)
-    result = run_soak(args.seconds, Path(args.workdir) if args.workdir else None, args.seed)
+    # a SIGTERM (timeout(1), a CI's stop) unwinds like an error: the finally blocks stop the ring,
+    # unmount the tmpfs and remove the cluster
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    only = [k.strip() for k in args.only.split(",") if k.strip()]
+    unknown = [k for k in only if k not in KINDS]
+    if unknown:
+        ap.error(f"unknown fault kind(s): {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
+    result = run_soak(args.seconds, Path(args.workdir) if args.workdir else None, args.seed, pg=args.pg,
+                      keep=args.keep, only=only)
     print()
     print(result.table())
     print()
