@@ -3,7 +3,7 @@
 agent with sub-second budgets, while a chaos loop injects faults, then proves
 the ring lost nothing, leaked nothing and kept turning.
 
-    python3 benchmarks/soak.py [--seconds 120] [--seed N] [--keep] [--workdir DIR]
+    python3 benchmarks/soak.py [--seconds 120] [--seed N] [--keep] [--workdir DIR] [--pg] [--only KINDS]
 
 Faults, injected in shuffled rounds (each kind once per round, so every kind
 gets a bounded, near-equal share): SIGKILL and SIGSTOP of the driver, SIGKILL
@@ -12,9 +12,18 @@ roster edits (valid edit, broken then fixed, agent removed then re-added, agent
 added then removed), SIGKILL of ringwatch followed by a fresh ringwatch, the
 lock file deleted (then a second driver started: it must refuse), a SIGHUP
 storm at the driver and the watcher, and a roster of unstartable programs for
-a few seconds (the driver must keep beating and not spin). One agent leaves a
-grandchild that leaves its session and clears its environment (`setsid env -i`)
-every run: it must die with its run. Two
+a few seconds (the driver must keep beating and not spin). This round's:
+journal.db-wal and -shm deleted under the driver, then an operator's pause that
+must hold and a resume that must lift it; the state dir's file system (a small
+tmpfs of the soak's own, root only) out of inodes for a few seconds: no run may
+be recorded `error`; with ``--pg`` (the journal on a throwaway PostgreSQL
+cluster) ``pg_terminate_backend`` of the driver's server processes: the run in
+flight must end with its own status; and ``nobody`` passing hundreds of
+lingering TCP sockets to the notify socket of a well-behaved pinging agent's
+run: it must never be `stalled`, and the driver's descriptors must come back.
+A kind that cannot be injected here (not root, SQLite or PostgreSQL) is listed
+as skipped. One agent leaves a grandchild that leaves its session and clears
+its environment (`setsid env -i`) every run: it must die with its run. Two
 reader threads run ``ringd status --json`` and ``ringd history --json`` all
 along. After each fault the loop waits (bounded) for the ring to recover; a
 fault counts as survived when it did.
@@ -22,8 +31,9 @@ fault counts as survived when it did.
 At the end everything is stopped and checked:
 - nothing lost: every run id an agent wrote to its marks file has its row; no
   row left ``running``; every terminal row coherent (times, exit code / signal
-  vs status, exactly one closing event); ``PRAGMA integrity_check`` ok; per-agent
-  counters equal the rows;
+  vs status, exactly one closing event); ``PRAGMA integrity_check`` ok (on
+  PostgreSQL: amcheck's ``bt_index_check`` of the journal's indexes); per-agent
+  counters equal the rows (rows lost with a removed WAL are named apart, and fail it too);
 - one at a time: never two runs' processes alive at once (sampled);
 - nothing leaked: no process of the soak alive afterwards; the driver's open
   descriptors do not grow across hops (sampled with psutil ``num_fds``);
@@ -343,6 +353,8 @@ class Soak:
         self.skipped: Dict[str, str] = {}
         self.wal_lost: Dict[str, int] = {}     # run id -> the WAL removal (its number) it was lost with
         self.wal_faults = 0
+        self.pauses: List[Tuple[float, float]] = []    # the WAL faults' operator pauses (answered, lifted)
+        self.outages: List[Tuple[int, int]] = []       # inodes filled, drivers started meanwhile
         self.loads: List[float] = []                   # 1-min load average, every ~5 s
         self.flood_stats: List[Tuple[int, int]] = []   # (fds passed, the driver's peak above its level)
         self.agents_dir = workdir / "agents"
@@ -954,7 +966,7 @@ class Soak:
         try:
             if self.cli_retrying("pause") is None:
                 return False
-            paused, at = True, self.marks_size()
+            paused, at, t_p = True, self.marks_size(), time.time()
             held = self.quiet()
             after = self.marks_since(at)
             doc = self.status_json() or {}
@@ -966,6 +978,7 @@ class Soak:
             if self.cli_retrying("resume") is None:
                 return False
             paused, t_r = False, time.time()
+            self.pauses.append((t_p, t_r))
             resumed = self.wait(lambda: self.rows("SELECT id FROM runs WHERE started_at > ?", t_r))
             if not resumed:
                 self.notes.append(f"WAL removed: nothing ran within {RECOVER:g}s of the resume")
@@ -1001,7 +1014,7 @@ class Soak:
         if not drv or os.statvfs(self.tmpfs.at).f_ffree < 16:
             return None
         fill = self.tmpfs.at / "fill"
-        before = self.last_id()
+        before, drivers0 = self.last_id(), len(self.drivers_seen)
         fill.mkdir()
         made = 0
         try:
@@ -1022,6 +1035,7 @@ class Soak:
         back = self.wait(lambda: len(self.rows("SELECT id FROM runs WHERE started_at > ? AND status NOT IN "
                                                "('running', 'error')", t_freed)) >= 2)
         errors = self.rows("SELECT id, agent, reason FROM runs WHERE id > ? AND status = 'error'", before)
+        self.outages.append((made, int(self.driver() != drv or len(self.drivers_seen) > drivers0)))
         ok = bool(back) and not errors
         if errors:
             self.notes.append(f"inodes exhausted: {len(errors)} runs `error`: " + "; ".join(
@@ -1302,14 +1316,16 @@ class Soak:
         for r in rows:
             by_status[r["status"]] = by_status.get(r["status"], 0) + 1
         starts = sorted(r["started_at"] for r in rows if r["started_at"] >= t_start)
-        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        gaps = [b - a for a, b in zip(starts, starts[1:])
+                if not any(a < t1 and b > t0 for t0, t1 in self.pauses)]   # (an operator's pause is no gap)
         figures = {
             "duration": f"{time.time() - t_start:.0f} s",
             "runs": f"{len(rows)} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items()))})",
             "laps checked": laps,
             "drivers": len(self.drivers_seen),
             "watchers": len(self.watchers),
-            "longest gap between two run starts": f"{max(gaps):.1f} s" if gaps else "n/a",
+            "longest gap between two run starts": (f"{max(gaps):.1f} s" if gaps else "n/a")
+                                                   + (" (outside the operator's pauses)" if self.pauses else ""),
             "agent processes seen": len(self.all_pids),
             "named skips used up by the run they landed on": self.skips_used_by_ending_run,
             "journal": "PostgreSQL (throwaway cluster)" if self.pg else "SQLite",
@@ -1321,6 +1337,10 @@ class Soak:
             figures["fds passed by nobody"] = (f"{sum(n for n, _ in self.flood_stats)} in {len(self.flood_stats)} "
                                                f"floods; the driver's peak above its level "
                                                f"{max(d for _, d in self.flood_stats)}")
+        if self.outages:
+            figures["inode outages"] = (f"{len(self.outages)}, {min(n for n, _ in self.outages)}-"
+                                        f"{max(n for n, _ in self.outages)} inodes filled each; a new driver "
+                                        f"started during {sum(1 for _, d in self.outages if d)}")
         if self.wal_faults:
             figures["runs lost with a removed WAL"] = (f"{len(self.wal_lost)} in "
                                                        f"{len(set(self.wal_lost.values()))} of {self.wal_faults}")
