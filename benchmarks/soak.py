@@ -436,7 +436,7 @@ class Soak:
     def start_watcher(self) -> subprocess.Popen:
         n = len(self.watchers)
         err = open(self.work / f"ringwatch-{n}.err", "wb")
-        p = subprocess.Popen([sys.executable, "-m", "ringwatch", *self.common()], env=self.env,
+        p = subprocess.Popen([sys.executable, "-m", "ringwatch", *self.common()], env=self.env, cwd=REPO,
                              stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         err.close()
         self.watchers.append(p)
@@ -444,8 +444,9 @@ class Soak:
         return p
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        # (cwd: `python -m` looks there first, so a soak run from another checkout still tests this one)
         return subprocess.run([sys.executable, "-m", "ringd", args[0], *self.common(), *args[1:]],
-                              env=self.env, capture_output=True, text=True, timeout=timeout)
+                              env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
     # --- looking at the ring ---------------------------------------------------------
     def heartbeat(self) -> Optional[dict]:
@@ -813,7 +814,7 @@ class Soak:
         if not self.wait(retaken, 10):
             self.notes.append("lock file deleted: the driver did not take it again")
             return False
-        second = subprocess.run([sys.executable, "-m", "ringd", "run", *self.common()], env=self.env,
+        second = subprocess.run([sys.executable, "-m", "ringd", "run", *self.common()], env=self.env, cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         if second.returncode != 75:
             self.notes.append(f"lock file deleted: a second driver exited {second.returncode}: "
