@@ -1,4 +1,4 @@
-"""Issue 9, the driver loop's part: real ringd processes, real signals, real SQLite.
+"""The driver never spins and never goes deaf: real ringd processes, real signals, real SQLite.
 (The loop's timing rules - beats and signals between runs, back-off of runs that
 cannot start, fast-fail laps - are unit-tested on a fake clock in
 test_driver_unit.py.)"""

@@ -1,4 +1,4 @@
-"""Pure parts of the operator's round 2: what a reload changed, the watcher's
+"""Pure parts of reload, problems and ringwatch status: what a reload changed, the watcher's
 status document and exit code, the driver's facts as status reads them, and
 the mode rule judged for the ring's own user."""
 from __future__ import annotations
