@@ -185,9 +185,16 @@ def top_script(ring, *env: str) -> str:
     return f"sh {shlex.quote(str(script))}"
 
 
-def on_screen(tmux, *words: str, timeout: float = 20) -> list:
-    return wait_until(lambda: (lambda s: s if all(w in "\n".join(s) for w in words) else None)(tmux.screen()),
-                      timeout=timeout, message=f"{words} on the screen")
+def on_screen(tmux, *words: str, timeout: float = 60) -> list:
+    last = []
+
+    def shown():
+        last[:] = tmux.screen()
+        return last if all(w in "\n".join(last) for w in words) else None
+    try:
+        return wait_until(shown, timeout=timeout, message=f"{words} on the screen")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the screen was:\n" + "\n".join(last)) from None
 
 
 def top_process(tmux):
