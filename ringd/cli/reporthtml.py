@@ -16,6 +16,7 @@ import html
 from datetime import datetime, tzinfo
 from typing import List, Optional, Sequence, Tuple
 
+from ringd.cli.render import fmt_duration
 from ringd.core.records import STATUSES
 from ringd.core.timeline import Bar, Lap, PoolUse, Timeline
 from ringd.host.notify import without_controls
@@ -52,21 +53,6 @@ def text(value: Optional[str], limit: Optional[int] = None) -> str:
     if limit is not None and len(s) > limit:
         s = s[: limit - 1] + "\u2026"
     return html.escape(s, quote=True)
-
-
-def duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0.0, float(seconds))
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 60:
-        return f"{s:.0f}s"
-    m, sec = divmod(int(s), 60)
-    if m < 60:
-        return f"{m}m{sec:02d}s"
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h < 48 else f"{h // 24}d{h % 24:02d}h"
 
 
 class Clock:
@@ -278,7 +264,7 @@ def shown_laps(tl: Timeline, scale: Scale) -> List[Tuple[Lap, int]]:
 
 
 def tooltip(b: Bar, clock: Clock) -> str:
-    took = "running for " + duration(b.end - b.start) if b.running else duration(b.duration)
+    took = "running for " + fmt_duration(b.end - b.start) if b.running else fmt_duration(b.duration)
     lines = [f"run {b.run_id} \u00b7 {text(b.agent)} \u00b7 {b.status} \u00b7 {took}", f"started {clock.at(b.start)}"]
     if b.signal or b.exit_code is not None:
         lines.append(f"exit {exit_text(b.exit_code, b.signal)}")
@@ -322,7 +308,7 @@ def pool_svg(p: PoolUse, scale: Scale, height: int = 60) -> str:
         x2 = scale.x(nxt[0]) if nxt is not None else x1
         points += [f"{x1:.1f},{y(u):.1f}", f"{x2:.1f},{y(u):.1f}"]
     points.append(f"{scale.x(p.steps[-1][0]):.1f},{height}")
-    label = f"{text(p.name)}: limit {p.limit:g} per {duration(p.window)}"
+    label = f"{text(p.name)}: limit {p.limit:g} per {fmt_duration(p.window)}"
     return (f"<div class=\"scroll\"><div class=\"grid\"><svg class=\"names\" width=\"{LABEL_W}\" "
             f"height=\"{height}\"><text x=\"6\" y=\"14\">{label}</text></svg>"
             f"<svg width=\"{scale.width}\" height=\"{height}\"><polygon class=\"pool\" points=\"{' '.join(points)}\"/>"
@@ -335,7 +321,7 @@ def table(tl: Timeline, clock: Clock) -> str:
     rows = ["<h2>Runs</h2><table class=\"runs\"><thead><tr><th>run<th>agent<th>status<th>started<th>took"
             "<th>exit<th>phase<th>reason<tbody>"]
     for b in reversed(tl.bars):
-        took = duration(b.end - b.start) + "+" if b.running else duration(b.duration)
+        took = fmt_duration(b.end - b.start) + "+" if b.running else fmt_duration(b.duration)
         rows.append(f"<tr id=\"run-{b.run_id}\" data-status=\"{b.status}\"><td class=\"n\">{b.run_id}"
                     f"<td>{text(b.agent)}<td class=\"st\">{b.status}<td>{clock.at(b.start)}<td class=\"n\">{took}"
                     f"<td class=\"n\">{exit_text(b.exit_code, b.signal)}<td class=\"w\">{text(b.phase)}"
