@@ -204,8 +204,8 @@ def top_process(tmux):
 
 @needs_tmux
 def test_top_in_a_real_terminal(ring, tmux):
-    ring.write_config(ring={"run_budget": 60, "stall_threshold": 70, "heartbeat_interval": 0.5})
-    ring.agent("work", f"{notify(EVIL)}\nsleep 60 & wait")
+    ring.write_config(ring={"run_budget": 600, "stall_threshold": 700, "heartbeat_interval": 0.5})
+    ring.agent("work", f"{notify(EVIL)}\nsleep 600 & wait")
     ring.agent("other", "exit 0")
     ring.roster(f"work {ring.agents_dir}/work.sh", f"other {ring.agents_dir}/other.sh")
     ring.start_driver()
@@ -223,7 +223,7 @@ def test_top_in_a_real_terminal(ring, tmux):
     screen = on_screen(tmux, "ring top", "work", "other", f"phase    {shown}", f"last interrupted: {shown}")
     assert screen[0].startswith("ring top") and screen[0].rstrip().endswith("q quits")
     text = "\n".join(screen)
-    assert "current  work  run 3" in text and "budget   [" in text and "of 1m00s" in text
+    assert "current  work  run 3" in text and "budget   [" in text and "of 10m00s" in text
     assert "next     other after this run" in text
     assert f"phase    {shown}" in text
     assert f"work: 1 failure(s) in a row, last interrupted: {shown}" in text
