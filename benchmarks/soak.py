@@ -171,7 +171,8 @@ class SoakResult:
         out.append("")
         for k, v in self.figures.items():
             out.append(f"{k}: {v}")
-        for n in self.notes[-30:]:
+        notes = self.notes if len(self.notes) <= 30 else self.notes[:15] + ["..."] + self.notes[-15:]
+        for n in notes:   # (the first say what broke first)
             out.append(f"note: {n}")
         return "\n".join(out)
 
@@ -997,7 +998,24 @@ class Soak:
                                   f"({sorted(lost, key=int)[:5]}...; {told})")
             if "removed or replaced under the driver" not in said:
                 self.notes.append(f"WAL removed #{self.wal_faults}: the driver did not say it noticed")
+            sound = self.quick_check()
+            if sound != "ok":
+                self.notes.append(f"WAL removed #{self.wal_faults}: journal after it: {sound}; the driver said: "
+                                  + " | ".join(line[21:][:160] for line in said.splitlines()
+                                               if "journal" in line or "paused" in line)[:600])
+                ok = False
         return ok
+
+    def quick_check(self) -> str:
+        """``PRAGMA quick_check`` of the journal, read-only: "ok", or what is wrong."""
+        try:
+            con = sqlite3.connect(f"file:{self.state / 'journal.db'}?mode=ro", uri=True, timeout=10)
+            try:
+                return str(con.execute("PRAGMA quick_check").fetchone()[0])
+            finally:
+                con.close()
+        except sqlite3.Error as e:
+            return f"{type(e).__name__}: {e}"
 
     def status_json(self) -> Optional[dict]:
         r = self.cli("status", "--json")
@@ -1277,7 +1295,11 @@ class Soak:
         left = [] if leftovers else self.kill_leftovers()
         checks.append(Check("stopped cleanly", stopped_cleanly, "SIGTERM to ringwatch stopped it and its driver"
                             if stopped_cleanly else "; ".join(self.notes[-3:])))
-        rows = self.rows()
+        try:
+            rows, broken = self.rows(), None
+        except sqlite3.DatabaseError as e:   # (a malformed journal: reported, never a traceback)
+            rows, broken = [], f"journal unreadable at the end: {e}"
+            checks.append(Check("journal readable", False, broken))
         ids = {str(r["id"]) for r in rows}
         try:
             marks = self.marks.read_text().split()
@@ -1294,7 +1316,7 @@ class Soak:
         running = [r["id"] for r in rows if r["status"] == "running"]
         checks.append(Check("no row left running", not running, f"{len(rows)} rows" if not running
                             else f"running: {running}"))
-        bad = self.incoherent(rows)
+        bad = [broken] if broken else self.incoherent(rows)
         checks.append(Check("every terminal row coherent", not bad, "times, exit code/signal, one closing "
                             "event each, counters = rows" if not bad else "; ".join(bad[:8])))
         checks.append(self.integrity())
@@ -1308,7 +1330,7 @@ class Soak:
         checks.append(Check("escaped grandchildren die with their run", self.escapees_max <= 1,
                             f"{len(self.escapees_seen)} `setsid env -i` grandchildren, at most "
                             f"{self.escapees_max} alive at once (its own run's)"))
-        turn_ok, turn_detail, laps = self.turning(rows)
+        turn_ok, turn_detail, laps = (False, broken, 0) if broken else self.turning(rows)
         checks.append(Check("the ring kept turning", turn_ok, turn_detail))
         checks.append(Check("readers never saw a lock or a traceback", not self.reader_problems,
                             f"{self.faults[READERS][0]} reader calls, all clean" if not self.reader_problems
@@ -1353,8 +1375,12 @@ class Soak:
         the journal's indexes, when the server has the extension."""
         if self.pg is None:
             con = sqlite3.connect(f"file:{self.state / 'journal.db'}?mode=ro", uri=True)
-            integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
-            con.close()
+            try:
+                integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+            except sqlite3.DatabaseError as e:
+                integrity = str(e)
+            finally:
+                con.close()
             return Check("integrity_check", integrity == "ok", integrity)
         try:
             self.pg.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
