@@ -142,9 +142,9 @@ def live_view(source: Source, first: Tuple[dict, List[str]], interval: float, st
                   redirect_stderr=False) as live:
             due = time.monotonic() + interval
             while True:
-                size = console.size
-                lines = topview.top_lines(data[0], source.strips, time.time(), width=size.width,
-                                          height=size.height, plain=plain, warnings=data[1], error=data[2],
+                console.size = size = terminal_size(stream)
+                lines = topview.top_lines(data[0], source.strips, time.time(), width=size.columns,
+                                          height=size.lines, plain=plain, warnings=data[1], error=data[2],
                                           reasons=source.reasons)
                 live.update(Frame(topview.safe(lines)), refresh=True)
                 woke = wait(key_fd, wake_fd, due - time.monotonic())
@@ -153,6 +153,16 @@ def live_view(source: Source, first: Tuple[dict, List[str]], interval: float, st
                 if woke == "timeout":
                     data = refresh(source, data)
                     due = time.monotonic() + interval
+
+
+def terminal_size(stream: TextIO) -> os.terminal_size:
+    """The terminal's own size, asked of it at each frame: ``COLUMNS`` and
+    ``LINES`` in the environment (which rich and shutil prefer) are what a
+    shell said once, and stay put when the window is resized."""
+    try:
+        return os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError):
+        return shutil.get_terminal_size((120, 40))
 
 
 class Frame:

@@ -154,5 +154,6 @@ def test_following_never_shows_a_later_runs_line_under_an_earlier_run(ring):
         shown += 1
         if m.group(1) != m.group(2):
             mismatched.append(x)
-    # (a log pruned before the follower opened it is not shown at all: keep_logs 1)
-    assert shown >= 40 and not mismatched, (shown, len(mismatched), mismatched[:5])
+    # (a log pruned before the follower opened it is not shown at all: keep_logs 1; on a loaded box a slow
+    # follower opens few of them, so only some runs' lines are asked for)
+    assert shown >= 15 and not mismatched, (shown, len(mismatched), mismatched[:5])

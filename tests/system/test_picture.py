@@ -216,7 +216,8 @@ def test_top_in_a_real_terminal(ring, tmux):
     wait_until(lambda: len(ring.runs()) >= 3 and ring.runs()[-1]["status"] == "running", message="work again")
     wait_until(lambda: "PWNED" in phase_now(ring), timeout=20, message="work's phase")
     plant(ring, "UPDATE runs SET reason = ? WHERE id = 1", EVIL)
-    tmux.start(top_script(ring), 120, 40)
+    # (a shell's COLUMNS and LINES are what the terminal was when it started: the view asks the terminal)
+    tmux.start(top_script(ring, "COLUMNS=80", "LINES=24"), 120, 40)
     # the phase and the reason are text: the page was not cleared, the title not set, the cursor not moved
     shown = "<script>alert('x')</script> \"q\" &  [2J [H ]0;owned PWNED"
     # (a frame drawn on a loaded box before the planted reason was read shows the one before it)
