@@ -175,6 +175,28 @@ def read_until(stream, done: Callable[[bytes], object], timeout: float = 10.0,
             data += chunk
     return data
 
+def status_json(ring) -> dict:
+    """``ringd status --json`` of the ring, whatever its exit code (it says the ring's health)."""
+    r = ring.cli("status", "--json")
+    assert r.stdout, r.stderr
+    return json.loads(r.stdout)
+
+
+def history_json(ring) -> list:
+    r = ring.cli("history", "--json", "--limit", "100")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def one_line(err: str) -> str:
+    """The one line a refusal writes to stderr (bad input: one line, never a traceback)."""
+    assert "Traceback" not in err, err[-2000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, f"expected one line: {err[:1500]!r}"
+    assert len(lines[0]) < 400, lines[0][:400]
+    return lines[0]
+
+
 def ring_cmd(*args: str) -> List[str]:
     return [sys.executable, "-m", "ringd", *args]
 

@@ -19,19 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import line_written, ring_cmd, wait_until, watch_cmd
+from conftest import line_written, one_line, ring_cmd, wait_until, watch_cmd
 from ringd.inputs.config import MAX_DURATION
 from ringd.host.atomicfile import read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err[-2000:]
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1, f"expected one line: {err[:1500]!r}"
-    assert len(lines[0]) < 400, lines[0][:400]
-    return lines[0]
 
 
 def run(argv, env, timeout=30.0):

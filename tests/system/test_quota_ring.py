@@ -11,28 +11,15 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, wait_until
+from conftest import REPO, history_json, status_json, wait_until
 from test_pg_ring import hosts  # noqa: F401 - two hosts, one PostgreSQL journal
 
 NOTIFY = f"{sys.executable} -m ringd notify"
 POOL = {"model": {"limit": 100000, "window": 3600}}
-
-
-def status_json(ring) -> dict:
-    r = ring.cli("status", "--json")
-    assert r.stdout, r.stderr
-    return json.loads(r.stdout)
-
-
-def history_json(ring) -> list:
-    r = ring.cli("history", "--json", "--limit", "100")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def stop(ring, drv) -> str:

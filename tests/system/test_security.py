@@ -23,7 +23,7 @@ from typing import List
 import psutil
 import pytest
 
-from conftest import line_written, wait_until
+from conftest import line_written, one_line, wait_until
 from ringd.host import safefile
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
@@ -37,14 +37,6 @@ def finish(proc, timeout=30.0):
     except subprocess.TimeoutExpired:
         raise AssertionError(f"pid {proc.pid} did not exit within {timeout}s")
     return proc.returncode, (err or b"").decode(errors="replace")
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err[-2000:]
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1, f"expected one line: {err[:1500]!r}"
-    assert len(lines[0]) < 400, lines[0][:400]
-    return lines[0]
 
 
 def mode(path) -> int:

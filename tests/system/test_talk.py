@@ -14,21 +14,9 @@ import time
 
 import pytest
 
-from conftest import kill_tree, wait_until
+from conftest import history_json, kill_tree, status_json, wait_until
 
 NOTIFY = f"{sys.executable} -m ringd notify"
-
-
-def status_json(ring) -> dict:
-    r = ring.cli("status", "--json")
-    assert r.stdout, r.stderr
-    return json.loads(r.stdout)
-
-
-def history_json(ring) -> list:
-    r = ring.cli("history", "--json", "--limit", "100")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def current(ring) -> dict:

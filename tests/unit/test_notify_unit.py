@@ -52,15 +52,6 @@ class DroppingEnv(FakeEnv):
         self.socks.append(DroppingSocket(drains=2, per_drain=3))
         return self.socks[-1]
 
-    def close_notify(self, sock):
-        pass
-
-    def watch(self, fd):
-        pass
-
-    def unwatch(self, fd):
-        pass
-
     def write_notes(self, notes, now):
         notes.written_at, notes.dirty = now, False
         self.published.append(notes.as_json())

@@ -45,15 +45,6 @@ class QuotaEnv(FakeEnv):
     def open_notify(self, run_id):
         return FakeNotify(self, run_id)
 
-    def close_notify(self, sock):
-        pass
-
-    def watch(self, fd):
-        pass
-
-    def unwatch(self, fd):
-        pass
-
     def write_notes(self, notes, now):
         notes.written_at, notes.dirty = now, False
 
