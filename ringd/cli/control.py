@@ -46,7 +46,8 @@ def _writer(state_dir: Path, config: Config, create: bool = False) -> Journal:
         if config.ring.journal:  # a many-host ring: its PostgreSQL journal
             from ringd.journal.pg import PgJournal
             return PgJournal.connect(config.ring.journal, ttl=config.ring.lease_ttl)
-        return Journal.open(state_dir, create=create)
+        # a journal whose log was removed under the driver waits for it: woken, it takes it up at once
+        return Journal.open(state_dir, create=create, nudge=lambda: wake_driver(state_dir))
     except JournalError as e:
         raise OperatorError(str(e)) from None
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.host import safefile
+from ringd.core import walfate
 from ringd.core.quota import Exhausted, Use
 from ringd.core.records import TERMINAL, AgentState, Controls, RunRow, count, number, text
 from ringd.journal.schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
@@ -154,32 +155,74 @@ def _check_companions(path: Path) -> None:
                                f"move it aside")
 
 
-def _refuse_a_lone_companion(path: Path) -> None:
-    """A -wal without its -shm, or a -shm without its -wal, while another
-    process has the journal open: one was removed under that process (the
-    driver), and a writer opening now would share the index of the one left
-    and write a log that process overwrites - its commit (an operator's pause)
-    silently lost. Refused as busy: the driver takes the journal up again (at
-    its next beat or turn), and the command then goes through."""
+def _lock_table() -> Optional[str]:
+    """The kernel's table of file locks (Linux), or None."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _companions_unshared(path: Path) -> Optional[str]:
+    """Why a connection opened now would not share the log of the processes that
+    have the journal open (None: it would, or the lock table cannot tell).
+    Every connection in WAL mode holds a read lock on the journal's shared
+    range and on the dead-man byte of its -shm while open: one that holds the
+    first but not the second at the path writes a log whose files were
+    removed (``rm journal.db-wal journal.db-shm``). A connection opened then
+    makes a new -wal and -shm - a second log: each one's commits unseen by the
+    other (an operator's pause silently lost), and a checkpoint of one under
+    the other's frames malforms journal.db. A reader makes them too, and
+    leaves them, so the next writer would see nothing amiss. Read from
+    /proc/locks, never by a lock call: closing a descriptor of the file would
+    drop every lock this process's own connections hold on it."""
+    try:
+        db_inode = os.stat(path, follow_symlinks=False).st_ino
+    except OSError:
+        return None
+    table = _lock_table()
+    if table is None:
+        return None
+    me = os.getpid()
+    holders = walfate.lock_holders(table, db_inode, SHARED_FIRST, SHARED_FIRST + SHARED_SIZE - 1)
+    if not holders or holders == {me}:
+        return None   # (the common case of a ring at rest, and a pid the table cannot name)
     have = [os.path.lexists(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
-    if have[0] == have[1]:
-        return
+    if not all(have):
+        missing = " and ".join(s for s, h in zip(("-wal", "-shm"), have) if not h)
+        return (f"{path}: its {missing} missing while another process has the journal open (removed under "
+                f"the driver?); the driver takes the journal up again at its next beat: try again")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        shm_inode = os.stat(f"{path}-shm", follow_symlinks=False).st_ino
     except OSError:
-        return
-    try:
-        flock = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, SHARED_FIRST, SHARED_SIZE, 0)
-        held = struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, flock))[0] != fcntl.F_UNLCK
-    except OSError:
-        held = False
-    finally:
-        os.close(fd)
-    if held:
-        missing, there = ("-wal", "-shm") if not have[0] else ("-shm", "-wal")
-        raise JournalError(f"{path}{missing}: missing while {path.name}{there} is there and another process has "
-                           f"the journal open (removed under the driver?); the driver takes the journal up again "
-                           f"shortly: try again", transient=True)
+        return None
+    others = walfate.strangers(holders, walfate.lock_holders(table, shm_inode, SHM_DMS_BYTE, SHM_DMS_BYTE), [me])
+    if not others:
+        return None
+    return (f"{path}: another process (pid {', '.join(str(p) for p in sorted(others))}) writes a -wal and -shm "
+            f"no longer at the journal's path (removed under the driver?); the driver takes the journal up "
+            f"again at its next beat: try again")
+
+
+def _await_companions(path: Path, end: float, give_up: Optional[Callable[[], bool]],
+                      nudge: Optional[Callable[[], object]]) -> None:
+    """Wait, in short steps until ``end`` (monotonic) or ``give_up()``, for the
+    journal's -wal and -shm at its path to be those its open connections share
+    (:func:`_companions_unshared`); then refused as busy (transient) - never a
+    connection that would begin a second log. ``nudge``: called once if it
+    waits (an operator command wakes the driver, which then takes the journal
+    up at once instead of at its next beat)."""
+    reason = _companions_unshared(path)
+    while reason is not None:
+        if nudge is not None:
+            with suppress(Exception):   # (best effort: the driver's next beat does it too)
+                nudge()
+            nudge = None
+        if time.monotonic() >= end or (give_up is not None and give_up()):
+            raise JournalError(reason, transient=True, busy=True)
+        time.sleep(ORPHAN_WAIT_STEP)
+        reason = _companions_unshared(path)
 
 
 def no_schema_yet(path: Path) -> bool:
@@ -254,6 +297,8 @@ WAL_HEADER, WAL_FRAME_HEADER = 32, 24   # bytes (SQLite's WAL file format)
 PENDING_BYTE = 0x40000000
 SHARED_FIRST, SHARED_SIZE = PENDING_BYTE + 2, 510
 ORPHAN_CLOSE_WAIT = 0.5   # s the close of an orphaned connection waits for other connections to end
+ORPHAN_WAIT_STEP = 0.05   # s between two looks of an opener waiting for the journal's log to be whole again
+SHM_DMS_BYTE = 128        # SQLite's unix VFS: the -shm's "dead-man switch", read-locked by every connection on it
 WAL_SLACK_FRAMES = 16                    # the commit that crosses wal_autocheckpoint, and then some
 
 
@@ -291,6 +336,13 @@ def _connect(path: Path, readonly: bool, timeout: float) -> sqlite3.Connection:
     # ``status`` said 'unknown' and ``history`` nothing.
     con.text_factory = text
     return con
+
+
+def _set_up(con: sqlite3.Connection) -> None:
+    """A writer's settings: the write-ahead log, commits on disk, foreign keys."""
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")
+    con.execute("PRAGMA foreign_keys=ON")
 
 
 def _identities(paths) -> Dict[str, Tuple[int, int]]:
@@ -347,6 +399,21 @@ def _new_log_has_commits(path: Path, ours: Dict[str, Tuple[int, int]]) -> bool:
     except OSError:
         return True
     return (st.st_dev, st.st_ino) != ours.get(name) and st.st_size > WAL_HEADER
+
+
+def _new_files(path: Path, ours: Dict[str, Tuple[int, int]]) -> bool:
+    """Is a -wal or -shm at ``path``'s name not ``ours`` (another process began
+    a log there, or left the files of one)?"""
+    now = _identities(f"{path}{suffix}" for suffix in ("-wal", "-shm"))
+    return any(identity != ours.get(name) for name, identity in now.items())
+
+
+def _closed() -> sqlite3.Connection:
+    """A closed connection: what a Journal holds after a failed reconnect (its
+    next read or write connects again first: Journal.take_up_companions)."""
+    con = sqlite3.connect(":memory:")
+    con.close()
+    return con
 
 
 def pause_key(name: Optional[str]) -> str:
@@ -618,6 +685,10 @@ class Journal:
         self._busy_timeout = 10.0
         self._give_up: Optional[Callable[[], bool]] = None
         self._knows_quotas: Optional[bool] = None
+        self._reconnect_due = False   # its -wal or -shm went, its log was settled, no new connection yet
+        self._orphan_fd: Optional[int] = None   # journal.db, open while a log waits to be settled (_settle)
+        # told (what was removed, "saved" / "lost" / "waiting") when that is taken up (take_up_companions)
+        self.on_taken_up: Optional[Callable[[str, str], None]] = None
 
     def wait_busy_unless(self, give_up: Callable[[], bool]) -> None:
         """Wait for a write lock another process holds (an operator command, a
@@ -681,20 +752,22 @@ class Journal:
     # --- opening -------------------------------------------------------------
     @classmethod
     def open(cls, state_dir: Path, *, create: bool = True, busy_timeout: float = BUSY_TIMEOUT,
-             verify: bool = False, give_up: Optional[Callable[[], bool]] = None) -> "Journal":
+             verify: bool = False, give_up: Optional[Callable[[], bool]] = None,
+             nudge: Optional[Callable[[], object]] = None) -> "Journal":
         """Open for writing (the driver, the reaper, operator commands). ``verify``
         (the driver at start-up): refuse a damaged database (``PRAGMA quick_check``)
         before writing anything to it. ``give_up``: from the open's own writes on,
         waits for another process's write lock as :meth:`wait_busy_unless` - a
         driver starting on a journal an operator's ``sqlite3`` shell holds heard
-        its SIGTERM only once the busy timeout (10 s) ran out."""
+        its SIGTERM only once the busy timeout (10 s) ran out. A journal whose
+        -wal and -shm were removed under another process is waited for until
+        that process takes it up again (:func:`_await_companions`, ``nudge``)."""
         path = journal_path(state_dir)
         _check_companions(path)
         if path.exists() or path.is_symlink():
             if path.is_symlink():
                 raise JournalError(f"{path}: journal is a symbolic link; refusing to follow it")
             _check_sqlite_header(path)
-            _refuse_a_lone_companion(path)
         elif not create:
             raise JournalError(f"{path}: no journal (has the driver ever run here?)")
         else:
@@ -707,13 +780,31 @@ class Journal:
                     os.close(fd)   # (before SQLite opens it: no lock of its to drop)
             except OSError as e:
                 raise JournalError(f"{path}: cannot create journal: {e.strerror}", transient=True) from None
+        end = time.monotonic() + busy_timeout
+        while True:
+            _await_companions(path, end, give_up, nudge)
+            j = cls._open_file(path, busy_timeout, verify, give_up)
+            # Looked at again once open: a removal between the look and the open
+            # would have made this connection a second log's first.
+            if _companions_unshared(path) is None:
+                break
+            j.con.close()
+            nudge = None
+        # 0600 (SPEC), also a journal.db that was there before ring wrote it (an empty
+        # one made 0644 kept its mode once filled; SQLite gives -wal and -shm the
+        # journal's mode).
+        for name in (str(path), f"{path}-wal", f"{path}-shm"):
+            safefile.chmod_regular(name, 0o600)
+        return j
+
+    @classmethod
+    def _open_file(cls, path: Path, busy_timeout: float, verify: bool,
+                   give_up: Optional[Callable[[], bool]]) -> "Journal":
         try:
             con = _connect(path, readonly=False, timeout=busy_timeout)
             if verify:
                 _verify(con, path)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=FULL")
-            con.execute("PRAGMA foreign_keys=ON")
+            _set_up(con)
             j = cls(con, path)
             j._busy_timeout = busy_timeout
             if give_up is not None:
@@ -728,11 +819,6 @@ class Journal:
             raise
         except sqlite3.DatabaseError as e:
             raise _unusable(path, e) from None
-        # 0600 (SPEC), also a journal.db that was there before ring wrote it (an empty
-        # one made 0644 kept its mode once filled; SQLite gives -wal and -shm the
-        # journal's mode).
-        for name in (str(path), f"{path}-wal", f"{path}-shm"):
-            safefile.chmod_regular(name, 0o600)
         return j
 
     def preallocate_wal(self) -> None:
@@ -779,12 +865,17 @@ class Journal:
             raise JournalError(f"{path}: no journal (has the driver ever run here?)")
         _check_sqlite_header(path)
         _check_companions(path)
-        try:
-            con = _connect(path, readonly=True, timeout=busy_timeout)
-            con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
-        except sqlite3.DatabaseError as e:
-            raise _unusable(path, e) from None
-        return cls(con, path)
+        end = time.monotonic() + busy_timeout
+        while True:
+            _await_companions(path, end, None, None)   # (a reader would begin a second log too)
+            try:
+                con = _connect(path, readonly=True, timeout=busy_timeout)
+                con.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
+            except sqlite3.DatabaseError as e:
+                raise _unusable(path, e) from None
+            if _companions_unshared(path) is None:
+                return cls(con, path)
+            con.close()
 
     def _migrate(self) -> None:
         """Bring an older journal to this ring's schema; refuse a newer one.
@@ -827,49 +918,119 @@ class Journal:
         but not of a journal moved or removed since it was opened: left at the
         path, a journal put there (a backup restored) would take them up as its
         own - the old journal's pages read as the new one's. Ours are removed.
-        A connection whose -wal or -shm went is closed by :meth:`_close_orphaned`;
+        A connection whose -wal or -shm went is closed by :meth:`_settle`;
         returns what became of its writes then ("saved" or "lost"), else None."""
         if not self.moved() and self.companions_replaced() is not None:
             ours, self._wal_files = self._wal_files, {}
-            return self._close_orphaned(ours)
+            return self._settle(ours, final=True)
         stale, self._wal_files = (self._wal_files if self.moved() else {}), {}   # (closed twice: once)
         self.con.close()
+        fd, self._orphan_fd = self._orphan_fd, None
+        if fd is not None:
+            os.close(fd)
         for name, identity in _identities(stale).items():
             if identity == stale[name]:   # (never one a journal at the path made since)
                 with suppress(OSError):
                     os.unlink(name)
         return None
 
-    def _close_orphaned(self, ours: Dict[str, Tuple[int, int]]) -> str:
-        """Close a connection whose -wal or -shm was removed at the path. A plain
-        close would checkpoint its unlinked log into journal.db, under the pages
-        of any new log another process began since, and then delete that log by
-        name: an operator's pause, committed there, was lost. Instead, with
-        SQLite's pending byte held (no connection can start meanwhile) and no
-        other connection open: when no new log holds a commit, our log goes
-        into journal.db and nothing is lost ("saved"); else the new log is
-        kept, and our commits since the last checkpoint go with our log
-        ("lost"). The close itself then neither checkpoints nor deletes
-        anything: its exclusive lock fails against the held byte."""
+    def take_up_companions(self) -> Optional[str]:
+        """This connection's -wal or -shm was removed at the path, journal.db
+        itself still there: settle the orphaned log (:meth:`_settle`) and
+        connect again to the journal's files now at the path, in place - every
+        holder of this Journal goes on with it. Returns "saved" (nothing lost),
+        "lost" (another log had begun at the path: ours since its last
+        checkpoint dropped) or "waiting" (tried again at the next look), and
+        tells :attr:`on_taken_up`; None when nothing was amiss. Never inside a
+        transaction. The driver calls it at each beat and each operator's wake;
+        every write transaction calls it first."""
+        if self._reconnect_due:
+            self._reconnect()   # (a reconnect that failed: raises again while it cannot)
+            return None
+        what = self.companions_replaced() if self._wal_files else None
+        if what is None or self.con.in_transaction or self.moved():
+            return None
+        fate = self._settle(self._wal_files, final=False)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            self.con.close()
-            return "lost"
-        try:
-            alone = _hold_pending(fd, time.monotonic() + ORPHAN_CLOSE_WAIT)
-            saved = alone is True and not _new_log_has_commits(self.path, ours) and self._checkpoint()
-            self.con.close()
+            if fate != "waiting":
+                self._reconnect_due = True
+                self._reconnect()
         finally:
-            os.close(fd)   # only now: closing it drops this process's POSIX locks on the file
-        return "saved" if saved else "lost"
+            if self.on_taken_up is not None:
+                self.on_taken_up(what, fate)
+        return fate
 
-    def _checkpoint(self) -> bool:
+    def _settle(self, ours: Dict[str, Tuple[int, int]], final: bool) -> str:
+        """Settle a connection whose -wal or -shm was removed at the path
+        (:func:`ringd.core.walfate.orphaned_log` decides, with SQLite's pending
+        byte held: no connection can start meanwhile). Saved: its log is
+        checkpointed into journal.db and the connection closed. Lost: another
+        log at the path holds commits - ours checkpointed under its frames would
+        malform journal.db - so the connection is closed without one. Waiting
+        (not ``final``): the connection stays, and never checkpoints by itself
+        meanwhile. The close itself neither checkpoints nor deletes anything by
+        name: its exclusive lock fails against the held byte."""
+        with suppress(sqlite3.Error):   # (its automatic checkpoint, from now on: never)
+            self.con.execute("PRAGMA wal_autocheckpoint = 0")
+        fd, self._orphan_fd = self._orphan_fd, None
+        if fd is None:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                if final:
+                    self.con.close()
+                return "lost" if final else "waiting"
+        what = walfate.WAIT
         try:
-            busy = self.con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        except sqlite3.Error:
-            return False
-        return busy == 0
+            pending = _hold_pending(fd, time.monotonic() + (ORPHAN_CLOSE_WAIT if final else 0.0))
+            what = walfate.orphaned_log(pending=pending, new_log_commits=_new_log_has_commits(self.path, ours),
+                                        new_files=_new_files(self.path, ours), final=final)
+            if what == walfate.SAVE and not self._checkpoint_all():
+                what = walfate.DROP if final else walfate.WAIT
+            if what != walfate.WAIT:
+                self.con.close()
+        finally:
+            if what == walfate.WAIT:
+                # the connection stays: the byte let go, the descriptor kept (closing
+                # it would drop every POSIX lock this process's connection holds)
+                with suppress(OSError, TypeError):
+                    _lock_range(fd, getattr(fcntl, "F_OFD_SETLK", None), fcntl.F_UNLCK, PENDING_BYTE, 1)
+                self._orphan_fd = fd
+            else:
+                os.close(fd)   # only now that it is closed: this drops its POSIX locks on the file
+        return {walfate.SAVE: "saved", walfate.DROP: "lost"}.get(what, "waiting")
+
+    def _checkpoint_all(self) -> bool:
+        """Every frame of this connection's log into journal.db (PASSIVE: a
+        reader's snapshot on the same log holds frames back; tried again in
+        short steps for ORPHAN_CLOSE_WAIT at most)."""
+        end = time.monotonic() + ORPHAN_CLOSE_WAIT
+        while True:
+            try:
+                busy, log, done = self.con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error:
+                return False
+            if busy == 0 and log == done:
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+
+    def _reconnect(self) -> None:
+        """A new connection to the journal at the path, as this one was set up."""
+        con = _connect(self.path, readonly=False, timeout=self._busy_timeout)
+        try:
+            _set_up(con)
+            if self._give_up is not None:
+                con.execute(f"PRAGMA busy_timeout = {int(BUSY_STEP * 1000)}")
+        except sqlite3.Error as e:
+            con.close()
+            self.con = _closed()   # (every use fails, transient, until a reconnect works)
+            raise _unusable(self.path, e) from None
+        self.con, self._reconnect_due = con, False
+        self._wal_files = _identities(f"{self.path}{suffix}" for suffix in ("-wal", "-shm"))
+        for name in (f"{self.path}-wal", f"{self.path}-shm"):
+            safefile.chmod_regular(name, 0o600)
 
     # --- transactions ------------------------------------------------------------
     @contextmanager
@@ -877,7 +1038,11 @@ class Journal:
         """The backend's write transaction (BEGIN IMMEDIATE takes SQLite's write lock
         up front, so a busy database waits here instead of failing half-way).
         ``patient=False``: on a connection that waits in steps
-        (:meth:`wait_busy_unless`), wait one step at most."""
+        (:meth:`wait_busy_unless`), wait one step at most. A connection whose
+        -wal or -shm went takes the journal up first: it never commits to a log
+        it knows no other process reads (two stats)."""
+        if self._wal_files or self._reconnect_due:
+            self.take_up_companions()
         self._begin(patient)
         try:
             yield self.con
@@ -913,6 +1078,8 @@ class Journal:
     @contextmanager
     def snapshot(self) -> Iterator[Tx]:
         """One read transaction: every read inside sees the same journal."""
+        if self._reconnect_due:
+            self.take_up_companions()
         try:
             self.con.execute("BEGIN")
             try:
@@ -923,6 +1090,8 @@ class Journal:
             raise _wrap(self.path, e) from None
 
     def _read(self, fn):
+        if self._reconnect_due:
+            self.take_up_companions()
         try:
             return fn(Tx(self.con))
         except sqlite3.Error as e:

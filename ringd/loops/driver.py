@@ -199,6 +199,7 @@ class Driver:
         self.roster = roster
         self.journal = journal
         journal.wait_busy_unless(self.stop_pending)
+        journal.on_taken_up = self.journal_taken_up
         self.lock = lock
         self.once = once
         self.agent_umask = agent_umask
@@ -236,7 +237,8 @@ class Driver:
         self._metrics_dirty = False
         self._metrics_failing = False
         self._prune_failing = False
-        self.journal_moved = False   # journal.db, -wal or -shm removed or replaced under us (seen at a beat or a wake)
+        self.journal_moved = False   # journal.db replaced under us, or its log lost (seen at a beat or a wake)
+        self._orphan_said = False    # said that its -wal or -shm went and its log waits to be saved
         self._runs_since_prune = 0
         self.paused_said = False
         self.quota_held: Set[str] = set()   # pools said to hold their agents (Driver.say_quota)
@@ -266,10 +268,11 @@ class Driver:
             # the run in flight keeps its limits, the next one has the new ones
             self.reload_requested = True
             self.reload()
-        if req.wake and not self.journal_moved and self.journal.replaced():
-            # an operator's request (SIGUSR1) was written to the journal at the path:
-            # looked for there before the next turn trusts the controls it reads
-            self.journal_moved = True
+        if req.wake:
+            # an operator's request (SIGUSR1) was written to the journal at the path, or
+            # waits for us to take it up again: looked for there before the next turn
+            # trusts the controls it reads
+            self.look_at_journal()
         return req
 
     def stop_pending(self) -> bool:
@@ -302,8 +305,7 @@ class Driver:
                 self.log("heartbeat written again", INFO)
             self.beat_error = None
         self.check_lock()
-        if not self.journal_moved and self.journal.replaced():   # (three stats, once a beat)
-            self.journal_moved = True
+        self.look_at_journal()
         if self._runs_since_prune:
             self.prune_journal()
         due = self.config.ring.heartbeat_interval * 0.9
@@ -322,6 +324,44 @@ class Driver:
                 "heartbeat_interval": self.config.ring.heartbeat_interval,
                 "journal": "postgresql" if self.config.ring.journal else "sqlite",
                 "reload": self.last_reload, "notify_dropped": self.notify_dropped, **role_fields(self.leader)}
+
+    def look_at_journal(self) -> None:
+        """journal.db, its -wal or its -shm removed or replaced under us (three
+        stats, once a beat, mid-run too, and at each operator's wake)? Another
+        journal in its place is taken up between runs (reopen_journal); a -wal
+        or -shm gone, at once - every commit since went to a log no other
+        process reads, and operator commands wait for it (journal_taken_up)."""
+        if self.journal_moved:
+            return
+        what = self.journal.replaced()
+        if what is None:
+            return
+        if what == str(self.journal.path):
+            self.journal_moved = True
+            return
+        try:
+            self.journal.take_up_companions()
+        except JournalError as e:   # (tried again at the next look, or the next write)
+            self.log(f"cannot take the journal up again: {e}", ERR)
+
+    def journal_taken_up(self, what: str, fate: str) -> None:
+        """Say what became of the driver's writes when its -wal or -shm went
+        (Journal.take_up_companions)."""
+        self._metrics_dirty = True
+        if fate == "saved":
+            self._orphan_said = False
+            self.log(f"{what} was removed or replaced under the driver; its log was saved into the journal "
+                     f"(nothing lost) and the journal taken up again", WARNING)
+        elif fate == "lost":
+            # the journal now there is another history than ours: taken up as a new one between runs
+            self.journal_moved, self._orphan_said = True, False
+            self.log(f"{what} was removed or replaced under the driver and another process began a new log: "
+                     f"the driver's writes since the journal's last checkpoint are lost; using the journal "
+                     f"now there (what others wrote since is kept)", ERR)
+        elif not self._orphan_said:
+            self._orphan_said = True
+            self.log(f"{what} was removed or replaced under the driver while another process has the journal "
+                     f"open; its log is kept out of journal.db until it can be saved there", WARNING)
 
     def beat_if_due(self) -> None:
         if self.env.monotonic() >= self.next_beat:
@@ -590,6 +630,7 @@ class Driver:
         except JournalError:
             new.close()   # (the next turn opens it again)
             raise
+        new.on_taken_up = self.journal_taken_up
         self.journal, self.journal_moved, self.unconfirmed, self.quota_read = new, False, {}, None
         if fate == "saved":
             self.log(f"{what} was removed or replaced under the driver; its journal was closed with "
