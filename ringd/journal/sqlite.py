@@ -238,6 +238,8 @@ def no_schema_yet(path: Path) -> bool:
         if st.st_size == 0:
             return True
         _check_companions(path)   # (SQLite opens them too)
+        if _companions_unshared(path) is not None:
+            return False   # (a reader now would begin a second log: _companions_unshared)
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
             return con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
