@@ -68,6 +68,8 @@ class AgentState:
     skip_requested: bool = False            # skip this agent's next turn
     quarantined_until: Optional[float] = None
     quarantine_line: Optional[str] = None   # the roster line its back-off or quarantine began under
+    last_ok_at: Optional[float] = None      # the end of its last ok run (kept by the journal)
+    joined_at: Optional[float] = None       # since when the driver runs a roster holding it (None: not on it)
 
     # the fields policy decides (the rest are counters the journal keeps)
     DECIDED = ("consecutive_failures", "consecutive_deferrals", "bad_streak", "backoff_until",
@@ -145,9 +147,34 @@ _RUN_TYPES: Dict[str, Callable[[Any], Any]] = {
 _AGENT_TYPES: Dict[str, Callable[[Any], Any]] = {
     "name": text, "runs": count, "last_run_id": _int, "consecutive_failures": count,
     "consecutive_deferrals": count, "bad_streak": count, "backoff_until": epoch, "skip_requested": bool,
-    "quarantined_until": epoch, "quarantine_line": text,
+    "quarantined_until": epoch, "quarantine_line": text, "last_ok_at": epoch, "joined_at": epoch,
 }
 assert set(_RUN_TYPES) == set(_RUN_FIELDS) and set(_AGENT_TYPES) == set(_AGENT_FIELDS)
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of the journal's trail (``ringd events``): what happened to which
+    run or agent, who did it (``source``; an operator's ``actor`` and ``reason``)."""
+    id: int
+    at: Optional[float]
+    run_id: Optional[int]
+    agent: Optional[str]
+    kind: str
+    source: str
+    detail: Optional[str]
+    actor: Optional[Dict[str, Any]] = None
+    reason: Optional[str] = None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any], actor: Optional[Dict[str, Any]] = None) -> "EventRow":
+        detail = text(row["detail"])
+        agent = text(row["agent"])
+        if agent is None and detail and detail.startswith("agent="):   # an older ring's operator event
+            agent = detail[6:].split(" ", 1)[0] or None
+        return cls(id=_int(row["id"]) or 0, at=epoch(row["at"]), run_id=_int(row["run_id"]),
+                   agent=agent, kind=text(row["kind"]) or "", source=text(row["source"]) or "",
+                   detail=detail, actor=actor, reason=text(row["reason"]))
 
 
 @dataclass(frozen=True)

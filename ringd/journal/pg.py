@@ -511,6 +511,12 @@ class PgJournal(Journal):
             self._knows_quotas = bool(row[0])
         return self._knows_quotas
 
+    def _columns(self, table: str) -> frozenset:
+        """The columns ``table`` has, as its schema on search_path shows them."""
+        return frozenset(r[0] for r in self.con.execute(
+            "SELECT column_name::text FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ?", (table,)))
+
     @contextmanager
     def _transaction(self) -> Iterator[_Con]:
         self.con.execute("BEGIN")

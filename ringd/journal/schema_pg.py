@@ -63,7 +63,10 @@ CREATE TABLE IF NOT EXISTS events (
     run_id BIGINT REFERENCES runs(id),
     kind   TEXT NOT NULL,
     source TEXT NOT NULL CHECK (source IN ({_SOURCE_LIST})),
-    detail TEXT
+    detail TEXT,
+    agent  TEXT,
+    actor  TEXT,
+    reason TEXT
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id);
 
@@ -77,8 +80,30 @@ CREATE TABLE IF NOT EXISTS agents (
     backoff_until         DOUBLE PRECISION,
     skip_requested        INTEGER NOT NULL DEFAULT 0 CHECK (skip_requested IN (0, 1)),
     quarantined_until     DOUBLE PRECISION,
-    quarantine_line       TEXT
+    quarantine_line       TEXT,
+    last_ok_at            DOUBLE PRECISION,
+    joined_at             DOUBLE PRECISION
 );
+
+-- Columns added after a journal may have been created (before the functions
+-- that name them). agents.last_ok_at, when new, is filled from the history
+-- kept, and each such agent counts as on the roster since (ringd.core.silence).
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS phase TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS cpu_seconds DOUBLE PRECISION;
+ALTER TABLE events ADD COLUMN IF NOT EXISTS agent TEXT;
+ALTER TABLE events ADD COLUMN IF NOT EXISTS actor TEXT;
+ALTER TABLE events ADD COLUMN IF NOT EXISTS reason TEXT;
+ALTER TABLE agents ADD COLUMN IF NOT EXISTS joined_at DOUBLE PRECISION;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+                   AND table_name = 'agents' AND column_name = 'last_ok_at') THEN
+        ALTER TABLE agents ADD COLUMN last_ok_at DOUBLE PRECISION;
+        UPDATE agents SET last_ok_at = (SELECT max(ended_at) FROM runs
+                                        WHERE runs.agent = agents.name AND runs.status = 'ok');
+        UPDATE agents SET joined_at = last_ok_at;
+    END IF;
+END $$;
 
 CREATE TABLE IF NOT EXISTS run_counts (
     agent  TEXT NOT NULL,
@@ -105,6 +130,9 @@ BEGIN
         ON CONFLICT (agent, status) DO UPDATE SET n = run_counts.n + 1;
     INSERT INTO agents (name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
         ON CONFLICT (name) DO UPDATE SET runs = agents.runs + 1, last_run_id = NEW.id;
+    IF NEW.status = 'ok' THEN   -- the end of its last ok run (silence), never scanned for
+        UPDATE agents SET last_ok_at = NEW.ended_at WHERE name = NEW.agent;
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -161,9 +189,6 @@ CREATE OR REPLACE TRIGGER quota_use_added AFTER INSERT ON quota_use
 
 CREATE OR REPLACE TRIGGER quota_use_changed AFTER UPDATE OF units ON quota_use
     FOR EACH ROW EXECUTE FUNCTION ring_count_quota_use();
-
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS phase TEXT;
-ALTER TABLE runs ADD COLUMN IF NOT EXISTS cpu_seconds DOUBLE PRECISION;
 
 INSERT INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -10,7 +10,8 @@ from typing import Iterator, Optional
 
 from ringd.core.records import SOURCES, STATUSES  # noqa: F401 - the journal's vocabulary, whatever the backend
 
-SCHEMA_VERSION = 4   # 2: runs.phase; 3: runs.cpu_seconds; 4: quota_use, quota_spent
+SCHEMA_VERSION = 5   # 2: runs.phase; 3: runs.cpu_seconds; 4: quota_use, quota_spent;
+                     # 5: events.agent/actor/reason, agents.last_ok_at/joined_at
 
 
 def too_new(found: Optional[str]) -> Optional[str]:
@@ -70,7 +71,10 @@ CREATE TABLE IF NOT EXISTS events (
     run_id INTEGER REFERENCES runs(id),
     kind   TEXT NOT NULL,
     source TEXT NOT NULL CHECK (source IN ({_SOURCE_LIST})),
-    detail TEXT
+    detail TEXT,
+    agent  TEXT,                    -- the agent it concerns (NULL: the whole ring)
+    actor  TEXT,                    -- who asked (JSON: ringd.cli.actor.who), for an operator's event
+    reason TEXT                     -- the operator's --reason
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id);
 
@@ -85,7 +89,9 @@ CREATE TABLE IF NOT EXISTS agents (
     backoff_until         REAL,
     skip_requested        INTEGER NOT NULL DEFAULT 0 CHECK (skip_requested IN (0, 1)),
     quarantined_until     REAL,
-    quarantine_line       TEXT
+    quarantine_line       TEXT,
+    last_ok_at            REAL,     -- the end of its last ok run (kept by triggers)
+    joined_at             REAL      -- when the driver first ran a roster holding it (NULL: not on it)
 );
 
 -- Finished runs by agent and status (metrics); kept by triggers, never by hand.
@@ -147,6 +153,21 @@ BEGIN
         WHERE pool = NEW.pool AND agent = NEW.agent;
 END;
 
+-- The end of each agent's last ok run (silence: ringd.core.silence), never scanned for.
+CREATE TRIGGER IF NOT EXISTS runs_closed_ok AFTER UPDATE OF status ON runs
+WHEN OLD.status = 'running' AND NEW.status = 'ok'
+BEGIN
+    INSERT INTO agents(name, last_ok_at) VALUES (NEW.agent, NEW.ended_at)
+        ON CONFLICT(name) DO UPDATE SET last_ok_at = NEW.ended_at;
+END;
+
+CREATE TRIGGER IF NOT EXISTS runs_inserted_ok AFTER INSERT ON runs
+WHEN NEW.status = 'ok'
+BEGIN
+    INSERT INTO agents(name, last_ok_at) VALUES (NEW.agent, NEW.ended_at)
+        ON CONFLICT(name) DO UPDATE SET last_ok_at = NEW.ended_at;
+END;
+
 -- A terminal row never changes status again (a guarded close cannot clobber).
 CREATE TRIGGER IF NOT EXISTS runs_terminal_is_final BEFORE UPDATE OF status ON runs
 WHEN OLD.status <> 'running'
@@ -156,7 +177,16 @@ END;
 """
 
 # Columns added after a journal may have been created: (table, column, type).
-ADDED_COLUMNS = (("runs", "phase", "TEXT"), ("runs", "cpu_seconds", "REAL"))
+ADDED_COLUMNS = (("runs", "phase", "TEXT"), ("runs", "cpu_seconds", "REAL"),
+                 ("events", "agent", "TEXT"), ("events", "actor", "TEXT"), ("events", "reason", "TEXT"),
+                 ("agents", "last_ok_at", "REAL"), ("agents", "joined_at", "REAL"))
+
+# Run once, when ``agents.last_ok_at`` is added to an older journal: each agent's
+# last ok run as its history still holds it, and (it was on the roster then) its
+# join, so a silence is counted from that ok run, not from the upgrade.
+BACKFILL_LAST_OK = ("UPDATE agents SET last_ok_at = (SELECT max(ended_at) FROM runs"
+                    " WHERE runs.agent = agents.name AND runs.status = 'ok');"
+                    "UPDATE agents SET joined_at = last_ok_at;")
 
 # Every table, index and trigger SCHEMA makes: a journal missing one (an older
 # ring's, or one whose guard someone dropped) gets SCHEMA again.

@@ -15,6 +15,7 @@ write in one atomic step; the journal itself decides nothing.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sqlite3
 import struct
@@ -23,19 +24,21 @@ import time
 from collections.abc import Set
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ringd.host import safefile
 from ringd.core import walfate
 from ringd.core.quota import Exhausted, Use
-from ringd.core.records import TERMINAL, AgentState, Controls, RunRow, count, number, text
-from ringd.journal.schema_sqlite import ADDED_COLUMNS, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION, statements, too_new
+from ringd.core.records import TERMINAL, AgentState, Controls, EventRow, RunRow, count, number, text
+from ringd.journal.schema_sqlite import (ADDED_COLUMNS, BACKFILL_LAST_OK, SCHEMA, SCHEMA_OBJECTS, SCHEMA_VERSION,
+                                         statements, too_new)
 
 __all__ = ["Journal", "JournalError", "Tx", "RunRow", "AgentState", "TERMINAL", "journal_path"]
 
 JOURNAL_FILE = "journal.db"
 PAUSE_KEY = "paused"       # meta: "paused" pauses the ring, "paused:NAME" one agent
 NEXT_KEY = "next"          # meta: the agent an operator asked to take the next turn
+ALERTED_KEY = "alerted"    # meta: "alerted:silent:NAME" etc., the start of a silence or pause alerted on
 EVENTS_PER_INSERT = 100    # rows per INSERT of a transaction's events (well under SQLite's variable limit)
 PRUNE_BATCH = 500          # runs deleted per hop at most (benchmarks/bench_retention.py: a few ms)
 BUSY_STEP = 0.1            # s; a writer that may give up waits for a busy write lock in steps this long
@@ -418,6 +421,28 @@ def _closed() -> sqlite3.Connection:
     return con
 
 
+def actor_of(value: Any) -> Optional[dict]:
+    """An event's ``actor`` column as the mapping written (ringd.cli.actor.who);
+    None for none, or for anything that is not a JSON object."""
+    value = text(value)
+    if not value:
+        return None
+    try:
+        actor = json.loads(value)
+    except ValueError:
+        return None
+    return actor if isinstance(actor, dict) else None
+
+
+def _float_or(value: Any, default: float) -> float:
+    """A time kept in ``meta`` as text (``repr`` of epoch seconds), else ``default``."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return default
+    return f if f == f and abs(f) != float("inf") else default
+
+
 def pause_key(name: Optional[str]) -> str:
     """The ``meta`` key of an operator's pause: the ring's (None) or one agent's."""
     return PAUSE_KEY if name is None else f"{PAUSE_KEY}:{name}"
@@ -584,6 +609,59 @@ class Tx:
         return {(text(p), text(a)): _units(u)
                 for p, a, u in self._x("SELECT pool, agent, units FROM quota_spent").fetchall()}
 
+    def asked_by(self, run_id: Optional[int], agent: str) -> "tuple[Optional[dict], Optional[str]]":
+        """(actor, reason) of the operator's latest skip request for run ``run_id``
+        (None: for ``agent``'s next turn), or (None, None). Looked up only as a
+        skipped run is recorded, by the events' run index."""
+        if run_id is None:
+            row = self._x("SELECT actor, reason FROM events WHERE run_id IS NULL AND agent = ?"
+                          " AND kind = 'skip-requested' ORDER BY id DESC LIMIT 1", (agent,)).fetchone()
+        else:
+            row = self._x("SELECT actor, reason FROM events WHERE run_id = ? AND kind = 'skip-requested'"
+                          " ORDER BY id DESC LIMIT 1", (run_id,)).fetchone()
+        if row is None:
+            return None, None
+        return actor_of(row["actor"]), text(row["reason"])
+
+    def pauses(self) -> Dict[str, float]:
+        """When each pause began: "" (the ring's, silence.RING) or an agent's name ->
+        epoch seconds (a pause whose time cannot be read counts from now: never
+        older than it is)."""
+        rows = self._x("SELECT key, value FROM meta WHERE key = ? OR (key > ? AND key < ?)",
+                       (PAUSE_KEY, PAUSE_KEY + ":", PAUSE_KEY + ";")).fetchall()
+        out: Dict[str, float] = {}
+        for r in rows:
+            who = "" if r["key"] == PAUSE_KEY else r["key"].split(":", 1)[1]
+            out[who] = _float_or(r["value"], time.time())
+        return out
+
+    def alert_marks(self) -> Dict[str, float]:
+        """The silences and pauses already alerted on (ringd.core.silence.alerts_due)."""
+        rows = self._x("SELECT key, value FROM meta WHERE key > ? AND key < ?",
+                       (ALERTED_KEY + ":", ALERTED_KEY + ";")).fetchall()
+        return {r["key"].split(":", 1)[1]: _float_or(r["value"], float("nan")) for r in rows}
+
+    def set_alert_marks(self, before: Mapping[str, float], after: Mapping[str, float]) -> None:
+        for key in set(before) - set(after):
+            self.set_meta(f"{ALERTED_KEY}:{key}", None)
+        for key, since in after.items():
+            if before.get(key) != since:
+                self.set_meta(f"{ALERTED_KEY}:{key}", repr(since))
+
+    def note_roster(self, names: Sequence[str], now: float) -> None:
+        """The roster the driver runs now: an agent new to it joins at ``now``
+        (``agents.joined_at``), one no longer on it leaves (NULL): silence counts
+        from a join (ringd.core.silence)."""
+        on = set(names)
+        joined = {r["name"]: r["joined_at"] for r in self._x("SELECT name, joined_at FROM agents")}
+        for name in names:
+            if joined.get(name) is None:
+                self._x("INSERT INTO agents(name, joined_at) VALUES (?, ?) ON CONFLICT(name) DO UPDATE"
+                        " SET joined_at = excluded.joined_at WHERE agents.joined_at IS NULL", (name, now))
+        for name, at in joined.items():
+            if at is not None and name not in on:
+                self._x("UPDATE agents SET joined_at = NULL WHERE name = ?", (name,))
+
     # --- writes --------------------------------------------------------------
     def take_next(self, controls: Controls) -> Optional[str]:
         """The agent an operator asked to run next (read in ``controls``), the request used up."""
@@ -591,16 +669,22 @@ class Tx:
             self.set_meta(NEXT_KEY, None)
         return controls.next
 
-    def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float) -> None:
-        self._events.append((at, run_id, kind, source, detail))
+    def event(self, run_id: Optional[int], kind: str, source: str, detail: str, at: float, *,
+              agent: Optional[str] = None, actor: Optional[Mapping[str, Any]] = None,
+              reason: Optional[str] = None) -> None:
+        """An event, written as the transaction ends. ``agent``: the agent it
+        concerns (None: the ring); ``actor`` (an operator's: ringd.cli.actor.who)
+        and ``reason`` (their ``--reason``) say who asked and why."""
+        actor_text = None if actor is None else json.dumps(dict(actor), separators=(",", ":"), sort_keys=True)
+        self._events.append((at, run_id, kind, source, detail, agent, actor_text, reason))
 
     def flush_events(self) -> None:
         """The transaction's events in one statement, in the order they happened
         (an ordinary hop writes two: the last run's end and the next one's start)."""
         while self._events:
             batch, self._events = self._events[:EVENTS_PER_INSERT], self._events[EVENTS_PER_INSERT:]
-            self._x("INSERT INTO events(at, run_id, kind, source, detail) VALUES "
-                    + ", ".join("(?, ?, ?, ?, ?)" for _ in batch), tuple(v for e in batch for v in e))
+            self._x("INSERT INTO events(at, run_id, kind, source, detail, agent, actor, reason) VALUES "
+                    + ", ".join("(?, ?, ?, ?, ?, ?, ?, ?)" for _ in batch), tuple(v for e in batch for v in e))
 
     def start_run(self, agent: str, position: int, *, now: float, run_budget: float,
                   stall_threshold: float, driver_pid: int, driver_start: Optional[float],
@@ -615,7 +699,7 @@ class Tx:
             (agent, position, now, run_budget, stall_threshold, driver_pid, driver_start,
              pid, pid_start, log_path))
         run_id = cur.lastrowid
-        self.event(run_id, "started", "driver", f"agent={agent}", now)
+        self.event(run_id, "started", "driver", f"agent={agent}", now, agent=agent)
         return run_id
 
     def set_process(self, run_id: int, pid: int, pid_start: Optional[float], log_path: str) -> None:
@@ -626,10 +710,13 @@ class Tx:
                   exit_code: Optional[int] = None, signal: Optional[int] = None,
                   reason: Optional[str] = None, log_path: Optional[str] = None,
                   pid: Optional[int] = None, pid_start: Optional[float] = None,
-                  phase: Optional[str] = None, cpu_seconds: Optional[float] = None) -> bool:
+                  phase: Optional[str] = None, cpu_seconds: Optional[float] = None,
+                  agent: Optional[str] = None, actor: Optional[Mapping[str, Any]] = None,
+                  operator_reason: Optional[str] = None) -> bool:
         """Close a ``running`` row. Guarded: a row someone else closed meanwhile (an
         operator, the reaper) is never clobbered; then nothing happens and False
-        is returned. The end is never before the start."""
+        is returned. The end is never before the start. ``agent``, ``actor`` and
+        ``operator_reason`` go with its event (:meth:`event`)."""
         assert status in TERMINAL, status
         cur = self._x(
             "UPDATE runs SET status = ?,"
@@ -645,16 +732,18 @@ class Tx:
         detail = f"from=running to={status}"
         if reason:
             detail += f" reason={reason}"
-        self.event(run_id, status, source, detail, now)
+        self.event(run_id, status, source, detail, now, agent=agent, actor=actor, reason=operator_reason)
         return True
 
     def add_skipped(self, agent: str, position: Optional[int], reason: str, source: str, now: float,
-                    kind: str = "skipped") -> int:
+                    kind: str = "skipped", actor: Optional[Mapping[str, Any]] = None,
+                    operator_reason: Optional[str] = None) -> int:
         """A turn not taken: a ``skipped`` row that never started a process."""
         cur = self._x("INSERT INTO runs(agent, position, status, started_at, ended_at, duration, reason)"
                       " VALUES (?, ?, 'skipped', ?, ?, 0, ?)", (agent, position, now, now, reason))
         run_id = cur.lastrowid
-        self.event(run_id, kind, source, f"agent={agent} reason={reason}", now)
+        self.event(run_id, kind, source, f"agent={agent} reason={reason}", now, agent=agent, actor=actor,
+                   reason=operator_reason)
         return run_id
 
     def put_agent(self, state: AgentState) -> None:
@@ -908,10 +997,12 @@ class Journal:
         have = {(t, r[1]) for t in {t for t, _, _ in ADDED_COLUMNS}
                 for r in con.execute(f"PRAGMA table_info({t})")}
         added = "".join(f"ALTER TABLE {t} ADD COLUMN {c} {kind};" for t, c, kind in ADDED_COLUMNS
-                        if have and (t, c) not in have)   # a new journal gets them from SCHEMA
+                        if t in present and (t, c) not in have)   # a new table gets them from SCHEMA
         if version == str(SCHEMA_VERSION) and SCHEMA_OBJECTS <= present and not added:
             return None
-        return (SCHEMA + added +
+        # (columns first: SCHEMA's triggers name them)
+        backfill = BACKFILL_LAST_OK if "agents" in present and ("agents", "last_ok_at") not in have else ""
+        return (added + SCHEMA + backfill +
                 f"INSERT INTO meta(key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value;")
 
@@ -1167,6 +1258,54 @@ class Journal:
             return out
         return self._read(q)
 
+    # --- the event trail (``ringd events``, history's actors) ---------------------------
+    def _columns(self, table: str) -> frozenset:
+        """The columns ``table`` has (a reader never migrates: an older ring's
+        journal lacks the newest ones until its driver opens it)."""
+        return frozenset(r[1] for r in self.con.execute(f"PRAGMA table_info({table})"))
+
+    def _event_select(self) -> str:
+        have = self._columns("events")
+        agent = "COALESCE(e.agent, r.agent)" if "agent" in have else "r.agent"
+        extra = "".join(f", e.{c}" if c in have else f", NULL AS {c}" for c in ("actor", "reason"))
+        return (f"SELECT e.id, e.at, e.run_id, e.kind, e.source, e.detail, {agent} AS agent{extra}"
+                f" FROM events e LEFT JOIN runs r ON r.id = e.run_id")
+
+    def events_before(self, below: Optional[int], agent: Optional[str], batch: int) -> List[EventRow]:
+        """Up to ``batch`` events older than id ``below`` (None: the newest), newest
+        first; ``agent``: only those concerning it (an older ring's operator
+        events, which name no agent, by their detail)."""
+        def q(_tx: Tx) -> List[EventRow]:
+            sql, args = self._event_select() + " WHERE e.id < ?", [below if below is not None else 1 << 62]
+            if agent is not None:
+                has_agent = "agent" in self._columns("events")
+                sql += (" AND (e.agent = ? OR (e.agent IS NULL AND (r.agent = ? OR e.detail = ?)))" if has_agent
+                        else " AND (r.agent = ? OR e.detail = ?)")
+                args += ([agent] if has_agent else []) + [agent, f"agent={agent}"]
+            rows = self.con.execute(sql + f" ORDER BY e.id DESC LIMIT {int(batch)}", args).fetchall()
+            return [EventRow.from_mapping(r, actor_of(r["actor"])) for r in rows]
+        return self._read(q)
+
+    def closing_actors(self, run_ids: Sequence[int]) -> Dict[int, dict]:
+        """Who closed each of ``run_ids`` (an operator's close or skip; the
+        closing event's actor), by run id: runs no operator closed are absent."""
+        if not run_ids or "actor" not in self._columns("events"):
+            return {}
+        out: Dict[int, dict] = {}
+
+        def q(_tx: Tx) -> None:
+            for k in range(0, len(run_ids), 500):
+                chunk = list(run_ids[k:k + 500])
+                marks = ", ".join("?" for _ in chunk)
+                for r in self.con.execute(
+                        f"SELECT run_id, actor FROM events WHERE run_id IN ({marks}) AND actor IS NOT NULL"
+                        f" AND kind NOT IN ('started', 'skip-requested') ORDER BY id", chunk):
+                    actor = actor_of(r["actor"])
+                    if actor is not None:
+                        out[r["run_id"]] = actor
+        self._read(q)
+        return out
+
     def last_runs(self) -> Dict[str, RunRow]:
         """Each agent's last finished (or skipped) run, by agent name."""
         return self._read(lambda _tx: {r["agent"]: RunRow.from_mapping(r) for r in self.con.execute(
@@ -1193,7 +1332,8 @@ class Journal:
     # --- operator controls: pause, resume, next -------------------------------------
     # Kept in ``meta`` (both backends, no schema change); every change is an event.
 
-    def set_paused(self, name: Optional[str], paused: bool, now: Optional[float] = None) -> bool:
+    def set_paused(self, name: Optional[str], paused: bool, now: Optional[float] = None, *,
+                   actor: Optional[Mapping[str, Any]] = None, reason: Optional[str] = None) -> bool:
         """Pause (or lift the pause of) the ring (``name`` None) or one agent.
         Returns True when that changed anything."""
         key = pause_key(name)
@@ -1203,15 +1343,17 @@ class Journal:
                 return False
             tx.set_meta(key, repr(now) if paused else None)
             tx.event(None, "paused" if paused else "unpaused", "operator",
-                     "ring" if name is None else f"agent={name}", now)
+                     "ring" if name is None else f"agent={name}", now, agent=name, actor=actor, reason=reason)
         return True
 
-    def request_next(self, name: str) -> Optional[str]:
+    def request_next(self, name: str, *, actor: Optional[Mapping[str, Any]] = None,
+                     reason: Optional[str] = None) -> Optional[str]:
         """Operator: ``name`` takes the very next turn, once. Returns the request it replaced."""
         with self.transaction() as tx:
             before = tx.meta(NEXT_KEY)
             tx.set_meta(NEXT_KEY, name)
-            tx.event(None, "next-requested", "operator", f"agent={name}", time.time())
+            tx.event(None, "next-requested", "operator", f"agent={name}", time.time(), agent=name,
+                     actor=actor, reason=reason)
         return before
 
     # --- retention ----------------------------------------------------------------------

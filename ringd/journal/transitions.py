@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from ringd.core.settings import RingSettings
 from ringd.journal.sqlite import AgentState, Journal, JournalError, RunRow, Tx
@@ -50,15 +50,24 @@ def close_in(tx: Tx, run_id: int, agent: str, position: Optional[int], status: s
              reason: Optional[str] = None, log_path: Optional[str] = None,
              pid: Optional[int] = None, pid_start: Optional[float] = None,
              phase: Optional[str] = None, cpu_seconds: Optional[float] = None,
-             use: Optional[RunUse] = None, pool: Optional[str] = None) -> Optional[Closed]:
+             use: Optional[RunUse] = None, pool: Optional[str] = None,
+             actor: Optional[Mapping[str, Any]] = None, operator_reason: Optional[str] = None) -> Optional[Closed]:
     """Close a ``running`` row and store its agent's new state, inside the caller's
     transaction. An agent entering quarantine gets its one ``skipped`` row saying
     so. None when the row was no longer running (an operator or the reaper closed
     it first). ``use``: what the run reported of its quotas, recorded with it
-    (``pool``: the agent's own, whose exhausted report spares it a back-off)."""
+    (``pool``: the agent's own, whose exhausted report spares it a back-off).
+    ``actor`` and ``operator_reason``: who closed it and why (an operator's
+    force-fail); a run an operator skipped gets those of the skip's request, so
+    its closing event names them."""
+    if actor is None and status == "skipped" and source == "operator":
+        actor, operator_reason = tx.asked_by(run_id, agent)
+        if operator_reason:
+            reason = f"{reason or 'skipped by operator'}: {operator_reason}"
     if not tx.close_run(run_id, status, source=source, now=now, exit_code=exit_code,
                         signal=signal, reason=reason, log_path=log_path, pid=pid, pid_start=pid_start,
-                        phase=phase, cpu_seconds=cpu_seconds):
+                        phase=phase, cpu_seconds=cpu_seconds, agent=agent, actor=actor,
+                        operator_reason=operator_reason):
         return None
     if use is not None:
         record_use(tx, run_id, agent, use)
@@ -89,22 +98,28 @@ def record_use(tx: Tx, run_id: int, agent: str, use: RunUse) -> None:
 
 def close_row(journal: Journal, row: RunRow, status: str, *, source: str, now: float,
               ring: RingSettings, line: Optional[str] = None, reason: Optional[str] = None,
-              phase: Optional[str] = None) -> Optional[Closed]:
+              phase: Optional[str] = None, actor: Optional[Mapping[str, Any]] = None,
+              operator_reason: Optional[str] = None) -> Optional[Closed]:
     """Close ``row`` in a transaction of its own (the reaper, an operator's force-fail).
     ``phase``: the agent's last STATUS= as its driver published it (ringd.host.notify.read_notes)."""
     with journal.transaction() as tx:
         return close_in(tx, row.id, row.agent, row.position, status, source=source, now=now,
-                        ring=ring, line=line, reason=reason, phase=phase)
+                        ring=ring, line=line, reason=reason, phase=phase, actor=actor,
+                        operator_reason=operator_reason)
 
 
 def skip_turn(tx: Tx, agent: str, position: int, reason: str, now: float) -> int:
-    """A turn an operator asked to skip: a ``skipped`` row; the request is used up."""
-    run_id = tx.add_skipped(agent, position, reason, "operator", now)
+    """A turn an operator asked to skip: a ``skipped`` row (its event names who
+    asked, and why); the request is used up."""
+    actor, why = tx.asked_by(None, agent)
+    run_id = tx.add_skipped(agent, position, f"{reason}: {why}" if why else reason, "operator", now,
+                            actor=actor, operator_reason=why)
     tx.put_agent(tx.agent(agent).with_(skip_requested=False))
     return run_id
 
 
-def lift(tx: Tx, agent: str, now: float, reason: str, source: str = "operator") -> bool:
+def lift(tx: Tx, agent: str, now: float, reason: str, source: str = "operator",
+         actor: Optional[Mapping[str, Any]] = None, operator_reason: Optional[str] = None) -> bool:
     """Lift an agent's quarantine and back-off (``ringd resume``, or its roster
     line changed). True if it had either."""
     state = tx.agent(agent)
@@ -112,7 +127,8 @@ def lift(tx: Tx, agent: str, now: float, reason: str, source: str = "operator") 
     if held:
         tx.put_agent(lifted(state))
         tx.event(None, "resumed", source,
-                 f"agent={agent} was_quarantined={int(state.quarantined_until is not None)} reason={reason}", now)
+                 f"agent={agent} was_quarantined={int(state.quarantined_until is not None)} reason={reason}", now,
+                 agent=agent, actor=actor, reason=operator_reason)
     return held
 
 
@@ -126,12 +142,14 @@ class RunEnded(JournalError):
     """The run an operator meant has already ended."""
 
 
-def request_skip(journal: Journal, agent: Optional[str], run_id: Optional[int], now: float) -> SkipRequest:
+def request_skip(journal: Journal, agent: Optional[str], run_id: Optional[int], now: float, *,
+                 actor: Optional[Mapping[str, Any]] = None, reason: Optional[str] = None) -> SkipRequest:
     """Record an operator's skip atomically against the driver's own writes.
 
     ``agent`` None: end the run ``run_id`` (the run the operator saw); if it has
     ended meanwhile nothing is skipped (:class:`RunEnded`). ``agent`` given: end
-    its run if it is the one running, else skip its next turn."""
+    its run if it is the one running, else skip its next turn. ``actor`` and
+    ``reason`` go with the request's event (and the skipped run's closing one)."""
     with journal.transaction() as tx:
         running = tx.running_row()
         if agent is None:
@@ -140,10 +158,11 @@ def request_skip(journal: Journal, agent: Optional[str], run_id: Optional[int], 
             agent = running.agent
         if running is not None and running.agent == agent:
             tx.set_meta(SKIP_RUN_KEY, str(running.id))
-            tx.event(running.id, "skip-requested", "operator", f"agent={agent}", now)
+            tx.event(running.id, "skip-requested", "operator", f"agent={agent}", now, agent=agent,
+                     actor=actor, reason=reason)
             return SkipRequest(agent, running.id)
         tx.put_agent(tx.agent(agent).with_(skip_requested=True))
-        tx.event(None, "skip-requested", "operator", f"agent={agent}", now)
+        tx.event(None, "skip-requested", "operator", f"agent={agent}", now, agent=agent, actor=actor, reason=reason)
         return SkipRequest(agent, None)
 
 
