@@ -7,3 +7,5 @@ FAILURES = "failures"
 WATCHER_GAVE_UP = "watcher-gave-up"
 DRIVER_REPLACED = "driver-replaced"
 RUN_REAPED = "run-reaped"
+SILENT = "silent"                    # an agent with no ok run for alerts.silent_after (ringd.core.silence)
+PAUSED_TOO_LONG = "paused_too_long"  # a pause older than alerts.paused_longer_than

@@ -54,6 +54,8 @@ class AlertSettings:
     command: Optional[Tuple[str, ...]] = None
     failures_in_a_row: int = 5
     timeout: float = 30
+    silent_after: Optional[float] = None        # s with no ok run before an agent is silent (None: off)
+    paused_longer_than: Optional[float] = None  # s a pause may last before it alerts (None: off)
 
 
 @dataclass(frozen=True)

@@ -635,8 +635,11 @@ def _watch(raw: Mapping[str, Any]) -> WatchSettings:
 
 
 def _alerts(raw: Mapping[str, Any]) -> AlertSettings:
-    _unknown("alerts", raw, {"command", "failures_in_a_row", "timeout"})
+    _unknown("alerts", raw, {"command", "failures_in_a_row", "timeout", "silent_after", "paused_longer_than"})
     values: dict = {}
+    for k in ("silent_after", "paused_longer_than"):   # null: off
+        if raw.get(k) is not None:
+            values[k] = _number(f"alerts.{k}", raw[k])
     if "timeout" in raw:
         values["timeout"] = _number("alerts.timeout", raw["timeout"])
     if "command" in raw:

@@ -23,6 +23,7 @@ from ringd.host import alerts
 from ringd.host import cgroup
 from ringd.core import events, quota
 from ringd.core.levels import ERR, INFO, WARNING
+from ringd.core import silence
 from ringd.loops import metrics
 from ringd.host import proctree
 from ringd.host import safefile
@@ -32,7 +33,7 @@ from ringd.inputs.config import Config, ConfigError, load_config
 from ringd.host.env import RealEnv, stderr_logger
 from ringd.host.seam import DriverEnv
 from ringd.core.errors import EX_CONFIG, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE, RingError, exit_for
-from ringd.host.heartbeat import live_writer, read_heartbeat
+from ringd.host.heartbeat import iso, live_writer, read_heartbeat
 from ringd.host.servicemanager import watchdog_interval
 from ringd.loops.hop import Hop, HopResult, Pending
 from ringd.journal.sqlite import PRUNE_BATCH, Journal, JournalError
@@ -245,6 +246,8 @@ class Driver:
         self.due_seen: "dict[str, float]" = {}   # scheduled agents' next due times at the last turn (metrics)
         self.quota_read: Optional[quota.Read] = None   # the pools' use as last read (dropped when a run records use)
         self._view = RingView(None, None, [], [], [], {})
+        self._noted_roster: Optional[list] = None   # the roster agents last recorded (Tx.note_roster)
+        self._silence_failing = False
 
     @property
     def roster_dir(self) -> Path:
@@ -311,6 +314,7 @@ class Driver:
         due = self.config.ring.heartbeat_interval * 0.9
         if self._metrics_dirty or self.env.monotonic() - self._metrics_at >= due:
             self.write_metrics(agent, run_started_at)
+        self.watch_silence()
 
     def facts(self) -> dict:
         """What the heartbeat says of the ring this driver runs, for ``status``,
@@ -496,13 +500,47 @@ class Driver:
                 laps=self.lap - 1, roster=self.view().roster,
                 roster_error=self.roster.error is not None, state_dir=self.state_dir,
                 role=self.leader.role if self.leader is not None else "leader", ring=self.config.ring,
-                quotas=self.config.quotas, due=self.due_seen)
+                quotas=self.config.quotas, due=self.due_seen,
+                silent_after=self.config.alerts.silent_after)
             metrics.write_metrics(self.state_dir, metrics.render(snap))
             self._metrics_failing = False
         except (OSError, JournalError) as e:
             if not self._metrics_failing:
                 self.log(f"cannot write metrics: {e}", ERR)
             self._metrics_failing = True
+
+    def watch_silence(self) -> None:
+        """``alerts.silent_after`` and ``alerts.paused_longer_than``, looked at once a
+        beat: one alert (and one event) per silence and per pause, as
+        :func:`ringd.core.silence.alerts_due` decides; the marks live in the
+        journal, so a restarted driver never raises one again. Off: no read at all."""
+        a = self.config.alerts
+        if a.silent_after is None and a.paused_longer_than is None:
+            return
+        if self.leader is not None and self.leader.must_stop():
+            return   # a standby: the leader watches
+        now = self.env.wall()
+        try:
+            with self.journal.snapshot() as tx:
+                states, pauses, marks = tx.agents(), tx.pauses(), tx.alert_marks()
+            due = silence.alerts_due(silence.silent_agents(states, self.view().names, now, a.silent_after),
+                                     silence.pauses_too_long(pauses, now, a.paused_longer_than), marks)
+            if not due.changed:
+                return
+            with self.journal.transaction() as tx:
+                tx.set_alert_marks(marks, due.marks)
+                for kind, who, since in due.fire:
+                    tx.event(None, kind, "driver", silence_detail(kind, who, since, now), now, agent=who or None)
+        except JournalError as e:
+            if not self._silence_failing:
+                self.log(f"cannot look for silent agents or long pauses: {e}", ERR)
+            self._silence_failing = True
+            return
+        self._silence_failing = False
+        for kind, who, since in due.fire:
+            detail = silence_detail(kind, who, since, now)
+            self.log(detail, WARNING)
+            self.alert(kind, who or None, detail, since=iso(since), seconds=round(now - since, 3))
 
     def alert(self, kind: str, agent: Optional[str], detail: str, **extra) -> None:
         alerts.fire(self.config.alerts.command, kind, agent, detail, self.state_dir, extra,
@@ -741,6 +779,8 @@ class Driver:
                     if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
                                             now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
                         lost.append((run_id, name))
+                if self._noted_roster is not agents:   # who is on the roster since when (silence)
+                    tx.note_roster(view.names, now)
                 controls = tx.controls(first=roster[start][0])   # (others' pauses: as the turn walks)
                 # read paused or not: the first look at a schedule is recorded (schedule.entry),
                 # so one first seen during a pause counts from then, and a slot that passed in
@@ -785,6 +825,7 @@ class Driver:
                 self.unconfirmed[started] = (agent.name, plan.index)
             raise
         self.unconfirmed = {}
+        self._noted_roster = agents
         for run_id, name in lost:
             self.log(f"run {run_id}: {name} closed as interrupted: {UNCONFIRMED_START}", WARNING)
         if pending is not None:
@@ -1052,6 +1093,25 @@ def echo_to_terminal() -> None:
     raw = os.environ.pop("RING_ECHO_FD", None)
     if raw is not None and raw.isascii() and raw.isdigit():
         logline.echo_to(int(raw))
+
+
+def silence_detail(kind: str, who: str, since: float, now: float) -> str:
+    """The one line a silence's or a long pause's alert and log say."""
+    quiet = fmt_span(now - since)
+    if kind == events.SILENT:
+        return f"{who}: silent: no ok run for {quiet} (since {iso(since)})"
+    return (f"{'the ring' if not who else who}: paused for {quiet} (since {iso(since)}); "
+            f"`ringd resume{'' if not who else ' ' + who}` lifts it")
+
+
+def fmt_span(seconds: float) -> str:
+    """``3d 4h``, ``2h 5min``, ``40s``: a silence's or a pause's length, as a time span."""
+    s = int(max(0.0, seconds))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60)):
+        if s >= size:
+            rest = (s % size) // sub_size
+            return f"{s // size}{unit}" + (f" {rest}{sub}" if rest else "")
+    return f"{s // 60}min" if s >= 60 else f"{s}s"
 
 
 def run_driver(state_dir: Path, config_path: Optional[Path], *, once: bool = False,

@@ -13,6 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ringd.core.settings import RingSettings
 from ringd.core.policy import seen_at
 from ringd.core.quota import Gate, Pool
+from ringd.core.silence import silent_agents
 
 METRICS_FILE = "metrics.prom"
 
@@ -28,6 +29,7 @@ class Snapshot:
     laps: int = 0
     quarantined: List[str] = field(default_factory=list)
     deferred: List[str] = field(default_factory=list)
+    silent: List[str] = field(default_factory=list)     # roster agents with no ok run for alerts.silent_after
     consecutive_failures: Dict[str, int] = field(default_factory=dict)
     roster_agents: int = 0
     roster_error: bool = False
@@ -86,6 +88,10 @@ def render(s: Snapshot) -> str:
     metric("ring_deferred_agents", "gauge", "Agents backing off after a deferral.", [({}, len(s.deferred))])
     metric("ring_agent_deferred", "gauge", "1 if the agent is backing off after a deferral.",
            [({"agent": a}, 1) for a in sorted(s.deferred)])
+    metric("ring_agents_silent", "gauge", "Agents with no ok run for alerts.silent_after (0 when it is off).",
+           [({}, len(s.silent))])
+    metric("ring_agent_silent", "gauge", "1 if the agent has had no ok run for alerts.silent_after.",
+           [({"agent": a}, 1) for a in sorted(s.silent)])
     if s.quotas:
         metric("ring_quota_used", "gauge", "Units of the quota pool used in its window.",
                [({"quota": q}, used) for q, used, _, _ in s.quotas])
@@ -108,7 +114,8 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
              heartbeat_at: Optional[float] = None, driver_started_at: Optional[float] = None,
              laps: int = 0, roster: Sequence[Tuple[str, Optional[str]]] = (), roster_error: bool = False,
              state_dir: Optional[Path] = None, role: str = "leader", ring: RingSettings,
-             quotas: Optional[Mapping[str, Pool]] = None, due: Optional[Mapping[str, float]] = None
+             quotas: Optional[Mapping[str, Pool]] = None, due: Optional[Mapping[str, float]] = None,
+             silent_after: Optional[float] = None
              ) -> Snapshot:
     """Read what the metrics need from the journal (a few small, indexed queries).
     ``roster``: (name, line) of each agent on the roster in use. The counters
@@ -127,7 +134,9 @@ def snapshot(journal, *, now: Optional[float] = None, current: Optional[Tuple[st
     for name, r in journal.last_runs().items():
         if name in on_roster:
             s.last_runs[name] = (r.duration, r.ended_at)
-    for name, st in journal.agent_states().items():
+    states = journal.agent_states()
+    s.silent = sorted(silent_agents(states, on_roster, now, silent_after))
+    for name, st in states.items():
         if name not in on_roster:
             continue
         st = seen_at(st, now, ring, on_roster[name])   # (a hold begun under another line is over)
@@ -188,7 +197,8 @@ def refresh_without_driver(state_dir: Path, config, journal) -> bool:
                         laps=max(0, lap - 1) if isinstance(lap, int) else 0, roster=roster,
                         roster_error=roster_error is not None, state_dir=state_dir,
                         role=hb.get("role") if hb.get("role") in ("leader", "standby") else "leader",
-                        ring=config.ring, quotas=config.quotas, due=_next_due(config, journal, time.time()))
+                        ring=config.ring, quotas=config.quotas, due=_next_due(config, journal, time.time()),
+                        silent_after=config.alerts.silent_after)
         write_metrics(state_dir, render(snap))
         return True
     except Exception:   # noqa: BLE001 - the command's own work is done; metrics are best effort
