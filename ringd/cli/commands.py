@@ -79,6 +79,39 @@ class TimeSpan(click.ParamType):
         return seconds
 
 
+class When(click.ParamType):
+    """A point in time on the command line (``--since``/``--until``): a duration
+    back from now, today, yesterday, an ISO date or date-time, local unless a
+    zone is given (ringd.inputs.when). Converted to epoch seconds."""
+    name = "when"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        import time
+        from ringd.inputs.schedule import local_zone
+        from ringd.inputs.when import WhenError, parse_when
+        try:
+            return parse_when(value, time.time(), local_zone())
+        except WhenError as e:
+            self.fail(str(e), param, ctx)
+
+
+WHEN_HELP = ("a duration back from now (2h, 1d 6h), today, yesterday, 18:00, 2026-12-06 or "
+             "2026-12-06 18:00 (local unless a zone follows: Z, +01:00)")
+
+
+def reason_option(fn):
+    """--reason TEXT: why, recorded with the request's event (ringd events)."""
+    return click.option("--reason", metavar="TEXT", type=ArgText(), default=None,
+                        help="Why (recorded with the event, with who asked: see `ringd events`).")(fn)
+
+
+def _who() -> dict:
+    from ringd.cli.actor import who
+    return who()
+
+
 class ArgText(click.ParamType):
     """Free text from the command line (a reason, a phase) as the UTF-8 its
     bytes spell. Python decodes argv with surrogateescape: a byte that is not
@@ -415,22 +448,31 @@ def check_ok_line(config_path: Optional[Path], roster_path: Path, names: List[st
 
 @main.command()
 @locations
+@click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (SPEC shape) and nothing else.")
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C (with --json: one JSON line a second).")
 @click.option("--strict", is_flag=True, help="Exit 1 when the driver is healthy but there are problems "
                                              "(a config or roster edit that is not taking effect).")
 @reading
 @operator_command(output_error=STATUS_UNKNOWN, failure=STATUS_UNKNOWN)
-def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: bool, strict: bool) -> None:
+def status(state_dir: Path, config_path: Optional[Path], name: Optional[str], as_json: bool, watch: bool,
+           strict: bool) -> None:
     """Driver health, watcher, current run, roster and one row per agent.
+    With NAME: that agent alone - its roster line, state, current run and last runs.
 
     Exit 0 driver healthy (with --strict: and no problems, else 1), 1 dead or
     stale, 3 stopped or never ran, 4 status unknown (no such state dir,
-    unreadable journal), 78 the journal's location cannot be known."""
+    unreadable journal), 78 the journal's location cannot be known. With NAME:
+    0, or 2 for an unknown agent."""
     from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_status, status_exit_code
     config = command_config(state_dir, config_path)
     where = location()
+    if name is not None:
+        if watch:
+            raise fail("--watch follows the whole ring: drop NAME (or use `ringd top`)", EX_BAD_USAGE)
+        _agent_status(state_dir, config, name, as_json, where)
+        return
 
     def gather():
         warning = reap_before_reading(state_dir, config)
@@ -448,6 +490,21 @@ def status(state_dir: Path, config_path: Optional[Path], as_json: bool, watch: b
         from ringd.cli.render import print_status
         print_status(doc, warnings=())
     raise click.exceptions.Exit(status_exit_code(doc, strict=strict))
+
+
+def _agent_status(state_dir: Path, config, name: str, as_json: bool, where=None) -> None:
+    """``ringd status NAME``: exit 0 whatever the driver's health (2: unknown agent)."""
+    from ringd.cli.reap import reap_before_reading
+    from ringd.cli.status import gather_agent
+    warning = reap_before_reading(state_dir, config)
+    warnings: List[str] = [warning] if warning else []
+    doc = gather_agent(state_dir, config, name, warnings=warnings, location=where)
+    _warn(warnings)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from ringd.cli.render import print_agent
+        print_agent(doc)
 
 
 def _watch(gather, as_json: bool) -> None:
@@ -470,22 +527,27 @@ def _watch(gather, as_json: bool) -> None:
 @locations
 @click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--no-wait", is_flag=True, help="Do not wait to see the current run end.")
+@reason_option
 @reading
 @operator_command
-def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_wait: bool) -> None:
+def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_wait: bool,
+         reason: Optional[str]) -> None:
     """Skip NAME: end its current run now, or skip its next turn.
 
     Without NAME: the agent running now (exit 1 if nothing runs). Exit 2 for an
     unknown agent. With no driver running, the request waits for the next one."""
     from ringd.cli.control import skip as do_skip
+    from ringd.cli.render import fmt_duration
     config = command_config(state_dir, config_path)
-    r = do_skip(state_dir, config, name, wait=0 if no_wait else 5.0)
+    r = do_skip(state_dir, config, name, wait=0 if no_wait else 5.0, actor=_who(), reason=reason)
+    going = f" after {fmt_duration(r.elapsed)} of running" if r.elapsed is not None else ""
     if r.current and r.final_status is not None:
-        click.echo(f"{r.agent}: run {r.run_id} ended as {r.final_status} after {r.waited:.2f}s; the ring moves on")
+        ran = f" after {fmt_duration(r.ran_for)} of running" if r.ran_for is not None else going
+        click.echo(f"{r.agent}: run {r.run_id} {r.final_status}{ran}; the ring moves on")
     elif r.current and r.driver_pid is not None and no_wait:
-        click.echo(f"{r.agent}: skip of run {r.run_id} requested (driver pid {r.driver_pid} woken)")
+        click.echo(f"{r.agent}: skip of run {r.run_id}{going} requested (driver pid {r.driver_pid} woken)")
     elif r.current and r.driver_pid is not None:
-        click.echo(f"{r.agent}: skip of run {r.run_id} requested; it had not ended after {r.waited:.1f}s "
+        click.echo(f"{r.agent}: skip of run {r.run_id}{going} requested; it had not ended {r.waited:.1f}s later "
                    f"(see ringd status)")
     elif r.driver_pid is not None:
         click.echo(f"{r.agent}: its next turn will be skipped")
@@ -498,20 +560,23 @@ def skip(state_dir: Path, config_path: Optional[Path], name: Optional[str], no_w
 @click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=None,
               help="How many runs to show (default 20; with --since: all of them).")
-@click.option("--since", type=TimeSpan(), default=None, metavar="DURATION",
-              help="Only runs that started within DURATION (90, 90s, 15min, 1h 30min, 2d).")
+@click.option("--since", type=When(), default=None, metavar="WHEN",
+              help=f"Only runs that started at or after WHEN: {WHEN_HELP}.")
+@click.option("--until", type=When(), default=None, metavar="WHEN",
+              help="Only runs that started at or before WHEN (as --since; --until 1h: one hour ago).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (SPEC shape).")
 @reading
 @operator_command
 def history(state_dir: Path, config_path: Optional[Path], name: Optional[str], limit: Optional[int],
-            since: Optional[float], as_json: bool) -> None:
-    """Recent runs, newest first (of NAME only, if given)."""
+            since: Optional[float], until: Optional[float], as_json: bool) -> None:
+    """Recent runs, newest first (of NAME only, if given). Times are local
+    (the zone on the first line); JSON's are ISO 8601 UTC."""
     from ringd.cli.reap import reap_before_reading
     from ringd.cli.status import gather_history
     config = command_config(state_dir, config_path)
     warning = reap_before_reading(state_dir, config)
     warnings: List[str] = [warning] if warning else []
-    runs = gather_history(state_dir, config, name, limit, warnings=warnings, since=since)
+    runs = gather_history(state_dir, config, name, limit, warnings=warnings, since=since, until=until)
     _warn(warnings)
     if as_json:
         click.echo(json.dumps(runs, indent=2))
@@ -565,19 +630,23 @@ def logs(state_dir: Path, config_path: Optional[Path], name: Optional[str], run_
 
 @main.command("force-fail")
 @locations
+@click.argument("name", required=False, shell_complete=complete_agent)
 @click.option("--reason", metavar="TEXT", type=ArgText(), default=None,
-              help="Why (recorded in the run's reason).")
+              help="Why (recorded in the run's reason and with the event).")
 @click.option("--run", "run_id", type=RUN_ID, default=None, metavar="ID",
-              help="Only if this is the run still running (guards against hitting the next run).")
+              help="The run to close: only if it is still running.")
 @reading
 @operator_command
-def force_fail(state_dir: Path, config_path: Optional[Path], reason: Optional[str], run_id: Optional[int]) -> None:
-    """Close the stuck running run as interrupted and kill its process tree.
+def force_fail(state_dir: Path, config_path: Optional[Path], name: Optional[str], reason: Optional[str],
+               run_id: Optional[int]) -> None:
+    """Close NAME's stuck running run (or run ID's) as interrupted and kill its process tree.
 
-    Exit 1 when nothing was running (or it finished meanwhile)."""
+    Another agent's run is never touched. Exit 1 when that run is not running
+    (or it finished meanwhile); 2 for an unknown agent, or when neither NAME nor
+    --run is given while a run goes on (the error names it)."""
     from ringd.cli.control import force_fail as do_force_fail
     config = command_config(state_dir, config_path)
-    r = do_force_fail(state_dir, config, reason, run_id)
+    r = do_force_fail(state_dir, config, name, run_id, reason=reason, actor=_who())
     killed = f"; killed {r.killed} process(es)" if r.killed else "; no process of it was left"
     click.echo(f"run {r.run_id} of {r.agent} closed as interrupted{killed}")
 
@@ -589,16 +658,17 @@ def _woke(pid: Optional[int]) -> str:
 @main.command()
 @locations
 @click.argument("name", required=False, shell_complete=complete_agent)
+@reason_option
 @reading
 @operator_command
-def pause(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> None:
+def pause(state_dir: Path, config_path: Optional[Path], name: Optional[str], reason: Optional[str]) -> None:
     """Pause the ring: after the current run, start nothing until `ringd resume`.
 
     With NAME: pass NAME over (no row) until `ringd resume NAME`. The current
     run is untouched. Pauses live in the journal (they survive restarts).
     Exit 2 for an unknown agent."""
     from ringd.cli.control import pause as do_pause
-    r = do_pause(state_dir, command_config(state_dir, config_path), name)
+    r = do_pause(state_dir, command_config(state_dir, config_path), name, actor=_who(), reason=reason)
     what = "the ring" if name is None else name
     if not r.changed:
         click.echo(f"{what}: already paused")
@@ -611,19 +681,19 @@ def pause(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> 
 @main.command()
 @locations
 @click.argument("name", required=False, shell_complete=complete_agent)
+@reason_option
 @reading
 @operator_command
-def resume(state_dir: Path, config_path: Optional[Path], name: Optional[str]) -> None:
+def resume(state_dir: Path, config_path: Optional[Path], name: Optional[str], reason: Optional[str]) -> None:
     """Lift the ring's pause; with NAME, lift NAME's pause, quarantine and back-off.
 
     Exit 2 for an agent not on the roster."""
     from ringd.cli.control import resume as do_resume
-    r = do_resume(state_dir, command_config(state_dir, config_path), name)
+    r = do_resume(state_dir, command_config(state_dir, config_path), name, actor=_who(), reason=reason)
     if name is None:
         click.echo(f"ring resumed{_woke(r.driver_pid)}" if r.changed else "the ring was not paused; nothing to do")
     elif r.changed:
-        lifted = ", ".join("quarantine lifted" if x == "quarantine" else f"{x} lifted" for x in r.lifted)
-        click.echo(f"{name}: {lifted}; it runs at its next turn{_woke(r.driver_pid)}")
+        click.echo(f"{name}: {'; '.join(r.lifted)}; it runs at its next turn{_woke(r.driver_pid)}")
     else:
         click.echo(f"{name}: not paused, quarantined or backing off; nothing to do")
 
@@ -631,15 +701,16 @@ def resume(state_dir: Path, config_path: Optional[Path], name: Optional[str]) ->
 @main.command("next")
 @locations
 @click.argument("name", shell_complete=complete_agent)
+@reason_option
 @reading
 @operator_command
-def next_(state_dir: Path, config_path: Optional[Path], name: str) -> None:
+def next_(state_dir: Path, config_path: Optional[Path], name: str, reason: Optional[str]) -> None:
     """NAME takes the very next turn (after the current run), once, whatever its
     back-off, quarantine or pause; then the ring goes on from where it was.
 
     Exit 2 for an unknown agent."""
     from ringd.cli.control import next_turn
-    r = next_turn(state_dir, command_config(state_dir, config_path), name)
+    r = next_turn(state_dir, command_config(state_dir, config_path), name, actor=_who(), reason=reason)
     instead = f" (instead of {r.replaced})" if r.replaced else ""
     click.echo(f"{name}: takes the next turn{instead}{_woke(r.driver_pid)}")
 
@@ -680,6 +751,44 @@ def reload(state_dir: Path, config_path: Optional[Path]) -> None:
                    else f"watcher pid {r.watcher_pid} kept its old config: {one_line(str(err))}")
     if r.exit_code:
         raise click.exceptions.Exit(r.exit_code)
+
+
+@main.command()
+@locations
+@click.argument("name", required=False, shell_complete=complete_agent)
+@click.option("--since", type=When(), default=None, metavar="WHEN", help=f"Only events at or after WHEN: {WHEN_HELP}.")
+@click.option("--until", type=When(), default=None, metavar="WHEN", help="Only events at or before WHEN (as --since).")
+@click.option("--limit", "-n", type=click.IntRange(1, 1_000_000), default=None,
+              help="How many events to show (default 50; with --since/--until: all of them).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, newest first (times ISO 8601 UTC).")
+@reading
+@operator_command
+def events(state_dir: Path, config_path: Optional[Path], name: Optional[str], since: Optional[float],
+           until: Optional[float], limit: Optional[int], as_json: bool) -> None:
+    """The event trail, newest first: time, run, kind, source, actor, reason.
+
+    Every start and end of a run and every operator request (skip, pause,
+    resume, next, force-fail, reload) with who asked and why. With NAME: the
+    events of that agent only. Exit 2 for an unknown agent."""
+    from ringd.cli.status import gather_events
+    rows = gather_events(state_dir, command_config(state_dir, config_path), name, limit, since=since, until=until)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        from ringd.cli.render import print_events
+        print_events(rows)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL (bash, zsh or fish).
+
+    bash: eval "$(ringd completion bash)" in ~/.bashrc; zsh: the same in ~/.zshrc;
+    fish: ringd completion fish > ~/.config/fish/completions/ringd.fish"""
+    from click.shell_completion import get_completion_class
+    cls = get_completion_class(shell)
+    click.echo(cls(main, {}, "ringd", "_RINGD_COMPLETE").source())
 
 
 @main.command()
@@ -844,23 +953,7 @@ def service_install(mode: str, user: Optional[str], state: Optional[str], config
 
 # --- pictures of the ring ----------------------------------------------------------------
 
-class When(click.ParamType):
-    """A point in time (ringd.inputs.when): 2h, 1d 6h, today, yesterday, 2026-12-06 18:00."""
-    name = "when"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
-        import time
-        from ringd.inputs.schedule import local_zone
-        from ringd.inputs.when import WhenError, parse_when
-        try:
-            return parse_when(value, time.time(), local_zone())
-        except WhenError as e:
-            self.fail(str(e), param, ctx)
-
-
-WHEN_HELP = "a duration back from now (2h, 1d 6h), today, yesterday, or 2026-12-06 [18:00] (local time)"
+# (--since/--until: When, WHEN_HELP above)
 
 
 @main.command()

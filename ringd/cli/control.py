@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 from ringd.journal import transitions
 from ringd.inputs.config import Config
-from ringd.core.errors import EX_FAILURE
+from ringd.core.errors import EX_BAD_USAGE, EX_FAILURE
 from ringd.host.heartbeat import live_writer, read_heartbeat
 from ringd.host.notify import read_notes, without_controls
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path
@@ -24,6 +24,17 @@ from ringd.cli.status import OperatorError, known_names, open_reader, require_st
 from ringd.inputs.roster import roster_view
 
 MAX_REASON_CHARS = 500
+
+
+def clean_reason(reason: Optional[str]) -> Optional[str]:
+    """An operator's ``--reason`` as the journal keeps it: one line, its control
+    characters spaces, at most MAX_REASON_CHARS; None for none."""
+    if not reason:
+        return None
+    clean = " ".join(without_controls(reason).split())
+    if len(clean) > MAX_REASON_CHARS:
+        clean = clean[:MAX_REASON_CHARS - 3] + "..."
+    return clean or None
 
 
 def wake_driver(state_dir: Path) -> Optional[int]:
@@ -62,14 +73,18 @@ class SkipResult:
     driver_pid: Optional[int] = None   # the driver woken, if any
     final_status: Optional[str] = None  # the run's status once it left 'running' (if waited)
     waited: float = 0.0                # seconds until it did
+    ran_for: Optional[float] = None    # how long the run had been going when it ended (its duration)
+    elapsed: Optional[float] = None    # ... or, not seen ending, when the skip was asked
 
 
 def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 5.0,
-         clock: Callable[[], float] = time.monotonic) -> SkipResult:
+         clock: Callable[[], float] = time.monotonic, actor: Optional[dict] = None,
+         reason: Optional[str] = None) -> SkipResult:
     """Skip ``name`` (None: the current run). The current run ends now (SIGTERM,
     short grace, SIGKILL; status ``skipped``); another agent's next turn is skipped.
     When the current run was targeted and a driver was woken, wait (bounded) for
-    the row to leave ``running`` and report how long that took."""
+    the row to leave ``running`` and report how long the run had been going.
+    ``actor`` and ``reason`` are recorded with the request."""
     require_state_dir(state_dir)
     reader = None
     try:
@@ -101,13 +116,16 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
         # Keyed by the run the operator saw: a run that ended meanwhile is never
         # mistaken for the next one (the request and the driver's writes serialise).
         try:
-            req = transitions.request_skip(writer, None if by_run else name, seen_run, time.time())
+            req = transitions.request_skip(writer, None if by_run else name, seen_run, time.time(),
+                                           actor=actor, reason=clean_reason(reason))
         except transitions.RunEnded as e:
             raise OperatorError(str(e), EX_FAILURE) from None
         except JournalError as e:
             raise OperatorError(str(e)) from None
         current = req.run_id is not None
         result = SkipResult(agent=name, current=current, run_id=req.run_id)
+        if current and running is not None and running.started_at is not None:
+            result.elapsed = max(0.0, time.time() - running.started_at)
         t0 = clock()
         result.driver_pid = wake_driver(state_dir)
         if current and result.driver_pid is not None and wait > 0:
@@ -116,6 +134,7 @@ def skip(state_dir: Path, config: Config, name: Optional[str], *, wait: float = 
                 row = writer.run(result.run_id)
                 if row is None or row.status != "running":
                     result.final_status = row.status if row else None
+                    result.ran_for = row.duration if row else None
                     result.waited = clock() - t0
                     break
                 if clock() >= deadline:
@@ -144,33 +163,36 @@ class ForceFailResult:
     killed: int = 0
 
 
-def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
-               run_id: Optional[int] = None) -> ForceFailResult:
-    """Close the ``running`` row as ``interrupted`` (source ``operator``) - a
-    guarded update, so a run that finished meanwhile is never clobbered - then
-    kill what is left of its process tree anywhere on the host.
-    Nothing running (or not the run named by ``run_id``) -> OperatorError(1)."""
+def force_fail(state_dir: Path, config: Config, name: Optional[str] = None, run_id: Optional[int] = None,
+               reason: Optional[str] = None, actor: Optional[dict] = None) -> ForceFailResult:
+    """Close NAME's (or run ``run_id``'s) ``running`` row as ``interrupted``
+    (source ``operator``) - a guarded update by that row's id, so a run that
+    finished meanwhile, or the next agent's, is never touched - then kill what is
+    left of its process tree anywhere on the host. Neither named while a run
+    goes on: OperatorError(2) naming it (the run at that moment may be any
+    agent's). NAME not running, or not run ``run_id`` -> OperatorError(1);
+    unknown NAME -> OperatorError(2)."""
     require_state_dir(state_dir)
     if not config.ring.journal and not journal_path(state_dir).exists():
+        if name is not None:
+            _known_or_exit(state_dir, config, name)
         raise OperatorError("nothing is running (no journal yet)", EX_FAILURE)
     writer = _writer(state_dir, config)
     try:
         row = writer.running_row()
-        if row is None:
-            raise OperatorError("nothing is running", EX_FAILURE)
-        if run_id is not None and row.id != run_id:
-            raise OperatorError(f"run {run_id} is not running (the running run is {row.id} of {row.agent})", EX_FAILURE)
+        if name is not None and (row is None or row.agent != name):
+            _known_or_exit(state_dir, config, name, include_journal=True)
+        _check_target(row, name, run_id)
         text = "forced by operator"
-        if reason:
-            clean = " ".join(without_controls(reason).split())
-            if len(clean) > MAX_REASON_CHARS:
-                clean = clean[:MAX_REASON_CHARS - 3] + "..."
-            text += f": {clean}"
+        why = clean_reason(reason)
+        if why:
+            text += f": {why}"
         _, roster, _ = roster_view(config, state_dir)
         line = dict(roster).get(row.agent) if roster else None
         closed = transitions.close_row(writer, row, "interrupted", source="operator", now=time.time(),
                                        ring=config.ring, line=line, reason=text,
-                                       phase=read_notes(state_dir, row.id).get("phase"))
+                                       phase=read_notes(state_dir, row.id).get("phase"),
+                                       actor=actor, operator_reason=why)
         after = writer.run(row.id)
         result = ForceFailResult(run_id=row.id, agent=row.agent, closed=closed is not None,
                                  status=after.status if after else "interrupted")
@@ -190,11 +212,29 @@ def force_fail(state_dir: Path, config: Config, reason: Optional[str] = None,
     return result
 
 
+def _check_target(row: Optional[RunRow], name: Optional[str], run_id: Optional[int]) -> None:
+    """Is ``row`` (the running run, or None) the one the operator named? Else
+    the one-line refusal: never the run that happens to be going on."""
+    target = " and ".join(t for t in (name, None if run_id is None else f"run {run_id}") if t)
+    if row is None:
+        raise OperatorError(f"{target or 'nothing'} is not running; nothing was forced" if target
+                            else "nothing is running", EX_FAILURE)
+    if name is None and run_id is None:
+        raise OperatorError(f"run {row.id} of {row.agent} is running; say which run to close: "
+                            f"ringd force-fail {row.agent} (or --run {row.id})", EX_BAD_USAGE)
+    if (name is not None and row.agent != name) or (run_id is not None and row.id != run_id):
+        raise OperatorError(f"{target} is not running (the running run is {row.id} of {row.agent}); "
+                            f"nothing was forced", EX_FAILURE)
+
+
 # --- pause, resume, next ------------------------------------------------------------------
 
-def _known_or_exit(state_dir: Path, config: Config, name: str) -> None:
-    """``name`` must be on the roster (or, with a broken roster, known to the journal): else exit 2."""
+def _known_or_exit(state_dir: Path, config: Config, name: str, include_journal: bool = False) -> None:
+    """``name`` must be on the roster (or, with a broken roster or
+    ``include_journal``, known to the journal): else exit 2."""
     _, roster, _ = roster_view(config, state_dir)
+    if roster is not None and include_journal and name not in dict(roster):
+        roster = None   # (a run of an agent since removed may still be going on)
     if roster is None:
         # A broken roster: the names the journal knows stand in for it.
         try:
@@ -221,7 +261,8 @@ class ControlResult:
     replaced: Optional[str] = None                    # next: the request it replaced
 
 
-def pause(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult:
+def pause(state_dir: Path, config: Config, name: Optional[str], *, actor: Optional[dict] = None,
+          reason: Optional[str] = None) -> ControlResult:
     """Pause the ring (after the current run, start nothing) or pass NAME over.
     Stored in the journal: survives driver and watcher restarts."""
     require_state_dir(state_dir)
@@ -229,7 +270,7 @@ def pause(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult
         _known_or_exit(state_dir, config, name)
     writer = _writer(state_dir, config, create=True)
     try:
-        changed = writer.set_paused(name, True)
+        changed = writer.set_paused(name, True, actor=actor, reason=clean_reason(reason))
     except JournalError as e:
         raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
     finally:
@@ -237,10 +278,13 @@ def pause(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult
     return ControlResult(agent=name, changed=changed, driver_pid=wake_driver(state_dir) if changed else None)
 
 
-def resume(state_dir: Path, config: Config, name: Optional[str]) -> ControlResult:
+def resume(state_dir: Path, config: Config, name: Optional[str], *, actor: Optional[dict] = None,
+           reason: Optional[str] = None) -> ControlResult:
     """Without NAME: lift the ring's pause. With NAME: lift its pause, its
     quarantine (and streak of bad endings) and its back-off; event source
-    ``operator``. Unknown NAME -> exit 2."""
+    ``operator``. Unknown NAME -> exit 2. ``lifted``: what it lifted, in the
+    words status uses (:func:`ringd.core.policy.holds_lifted`)."""
+    from ringd.core.policy import holds_lifted
     require_state_dir(state_dir)
     if name is not None:
         _known_or_exit(state_dir, config, name)
@@ -248,19 +292,16 @@ def resume(state_dir: Path, config: Config, name: Optional[str]) -> ControlResul
         return ControlResult(agent=name, changed=False)
     writer = _writer(state_dir, config)
     lifted: List[str] = []
+    why = clean_reason(reason)
     try:
-        if writer.set_paused(name, False):
-            lifted.append("pause")
+        if writer.set_paused(name, False, actor=actor, reason=why):
+            lifted.append("pause lifted")
         if name is not None:
             now = time.time()
-            state = writer.agent_state(name)
-            if state.quarantined_until is not None:
-                lifted.append("quarantine")
-            if state.backoff_until is not None and state.backoff_until > now:
-                lifted.append("back-off")
             with writer.transaction() as tx:
-                if transitions.lift(tx, name, now, "ringd resume") and not lifted:
-                    lifted.append("streak")
+                held = holds_lifted(tx.agent(name), now, config.ring)
+                if transitions.lift(tx, name, now, "ringd resume", actor=actor, operator_reason=why):
+                    lifted += held
     except JournalError as e:
         raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
     finally:
@@ -271,14 +312,15 @@ def resume(state_dir: Path, config: Config, name: Optional[str]) -> ControlResul
     return result
 
 
-def next_turn(state_dir: Path, config: Config, name: str) -> ControlResult:
+def next_turn(state_dir: Path, config: Config, name: str, *, actor: Optional[dict] = None,
+              reason: Optional[str] = None) -> ControlResult:
     """NAME takes the very next turn (after the current run), once, whatever its
     back-off, quarantine or pause; then the ring goes on from where it was."""
     require_state_dir(state_dir)
     _known_or_exit(state_dir, config, name)
     writer = _writer(state_dir, config, create=True)
     try:
-        replaced = writer.request_next(name)
+        replaced = writer.request_next(name, actor=actor, reason=clean_reason(reason))
     except JournalError as e:
         raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
     finally:

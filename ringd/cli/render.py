@@ -69,13 +69,33 @@ def fmt_left(iso_time: Optional[str], now: float) -> str:
 
 
 def fmt_local(iso_time: Optional[str], now: Optional[float] = None) -> str:
-    """Local time: ``HH:MM:SS`` today, ``MM-DD HH:MM`` before."""
+    """Local time: ``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM:SS`` on any other day
+    (the zone is said once, by :func:`zone_line`)."""
     t = parse_iso(iso_time)
     if t is None:
         return "-"
     when = datetime.fromtimestamp(t)
     today = datetime.fromtimestamp(time.time() if now is None else now).date()
-    return when.strftime("%H:%M:%S" if when.date() == today else "%m-%d %H:%M")
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def zone_name(t: float) -> str:
+    """``CET (+01:00)``: the local zone's name and offset at ``t``."""
+    when = datetime.fromtimestamp(t).astimezone()
+    offset = when.strftime("%z") or "+0000"
+    return f"{when.tzname() or 'local'} ({offset[:3]}:{offset[3:5]})"
+
+
+def zone_line(times: Sequence[Optional[str]], now: Optional[float] = None) -> Line:
+    """``times in CET (+01:00)`` for a table of local times (both zones when they
+    span a change of offset: ``CET (+01:00) / CEST (+02:00)``)."""
+    now = time.time() if now is None else now
+    zones: List[str] = []
+    seen = [t for t in (parse_iso(x) for x in times) if t is not None]
+    for t in ([min(seen), max(seen)] if seen else []) + [now]:   # (a table spans one change at most)
+        if t is not None and (z := zone_name(t)) not in zones:
+            zones.append(z)
+    return [(f"times in {' / '.join(zones)}", "dim")]
 
 
 def budget_bar(elapsed: float, budget: Optional[float], width: int = 20, plain: bool = False) -> str:
@@ -305,26 +325,12 @@ def _current_lines(doc: Mapping[str, Any], now: float, plain: bool, width: int) 
 
 def _agent_table(doc: Mapping[str, Any], now: float, plain: bool, width: int) -> List[Line]:
     rows = []
+    c = doc.get("current")
+    forced = c.get("agent") if c and c.get("out_of_turn") else None
     for a in doc["agents"]:
         status = a.get("last_status")
         when = a.get("last_ended_at") or a.get("last_started_at")
-        notes: List[str] = []
-        style = ""
-        if a.get("paused"):
-            notes.append("paused")
-            style = "yellow"
-        if a.get("quarantined_until"):
-            notes.append(f"QUARANTINED {fmt_left(a['quarantined_until'], now)}")
-            style = style or "bold magenta"
-        if a.get("skip_requested"):
-            notes.append("skip requested")
-            style = style or "yellow"
-        if a.get("backoff_until"):
-            notes.append(f"back-off {fmt_left(a['backoff_until'], now)}")
-            style = style or "blue"
-        if a.get("quota_held"):
-            notes.append(f"waits: {a['quota_held']}")
-            style = style or "yellow"
+        notes, style = agent_notes(a, now, forced=a["name"] == forced)
         fails = a.get("consecutive_failures") or 0
         rows.append([
             (str(a["position"]), ""), (a["name"], ""),
@@ -390,6 +396,36 @@ def where_lines(doc: Mapping[str, Any], now: float, width: int) -> List[Line]:
     return out + labelled("config", segs, width)
 
 
+def agent_notes(a: Mapping[str, Any], now: float, forced: bool = False) -> "tuple[List[str], str]":
+    """The notes column of one agent (and its style): paused, quarantined,
+    backing off, skip requested, silent. ``forced``: it runs now because
+    ``ringd next`` started it, so its holds are not shown as holding it."""
+    notes: List[str] = []
+    style = ""
+    if forced:
+        notes.append("started by ringd next")
+        style = "bold cyan"
+    elif a.get("paused"):
+        notes.append("paused")
+        style = "yellow"
+    if a.get("quarantined_until") and not forced:
+        notes.append(f"QUARANTINED {fmt_left(a['quarantined_until'], now)}")
+        style = style or "bold magenta"
+    if a.get("skip_requested"):
+        notes.append("skip requested")
+        style = style or "yellow"
+    if a.get("backoff_until") and not forced:
+        notes.append(f"back-off {fmt_left(a['backoff_until'], now)}")
+        style = style or "blue"
+    if a.get("quota_held"):
+        notes.append(f"waits: {a['quota_held']}")
+        style = style or "yellow"
+    if a.get("silent"):
+        notes.append(f"SILENT: no ok run for {fmt_duration(a.get('silent_for'))}")
+        style = style or "bold red"
+    return notes, style
+
+
 def next_segs(upcoming: Optional[Mapping[str, Any]], health: str) -> List[Seg]:
     """``; next: NAME in N s`` (or ``now``, or ``when the driver starts``)."""
     if not upcoming:
@@ -412,11 +448,18 @@ def fmt_seconds(seconds: float) -> str:
     return fmt_duration(seconds)
 
 
-def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80) -> List[Line]:
+def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80,
+                  now: Optional[float] = None) -> List[Line]:
     if not runs:
         return [[("no runs yet", "dim")]]
+    return [zone_line([r["started_at"] for r in runs], now)] + run_table(runs, plain, width, now)
+
+
+def run_table(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80,
+              now: Optional[float] = None) -> List[Line]:
+    """Runs as a table (history, ``status NAME``): local start times."""
     rows = [[(str(r["id"]), ""), (r["agent"], ""), (r["status"], STATUS_STYLE.get(r["status"], "")),
-             (fmt_local(r["started_at"]), ""), (fmt_duration(r["duration"]), ""),
+             (fmt_local(r["started_at"], now), ""), (fmt_duration(r["duration"]), ""),
              (exit_text(r["exit_code"], r["signal"]), ""),
              (" ".join((r.get("reason") or "").split()), "")] for r in runs]
     heads = ("run", "agent", "status", "started", "took", "exit", "reason")
@@ -426,6 +469,71 @@ def history_lines(runs: Sequence[Mapping[str, Any]], plain: bool = True, width: 
             row.append((r.get("phase") or "", ""))
     return table(heads, rows, right=(True, False, False, False, True, True) + (False,) * (len(heads) - 6),
                  max_widths=(None, 18) + (None,) * (len(heads) - 2), width=width, plain=plain)
+
+
+def agent_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: bool = True,
+                width: int = 80) -> List[Line]:
+    """``ringd status NAME``: its roster line, its state, the run it has going, its last runs."""
+    now = time.time() if now is None else now
+    a = doc["agent"]
+    out: List[Line] = []
+    where = (f"position {a['position']}" if a.get("on_roster") and a.get("position") is not None
+             else "not on the roster (known to the journal)")
+    out += labelled("agent", [(a["name"], "bold"), (f"  {where}; {a.get('runs') or 0} run(s)", "")], width)
+    if a.get("line"):
+        out += labelled("line", [(a["line"], "")], width)
+    c = doc.get("current")
+    notes, style = agent_notes(a, now, forced=bool(c and c.get("out_of_turn")))
+    state: List[str] = notes[:]
+    if a.get("next_due"):
+        state.append(f"next due {fmt_ago(a['next_due'], now)} ({fmt_local(a['next_due'], now)})")
+    if a.get("consecutive_failures"):
+        state.append(f"{a['consecutive_failures']} failure(s) in a row")
+    if a.get("last_ok_at"):
+        state.append(f"last ok {fmt_ago(a['last_ok_at'], now)}")
+    if a.get("quota"):
+        left = a.get("quota_left")
+        state.append(f"quota pool {a['quota']}" + (f" ({left:,} left)" if isinstance(left, int) else ""))
+    if doc.get("driver", {}).get("paused"):
+        state.append("the ring is paused")
+    out += labelled("state", [("; ".join(state) or "ready", style)], width)
+    if c:
+        segs: List[Seg] = [(f"run {c['run_id']}", "bold cyan"),
+                           (f", {fmt_duration(c.get('elapsed'))} elapsed"
+                            + (f" of {fmt_duration(c['run_budget'])}" if c.get("run_budget") else ""), "")]
+        if c.get("phase"):
+            segs.append((f"  phase: {c['phase']}", "bold"))
+        beat = c.get("agent_beat_age")
+        segs.append((f"  (last ping {fmt_duration(beat)} ago)" if beat is not None else "  (no ping yet)", "dim"))
+        out += labelled("current", segs, width)
+    elif doc.get("next"):
+        out += labelled("current", [("-", "dim")] + next_segs(doc["next"], doc.get("driver", {}).get("health", "")),
+                        width)
+    runs = doc.get("runs") or []
+    out.append([])
+    if not runs:
+        return out + [[("no runs yet", "dim")]]
+    return out + [zone_line([r["started_at"] for r in runs], now)] + run_table(runs, plain, width, now)
+
+
+def events_lines(events: Sequence[Mapping[str, Any]], plain: bool = True, width: int = 80,
+                 now: Optional[float] = None) -> List[Line]:
+    """``ringd events``: time, run, agent, kind, source, actor, reason (and detail)."""
+    if not events:
+        return [[("no events", "dim")]]
+    from ringd.cli.actor import describe
+    rows = [[(fmt_local(e["at"], now), ""), (str(e["run_id"]) if e.get("run_id") is not None else "-", ""),
+             (e.get("agent") or "-", ""), (e["kind"], EVENT_STYLE.get(e["kind"], "")), (e["source"], ""),
+             (describe(e.get("actor")), ""), (e.get("reason") or "", ""), (e.get("detail") or "", "dim")]
+            for e in events]
+    heads = ("time", "run", "agent", "kind", "source", "actor", "reason", "detail")
+    return [zone_line([e["at"] for e in events], now)] + table(
+        heads, rows, right=(True, True) + (False,) * 6, max_widths=(None, None, 18, None, None, 40, 40, None),
+        width=width, plain=plain)
+
+
+EVENT_STYLE = dict(STATUS_STYLE, silent="bold red", paused_too_long="bold yellow", paused="yellow",
+                   quarantined="bold magenta")
 
 
 # --- output ------------------------------------------------------------------------------
@@ -465,6 +573,16 @@ def print_status(doc: Mapping[str, Any], warnings: Sequence[str] = (), stream: O
 def print_history(runs: Sequence[Mapping[str, Any]], stream: Optional[TextIO] = None) -> None:
     stream = stream or sys.stdout
     emit(history_lines(runs, plain=plain_output(stream), width=output_width(stream)), stream)
+
+
+def print_agent(doc: Mapping[str, Any], stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout
+    emit(agent_lines(doc, plain=plain_output(stream), width=output_width(stream)), stream)
+
+
+def print_events(events: Sequence[Mapping[str, Any]], stream: Optional[TextIO] = None) -> None:
+    stream = stream or sys.stdout
+    emit(events_lines(events, plain=plain_output(stream), width=output_width(stream)), stream)
 
 
 def watch_status(gather: Callable[[], "tuple[Dict[str, Any], List[str]]"], interval: float = 1.0,

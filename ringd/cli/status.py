@@ -30,10 +30,12 @@ from ringd.host.heartbeat import (WATCHER_FILE, iso, live_writer, read_heartbeat
                                   watcher_gave_up)
 from ringd.cli.found import driver_facts, with_pace
 from ringd.core.health import heartbeat_age, heartbeat_health
+from ringd.core.records import EventRow
 from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no_schema_yet
 from ringd.host.lock import LOCK_FILE, holder_pid
 from ringd.host.notify import read_notes
 from ringd.core.policy import seen_at
+from ringd.core.silence import silent_for
 from ringd.inputs import schedule
 from ringd.inputs.roster import roster_view
 
@@ -240,7 +242,16 @@ def _current_doc(inp: StatusInputs) -> Optional[Dict[str, Any]]:
         "started_at": iso(running.started_at),
         "budget_left": round(max(0.0, budget - elapsed), 3) if None not in (budget, elapsed) else None,
         "notify_dropped": notes.get("dropped"),   # datagrams of this run's socket not heard
+        # held (quarantined, backing off, paused) yet running: `ringd next` started it
+        "out_of_turn": _held_now(inp.agent_rows.get(running.agent) or {}, now, running.agent in inp.paused_agents),
     }
+
+
+def _held_now(row: Mapping[str, Any], now: float, paused: bool) -> bool:
+    """Is an agent held back at ``now`` (paused, quarantined, backing off)? A run
+    of one that is can only have been started by ``ringd next``: a changed line
+    lifts a hold as its run starts, a probation run comes once the hold is over."""
+    return paused or any(_future(row.get(k), now) is not None for k in ("quarantined_until", "backoff_until"))
 
 
 def _agent_names(inp: StatusInputs) -> List[str]:
@@ -260,6 +271,7 @@ def _agent_doc(inp: StatusInputs, gate, position: int, name: str) -> Dict[str, A
         last = {"last_status": "running", "last_started_at": running.started_at,
                 "last_ended_at": None, "last_duration": None, "last_exit_code": None,
                 "last_signal": None}
+    quiet = silent_for((inp.states or {}).get(name), now, inp.config.alerts.silent_after)
     return {
         "name": name,
         "position": position,
@@ -278,6 +290,9 @@ def _agent_doc(inp: StatusInputs, gate, position: int, name: str) -> Dict[str, A
         # additions
         "last_ended_at": iso(last.get("last_ended_at")),
         "last_signal": last.get("last_signal"),
+        "last_ok_at": iso(a.get("last_ok_at")),
+        "silent": quiet is not None,   # no ok run for alerts.silent_after (ringd.core.silence)
+        "silent_for": _round(quiet),
     }
 
 
@@ -583,23 +598,30 @@ def scheduled_next_due(reader: Optional[Journal], config: Config, state_dir: Pat
 
 # --- history --------------------------------------------------------------------
 
-def run_dict(row: RunRow, used: Optional[Mapping[str, int]] = None) -> Dict[str, Any]:
-    """One run in the SPEC's ``history --json`` shape (``used``: what it spent, by pool)."""
+def run_dict(row: RunRow, used: Optional[Mapping[str, int]] = None,
+             actor: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """One run in the SPEC's ``history --json`` shape (``used``: what it spent, by
+    pool; ``actor``: who closed it - an operator's force-fail or skip, its
+    closing event's - else None)."""
     return {
         "id": row.id, "agent": row.agent, "status": row.status,
         "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
         "duration": _round(row.duration), "exit_code": row.exit_code, "signal": row.signal,
         "reason": row.reason, "phase": row.phase, "cpu_seconds": row.cpu_seconds, "used": dict(used or {}),
+        "actor": dict(actor) if actor else None,
     }
 
 
 HISTORY_BATCH = 500
 
 
-def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: Optional[int]) -> List[RunRow]:
-    """Runs that started at or after ``cutoff``, newest first. A row's start time
-    is when it was written, so ids grow with it: read back in batches and stop at
-    the first older run (never a scan of a big journal)."""
+def runs_between(reader: Journal, agent: Optional[str], since: Optional[float], until: Optional[float],
+                 limit: Optional[int]) -> List[RunRow]:
+    """Runs that started at or after ``since`` and at or before ``until`` (epoch
+    seconds; None: no bound), newest first, at most ``limit``. A row's start
+    time is when it was written, so ids grow with it: read back in batches from
+    the newest and stop at the first run older than ``since`` (never a scan of
+    a big journal for a recent window)."""
     out: List[RunRow] = []
     below = None
     where = "" if agent is None else " AND agent = ?"
@@ -609,8 +631,10 @@ def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: O
                                   args).fetchall()
         for r in rows:
             row = RunRow.from_mapping(r)
-            if row.started_at is not None and row.started_at < cutoff:
+            if since is not None and row.started_at is not None and row.started_at < since:
                 return out
+            if until is not None and row.started_at is not None and row.started_at > until:
+                continue
             out.append(row)
             if limit is not None and len(out) >= limit:
                 return out
@@ -620,33 +644,134 @@ def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: O
     return out
 
 
+def history_since(reader: Journal, agent: Optional[str], cutoff: float, limit: Optional[int]) -> List[RunRow]:
+    """Runs that started at or after ``cutoff``, newest first (:func:`runs_between`)."""
+    return runs_between(reader, agent, cutoff, None, limit)
+
+
+def _check_agent(state_dir: Path, config: Config, reader: Optional[Journal], agent: Optional[str]) -> None:
+    """``agent`` (if given) must be one the roster or the journal knows: else exit 2."""
+    if agent is None:
+        return
+    known = known_names(config, state_dir, reader, include_journal=True)
+    if agent not in known:
+        raise unknown_agent(agent, known)
+
+
 def gather_history(state_dir: Path, config: Config, agent: Optional[str], limit: Optional[int],
                    warnings: Optional[List[str]] = None, since: Optional[float] = None,
-                   now: Optional[float] = None) -> List[Dict[str, Any]]:
-    """Recent runs, newest first (the command reaps first): the last ``limit``, or (``since``
-    seconds) those that started within that long, at most ``limit`` when given.
-    Unknown agent -> OperatorError(2)."""
+                   until: Optional[float] = None) -> List[Dict[str, Any]]:
+    """Recent runs, newest first (the command reaps first): the last ``limit``
+    (20 unless a window is given), or those that started between ``since`` and
+    ``until`` (epoch seconds), at most ``limit`` when given. Unknown agent ->
+    OperatorError(2)."""
     require_state_dir(state_dir)
     warnings = warnings if warnings is not None else []
     try:
         reader = open_reader(state_dir, config)
+        _check_agent(state_dir, config, reader, agent)
         if reader is None:
-            if agent is not None and agent not in known_names(config, state_dir):
-                raise unknown_agent(agent, known_names(config, state_dir))
             return []
         try:
-            if agent is not None:
-                known = known_names(config, state_dir, reader, include_journal=True)
-                if agent not in known:
-                    raise unknown_agent(agent, known)
-            if since is not None:
-                cutoff = (time.time() if now is None else now) - since
-                rows = history_since(reader, agent, cutoff, limit)
-            else:
+            if since is None and until is None:
                 rows = reader.history(agent, limit if limit is not None else 20)
+            else:
+                rows = runs_between(reader, agent, since, until, limit)
+            actors = reader.closing_actors([r.id for r in rows if r.status in ("skipped", "interrupted")])
             used = reader.used_by_runs([r.id for r in rows]) if rows and reader.knows_quotas() else {}
         finally:
             reader.close()
     except JournalError as e:
         raise OperatorError(str(e)) from None
-    return [run_dict(r, used.get(r.id)) for r in rows]
+    return [run_dict(r, used.get(r.id), actors.get(r.id)) for r in rows]
+
+
+# --- the event trail --------------------------------------------------------------
+
+def event_dict(e: EventRow) -> Dict[str, Any]:
+    """One event in ``ringd events --json``: times ISO 8601 UTC."""
+    return {"id": e.id, "at": iso(e.at), "run_id": e.run_id, "agent": e.agent, "kind": e.kind,
+            "source": e.source, "actor": e.actor, "reason": e.reason, "detail": e.detail}
+
+
+def gather_events(state_dir: Path, config: Config, agent: Optional[str], limit: Optional[int],
+                  since: Optional[float] = None, until: Optional[float] = None) -> List[Dict[str, Any]]:
+    """The event trail, newest first: the last ``limit`` (50 unless a window is
+    given), or those between ``since`` and ``until`` (epoch seconds). Read back
+    from the newest in batches, stopping at the first older than ``since``."""
+    require_state_dir(state_dir)
+    if limit is None and since is None and until is None:
+        limit = 50
+    out: List[Dict[str, Any]] = []
+    try:
+        reader = open_reader(state_dir, config)
+        _check_agent(state_dir, config, reader, agent)
+        if reader is None:
+            return []
+        try:
+            below = None
+            while limit is None or len(out) < limit:
+                batch = reader.events_before(below, agent, HISTORY_BATCH)
+                for e in batch:
+                    if since is not None and e.at is not None and e.at < since:
+                        return out
+                    if until is None or e.at is None or e.at <= until:
+                        out.append(event_dict(e))
+                        if limit is not None and len(out) >= limit:
+                            return out
+                if len(batch) < HISTORY_BATCH:
+                    return out
+                below = batch[-1].id
+        finally:
+            reader.close()
+    except JournalError as e:
+        raise OperatorError(str(e)) from None
+    return out
+
+
+# --- one agent: ``ringd status NAME`` ------------------------------------------------
+
+AGENT_RUNS = 10   # the last runs ``status NAME`` shows
+
+
+def gather_agent(state_dir: Path, config: Config, name: str, now: Optional[float] = None,
+                 warnings: Optional[List[str]] = None, location: Any = None) -> Dict[str, Any]:
+    """``ringd status NAME --json``: the agent's roster line and its row of the
+    status (state: back-off, quarantine, pause, next due, silence), its last
+    AGENT_RUNS runs, and the current run when it is NAME's (phase, agent beat).
+    An agent no longer on the roster that the journal knows is shown from the
+    journal (``on_roster`` false). Unknown NAME -> OperatorError(2)."""
+    doc = gather_status(state_dir, config, now, warnings, location=location)
+    row = next((a for a in doc["agents"] if a["name"] == name), None)
+    _, roster, _ = roster_view(config, state_dir)
+    try:
+        reader = open_reader(state_dir, config)
+    except JournalError as e:
+        raise OperatorError(str(e), EXIT_UNKNOWN) from None
+    try:
+        if row is None:
+            _check_agent(state_dir, config, reader, name)
+        runs = reader.history(name, AGENT_RUNS) if reader is not None else []
+        actors = reader.closing_actors([r.id for r in runs]) if reader is not None else {}
+        used = reader.used_by_runs([r.id for r in runs]) if runs and reader.knows_quotas() else {}
+        if row is None:   # known to the journal only
+            st = reader.agent_state(name) if reader is not None else None
+            row = {"name": name, "position": None, "last_status": runs[0].status if runs else None,
+                   "runs": st.runs if st else 0, "consecutive_failures": st.consecutive_failures if st else 0,
+                   "last_ok_at": iso(st.last_ok_at) if st else None}
+    except JournalError as e:
+        raise OperatorError(str(e), EXIT_UNKNOWN) from None
+    finally:
+        if reader is not None:
+            reader.close()
+    current = doc["current"] if doc["current"] and doc["current"]["agent"] == name else None
+    upcoming = doc.get("next") if (doc.get("next") or {}).get("agent") == name else None
+    return {
+        "state_dir": doc["state_dir"],
+        "driver": {"health": doc["driver"]["health"], "paused": doc["driver"]["paused"]},
+        "agent": dict(row, on_roster=roster is not None and name in dict(roster),
+                      line=dict(roster).get(name) if roster is not None else None),
+        "current": current,
+        "next": upcoming,
+        "runs": [run_dict(r, used.get(r.id), actors.get(r.id)) for r in runs],
+    }

@@ -171,6 +171,24 @@ def lifted(state: AgentState) -> AgentState:
                        backoff_until=None, consecutive_deferrals=0)
 
 
+def holds_lifted(state: AgentState, now: float, ring: RingSettings) -> List[str]:
+    """What ``ringd resume NAME`` lifts of ``state`` at ``now``, each in the words
+    ``ringd status`` uses for it: a quarantine, a back-off still running, a
+    back-off already over whose doubling starts again from ``backoff_initial``,
+    bad endings that counted toward a quarantine. Empty: nothing held."""
+    out: List[str] = []
+    if state.quarantined_until is not None:
+        out.append("quarantine lifted")
+    if state.backoff_until is not None and state.backoff_until > now:
+        out.append("back-off lifted")
+    elif state.backoff_until is not None:
+        out.append(f"back-off already over; the next one starts at {ring.backoff_initial:g}s again")
+    if state.bad_streak and state.quarantined_until is None:
+        n = state.bad_streak
+        out.append(f"{n} bad ending{'s' if n != 1 else ''} toward quarantine forgotten")
+    return out
+
+
 # --- the turn ---------------------------------------------------------------------
 
 class Action(enum.Enum):

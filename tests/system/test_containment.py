@@ -291,7 +291,7 @@ def test_force_fail_never_kills_a_live_driver_that_is_inside_its_runs_cgroup(con
         standin.stdin.write(f"{cg.dir}/cgroup.procs\n")
         standin.stdin.flush()
         assert standin.stdout.readline() == "inside\n"
-        res = subprocess.run([sys.executable, "-m", "ringd", "force-fail", "--state", str(tmp_path)],
+        res = subprocess.run([sys.executable, "-m", "ringd", "force-fail", "a", "--state", str(tmp_path)],
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         assert res.returncode == 0, res.stderr

@@ -134,7 +134,7 @@ def test_force_fail_counts_against_the_agent(ring):
     ring.roster(f"long {ring.agents_dir}/long.sh")
     ring.start_driver()
     wait_until(lambda: running_row(ring), timeout=20, message="run started")
-    assert ring.cli("force-fail").returncode == 0
+    assert ring.cli("force-fail", "long").returncode == 0
     wait_until(lambda: ring.rows("SELECT * FROM agents WHERE name = 'long' AND consecutive_failures = 1"),
                timeout=10, message="force-fail counted")
 

@@ -462,7 +462,7 @@ def test_metrics_follow_a_force_fail_when_no_driver_runs(ring):
                message="metrics with the run in flight")
     os.kill(driver.pid, sig.SIGKILL)
     driver.wait(timeout=10)
-    assert ring.cli("force-fail").returncode == 0
+    assert ring.cli("force-fail", "long").returncode == 0
     runs, current = _prom_runs(ring)
     assert runs == {"long": 1} and current == 0
     (row,) = ring.runs()

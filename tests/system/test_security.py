@@ -591,7 +591,7 @@ def test_skip_and_force_fail_refused_for_users_who_cannot_write_the_state_dir(sh
     common = ["--state", str(ring.state), "--config", str(ring.config_path)]
     before = [tuple(r) for r in ring.runs()]
     before_agents = [tuple(r) for r in ring.rows("SELECT * FROM agents")]
-    for args in (["skip"], ["skip", "short"], ["force-fail", "--reason", "not yours"]):
+    for args in (["skip"], ["skip", "short"], ["force-fail", "long", "--reason", "not yours"]):
         r = _as_nobody([*python, "-m", "ringd", args[0], *common, *args[1:]], env, cwd=install)
         assert r.returncode not in (0, None), f"{args} as nobody succeeded: {r.stdout} {r.stderr}"
         line = one_line(r.stderr)

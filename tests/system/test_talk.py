@@ -70,7 +70,7 @@ def test_a_run_force_failed_or_reaped_keeps_the_last_phase_it_said(ring):
     ring.roster(f"talker {ring.agents_dir}/talker.sh")
     drv = ring.start_driver()
     wait_until(lambda: current(ring).get("phase") == "phase of run 1", timeout=20, message="run 1's phase")
-    assert ring.cli("force-fail").returncode == 0
+    assert ring.cli("force-fail", "talker").returncode == 0
     wait_until(lambda: current(ring).get("phase") == "phase of run 2", timeout=20, message="run 2's phase")
     drv.kill()                      # the driver dies; its agent is an orphan until a reaper runs
     drv.wait(timeout=10)
