@@ -62,23 +62,6 @@ MAX_ERROR_CHARS = 1000   # an error line never echoes a 100 kB input
 RUN_ID = click.IntRange(1, 2 ** 63 - 1)   # SQLite's INTEGER range
 
 
-class TimeSpan(click.ParamType):
-    """A duration on the command line, as in the config: seconds or a systemd time span."""
-    name = "duration"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value)
-        from ringd.inputs.timespan import parse_timespan
-        try:
-            seconds = parse_timespan(value)
-        except ValueError as e:
-            self.fail(f"{e}: {value[:40]!r}", param, ctx)
-        if seconds <= 0:
-            self.fail(f"must be more than zero: {value[:40]!r}", param, ctx)
-        return seconds
-
-
 class When(click.ParamType):
     """A point in time on the command line (``--since``/``--until``): a duration
     back from now, today, yesterday, an ISO date or date-time, local unless a
@@ -780,8 +763,9 @@ def events(state_dir: Path, config_path: Optional[Path], name: Optional[str], si
 
 
 @main.command()
+@locations
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
+def completion(state_dir: Path, config_path: Optional[Path], shell: str) -> None:
     """Print the shell completion script for SHELL (bash, zsh or fish).
 
     bash: eval "$(ringd completion bash)" in ~/.bashrc; zsh: the same in ~/.zshrc;

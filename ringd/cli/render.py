@@ -527,9 +527,9 @@ def events_lines(events: Sequence[Mapping[str, Any]], plain: bool = True, width:
              (describe(e.get("actor")), ""), (e.get("reason") or "", ""), (e.get("detail") or "", "dim")]
             for e in events]
     heads = ("time", "run", "agent", "kind", "source", "actor", "reason", "detail")
+    caps = (None,) * 8 if width >= UNLIMITED else (None, None, 18, None, None, 40, 40, None)   # (a pipe: whole)
     return [zone_line([e["at"] for e in events], now)] + table(
-        heads, rows, right=(True, True) + (False,) * 6, max_widths=(None, None, 18, None, None, 40, 40, None),
-        width=width, plain=plain)
+        heads, rows, right=(True, True) + (False,) * 6, max_widths=caps, width=width, plain=plain)
 
 
 EVENT_STYLE = dict(STATUS_STYLE, silent="bold red", paused_too_long="bold yellow", paused="yellow",

@@ -772,13 +772,7 @@ class Driver:
             with self.journal.transaction() as tx:
                 if pending is not None:
                     closed = pending.write(tx)
-                for run_id, (name, position) in unconfirmed:
-                    # A start that did commit left a `running` row with no process: every
-                    # later start would be refused (one running row). Closed before
-                    # anything starts (SQLite may hand its id out again below).
-                    if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
-                                            now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
-                        lost.append((run_id, name))
+                lost = self.close_unconfirmed(tx, unconfirmed, now)
                 if self._noted_roster is not agents:   # who is on the roster since when (silence)
                     tx.note_roster(view.names, now)
                 controls = tx.controls(first=roster[start][0])   # (others' pauses: as the turn walks)
@@ -881,6 +875,17 @@ class Driver:
         env.notify(f"STATUS=lap {self.lap}: running {agent.name}")
         self.ended(hop.run())
         return 0 if plan.forced else len(plan.passed) + 1
+
+    def close_unconfirmed(self, tx, unconfirmed: list, now: float) -> list:
+        """A start that did commit left a `running` row with no process: every
+        later start would be refused (one running row). Closed before anything
+        starts (SQLite may hand its id out again). Returns [(run id, agent)] closed."""
+        lost = []
+        for run_id, (name, position) in unconfirmed:
+            if transitions.close_in(tx, run_id, name, position, "interrupted", source="driver",
+                                    now=now, ring=self.config.ring, reason=UNCONFIRMED_START):
+                lost.append((run_id, name))
+        return lost
 
     def ended(self, end: "Pending | HopResult") -> None:
         if isinstance(end, Pending):
