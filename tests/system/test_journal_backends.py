@@ -260,3 +260,116 @@ def test_operator_controls_and_retention(backend):
     assert gone == 7
     assert [r[0] for r in backend.raw_exec("SELECT count(*) FROM runs")] == [5]
     assert {a: s.runs for a, s in j.agent_states().items()} == runs
+
+
+# --- round 2: who asked, and since when an agent has been quiet ------------------------------------
+
+ALICE = {"user": "root", "uid": 0, "sudo_user": "alice", "tty": "/dev/pts/1", "ssh_client": None}
+
+
+def test_events_keep_agent_actor_and_reason_and_are_read_back_alike(backend):
+    """An operator's event keeps who asked and why; a force-failed run's closing
+    event too, and a run an operator skipped gets its request's (history's
+    ``actor``); the trail is read newest first, by agent."""
+    j = backend.journal
+    from ringd.journal import transitions
+    from ringd.core.settings import RingSettings
+    assert j.set_paused("b", True, actor=ALICE, reason="b's API is down")
+    rid = start(j, "a")
+    transitions.request_skip(j, "a", None, time.time(), actor=ALICE, reason="hung")
+    with j.transaction() as tx:
+        transitions.close_in(tx, rid, "a", 0, "skipped", source="operator", now=time.time(), ring=RingSettings(),
+                             reason="skipped by operator")
+    forced = start(j, "a")
+    row = j.run(forced)
+    transitions.close_row(j, row, "interrupted", source="operator", now=time.time(), ring=RingSettings(),
+                          reason="forced by operator: wedged", actor=ALICE, operator_reason="wedged")
+    assert j.closing_actors([rid, forced]) == {rid: ALICE, forced: ALICE}
+    assert j.run(rid).reason == "skipped by operator: hung"
+    trail = j.events_before(None, None, 100)
+    assert [e.kind for e in trail] == ["interrupted", "started", "skipped", "skip-requested", "started", "paused"]
+    assert [e.id for e in trail] == sorted((e.id for e in trail), reverse=True)
+    paused = trail[-1]
+    assert (paused.agent, paused.actor, paused.reason, paused.run_id) == ("b", ALICE, "b's API is down", None)
+    assert {e.agent for e in j.events_before(None, "a", 100)} == {"a"}
+    assert [e.kind for e in j.events_before(None, "b", 100)] == ["paused"]
+    assert len(j.events_before(trail[2].id, None, 2)) == 2 and j.events_before(trail[2].id, None, 2)[0].id < trail[2].id
+
+
+def test_the_last_ok_run_and_the_join_are_kept_by_the_journal(backend):
+    """agents.last_ok_at follows every ok run (a trigger: inserted or closed ok),
+    never another ending; joined_at is set by the roster the driver runs and
+    cleared when an agent leaves it."""
+    j = backend.journal
+    t0 = time.time()
+    with j.transaction() as tx:
+        tx.note_roster(["a", "b"], t0)
+    rid = start(j, "a")
+    close(j, rid, "ok", exit_code=0)
+    ok_end = j.run(rid).ended_at
+    rid2 = start(j, "a")
+    close(j, rid2, "failed", exit_code=1)
+    st = j.agent_states()
+    assert st["a"].last_ok_at == ok_end and st["a"].joined_at == t0
+    assert st["b"].last_ok_at is None and st["b"].joined_at == t0 and st["b"].runs == 0
+    backend.raw_exec("INSERT INTO runs(agent, status, started_at, ended_at, duration) VALUES ('b', 'ok', 5, 6, 1)")
+    assert j.agent_state("b").last_ok_at == 6
+    with j.transaction() as tx:
+        tx.note_roster(["a"], t0 + 10)           # b leaves the roster
+    assert j.agent_state("b").joined_at is None and j.agent_state("a").joined_at == t0
+    with j.transaction() as tx:
+        tx.note_roster(["a", "b"], t0 + 20)      # ... and joins again: from now
+    assert j.agent_state("b").joined_at == t0 + 20
+
+
+def _as_version_3(backend):
+    """The journal as a ring of schema version 3 left it: no events.agent/actor/
+    reason, no agents.last_ok_at/joined_at (and, in PostgreSQL, its counting
+    function without the last ok run)."""
+    drops = [("events", "agent"), ("events", "actor"), ("events", "reason"),
+             ("agents", "last_ok_at"), ("agents", "joined_at")]
+    if backend.name == "sqlite":
+        backend.raw_exec("DROP TRIGGER runs_closed_ok")
+        backend.raw_exec("DROP TRIGGER runs_inserted_ok")
+    else:
+        backend.raw_exec("""CREATE OR REPLACE FUNCTION ring_count_closed_run() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO run_counts (agent, status, n) VALUES (NEW.agent, NEW.status, 1)
+        ON CONFLICT (agent, status) DO UPDATE SET n = run_counts.n + 1;
+    INSERT INTO agents (name, runs, last_run_id) VALUES (NEW.agent, 1, NEW.id)
+        ON CONFLICT (name) DO UPDATE SET runs = agents.runs + 1, last_run_id = NEW.id;
+    RETURN NULL;
+END $$""")
+    for table, column in drops:
+        backend.raw_exec(f"ALTER TABLE {table} DROP COLUMN {column}")
+    backend.raw_exec("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+
+
+def test_a_version_3_journal_is_upgraded_with_its_last_ok_runs_filled_in(backend):
+    """Upgraded in place by the ordinary migration: the new columns added, each
+    agent's last ok run filled in from its history (and counted as on the
+    roster since), old events read with their agent taken from their run or
+    their detail; a reader before the upgrade reads the old shape."""
+    j = backend.journal
+    rid = start(j, "a")
+    close(j, rid, "ok", exit_code=0)
+    rid2 = start(j, "b")
+    close(j, rid2, "failed", exit_code=1)
+    ended = j.run(rid).ended_at
+    _as_version_3(backend)
+    backend.raw_exec("INSERT INTO events(at, run_id, kind, source, detail) VALUES (?, NULL, 'paused', 'operator', "
+                     "'agent=b')", (time.time(),))
+    # read as a reader reads it (never migrating) before the next driver upgrades it
+    assert [e.agent for e in j.events_before(None, "b", 10)] == ["b", "b", "b"]   # paused (its detail), ...
+    assert j.events_before(None, None, 10)[0].actor is None and j.closing_actors([rid, rid2]) == {}
+    j2 = backend.reopen()
+    try:
+        st = j2.agent_states()
+        assert st["a"].last_ok_at == ended and st["a"].joined_at == ended
+        assert st["b"].last_ok_at is None and st["b"].joined_at is None
+        assert [e.agent for e in j2.events_before(None, "b", 10)] == ["b", "b", "b"]   # paused (its detail), ...
+        rid3 = start(j2, "b")
+        close(j2, rid3, "ok", exit_code=0)
+        assert j2.agent_state("b").last_ok_at == j2.run(rid3).ended_at   # the counting kept up to date
+    finally:
+        j2.close()
