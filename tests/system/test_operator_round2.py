@@ -135,9 +135,14 @@ def test_every_control_verb_records_who_asked_and_why(ring):
     wait_until(lambda: ring.rows("SELECT status FROM runs WHERE id = ?", run["id"])[0]["status"] == "skipped",
                timeout=10, message="a skipped")
     again = wait_until(lambda: running_of(ring, "a"), timeout=20, message="a running again")
+    cli("skip", "b", "--reason", "not today")   # b's next turn: a skipped row, never started
     cli("force-fail", "a", "--reason", "wedged")
+    turn = wait_until(lambda: ring.rows("SELECT * FROM runs WHERE agent = 'b' AND status = 'skipped'"),
+                      timeout=20, message="b's turn skipped")[0]
     events = as_json(ring.cli("events", "--json"))
-    mine = {e["kind"]: e for e in events if e["source"] == "operator"}
+    mine = {e["kind"]: e for e in events if e["source"] == "operator" and e["agent"] == "a"}
+    mine.update((e["kind"], e) for e in events if e["source"] == "operator" and e["kind"] in ("paused", "unpaused",
+                                                                                            "next-requested"))
     expected_actor = {"user": "root" if os.getuid() == 0 else mine["paused"]["actor"]["user"],
                       "uid": os.getuid(), "sudo_user": "alice", "tty": None, "ssh_client": "192.0.2.7"}
     for kind, reason in (("paused", "b's API is down"), ("unpaused", "back up"), ("next-requested", "rerun the export"),
@@ -148,6 +153,7 @@ def test_every_control_verb_records_who_asked_and_why(ring):
     hist = {r["id"]: r for r in as_json(ring.cli("history", "--json"))}
     assert hist[run["id"]]["actor"] == expected_actor and hist[run["id"]]["reason"].endswith(": hung on the network")
     assert hist[again["id"]]["actor"] == expected_actor and hist[again["id"]]["reason"] == "forced by operator: wedged"
+    assert hist[turn["id"]]["actor"] == expected_actor and hist[turn["id"]]["reason"].endswith(": not today")
     assert all(r["actor"] is None for r in hist.values() if r["status"] == "ok")
     table = ring.cli("events", "a")
     assert table.returncode == 0 and "via sudo from alice" in table.stdout and "from 192.0.2.7" in table.stdout
