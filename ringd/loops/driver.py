@@ -670,6 +670,7 @@ class Driver:
             raise
         new.on_taken_up = self.journal_taken_up
         self.journal, self.journal_moved, self.unconfirmed, self.quota_read = new, False, {}, None
+        self._noted_roster = None   # (the new journal knows nobody's join yet)
         if fate == "saved":
             self.log(f"{what} was removed or replaced under the driver; its journal was closed with "
                      f"nothing lost and opened again", WARNING)

@@ -82,7 +82,7 @@ def test_report_in_a_real_browser(ring):
     hang = wait_until(lambda: next((r for r in ring.runs() if r["agent"] == "hang" and r["status"] == "running"
                                     and r["phase"] is None), None) or None, timeout=40, message="hang running")
     wait_until(lambda: "PWNED" in phase_now(ring), message="hang's phase")
-    res = ring.cli("force-fail", "--reason", EVIL)
+    res = ring.cli("force-fail", "hang", "--reason", EVIL)
     assert res.returncode == 0, res.stderr
     wait_until(lambda: sum(1 for r in ring.runs() if r["agent"] == "good") >= 2, timeout=40, message="lap 2")
     driver.terminate()
@@ -212,7 +212,7 @@ def test_top_in_a_real_terminal(ring, tmux):
     wait_until(lambda: "PWNED" in phase_now(ring), timeout=20, message="work's phase")
     # ended by hand, work's next run has the operator's reason as its last one; the journal is any
     # process's of the ring's user to write, so a reader takes what it holds as input
-    assert ring.cli("force-fail", "--reason", "see below").returncode == 0
+    assert ring.cli("force-fail", "work", "--reason", "see below").returncode == 0
     wait_until(lambda: len(ring.runs()) >= 3 and ring.runs()[-1]["status"] == "running", message="work again")
     wait_until(lambda: "PWNED" in phase_now(ring), timeout=20, message="work's phase")
     plant(ring, "UPDATE runs SET reason = ? WHERE id = 1", EVIL)

@@ -3,7 +3,6 @@ a resume lifted, local times with their date and zone, the notes of an agent
 that `ringd next` started."""
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime, timezone
 

@@ -139,3 +139,21 @@ def test_off_means_no_journal_read(tmp_path):
     env.send(20.0, signal.SIGTERM)
     d.run()
     assert raised == []
+
+
+def test_a_journal_replaced_under_the_driver_learns_the_roster_s_joins_again(tmp_path):
+    """journal.db removed to start afresh: the new journal knows no join, so no
+    silence could be counted from one until the roster changed again."""
+    import os
+    from ringd.journal.sqlite import Journal
+    slow = Behaviour(runs_for=1.0)
+    d, env, j, raised = silence_driver(tmp_path, ["a", "b"], {"a": slow, "b": slow}, silent_after=10.0)
+    env.at(3.0, lambda: os.unlink(tmp_path / "journal.db"))
+    env.send(8.0, signal.SIGTERM)
+    d.run()
+    fresh = Journal.open_readonly(tmp_path)
+    try:
+        assert all(st.joined_at is not None for st in fresh.agent_states().values())
+        assert set(fresh.agent_states()) == {"a", "b"}
+    finally:
+        fresh.close()
