@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -35,7 +35,6 @@ from ringd.journal.sqlite import Journal, JournalError, RunRow, journal_path, no
 from ringd.host.lock import LOCK_FILE, holder_pid
 from ringd.host.notify import read_notes
 from ringd.core.policy import seen_at
-from ringd.core.silence import silent_for
 from ringd.inputs import schedule
 from ringd.inputs.roster import roster_view
 
@@ -271,7 +270,7 @@ def _agent_doc(inp: StatusInputs, gate, position: int, name: str) -> Dict[str, A
         last = {"last_status": "running", "last_started_at": running.started_at,
                 "last_ended_at": None, "last_duration": None, "last_exit_code": None,
                 "last_signal": None}
-    quiet = silent_for((inp.states or {}).get(name), now, inp.config.alerts.silent_after)
+    quiet = _silent_for(inp, name)
     return {
         "name": name,
         "position": position,
@@ -294,6 +293,14 @@ def _agent_doc(inp: StatusInputs, gate, position: int, name: str) -> Dict[str, A
         "silent": quiet is not None,   # no ok run for alerts.silent_after (ringd.core.silence)
         "silent_for": _round(quiet),
     }
+
+
+def _silent_for(inp: StatusInputs, name: str) -> Optional[float]:
+    """How long ``name`` has been silent (alerts.silent_after; None: not silent, or off)."""
+    if inp.config.alerts.silent_after is None:
+        return None
+    from ringd.core.silence import silent_for
+    return silent_for((inp.states or {}).get(name), inp.now, inp.config.alerts.silent_after)
 
 
 def _next_doc(inp: StatusInputs, gate) -> Optional[Dict[str, Any]]:
@@ -421,7 +428,7 @@ def read_journal_view(reader: Journal, now: float, ring: RingSettings,
     states = {name: seen_at(st, now, ring, lines.get(name)) for name, st in states.items()}
     agents: Dict[str, Dict[str, Any]] = {}
     for name, st in states.items():
-        row = asdict(st)
+        row = dict(vars(st))   # (its fields are plain values: asdict's deep copy was a tenth of a status)
         r = last.get(name)
         if r is not None:
             row.update(last_status=r.status, last_started_at=r.started_at, last_ended_at=r.ended_at,
