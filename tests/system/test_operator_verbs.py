@@ -1,4 +1,4 @@
-"""Operator verbs, round 2 (SPEC): status NAME, force-fail NAME/--run, who did it
+"""Operator verbs (SPEC): status NAME, force-fail NAME/--run, who did it
 (--reason, the actor, ringd events, history's actor), completion, times a person
 can read, messages that say what happened, and silence - with real drivers,
 real processes and a real journal."""
