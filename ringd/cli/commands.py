@@ -700,17 +700,21 @@ def next_(state_dir: Path, config_path: Optional[Path], name: str, reason: Optio
 
 @main.command()
 @locations
+@reason_option
 @reading
 @operator_command
-def reload(state_dir: Path, config_path: Optional[Path]) -> None:
+def reload(state_dir: Path, config_path: Optional[Path], reason: Optional[str]) -> None:
     """Make the driver and the watcher re-read the config and the roster now
     (what SIGHUP does), and wait (5 s at most) for the driver to confirm.
 
-    Prints what changed, or the error that kept the old config. Exit 0
+    Prints what changed, or the error that kept the old config. The request
+    and the answer are events, with who asked and why (ringd events). Exit 0
     reloaded, 1 no driver (or no answer), 78 the new config or roster was
     refused (the old one stays)."""
     from ringd.cli.reload import reload as do_reload
-    r = do_reload(state_dir)
+    r = do_reload(state_dir, command_config(state_dir, config_path), actor=_who(), reason=reason)
+    if r.unrecorded:
+        _warn([f"the driver's answer is not in the events: {r.unrecorded}"])
     if r.record is None:
         raise fail(f"driver pid {r.driver_pid} was sent SIGHUP but did not confirm a reload within "
                    f"{r.waited:.1f}s (see ringd status)", EX_FAILURE)

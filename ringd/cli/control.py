@@ -63,6 +63,18 @@ def _writer(state_dir: Path, config: Config, create: bool = False) -> Journal:
         raise OperatorError(str(e)) from None
 
 
+def record_event(state_dir: Path, config: Config, kind: str, detail: str, *,
+                 actor: Optional[dict] = None, reason: Optional[str] = None) -> None:
+    """An operator's event about the whole ring (``reload``), with who asked and why."""
+    writer = _writer(state_dir, config, create=True)
+    try:
+        writer.note_event(kind, detail, actor=actor, reason=reason)
+    except JournalError as e:
+        raise OperatorError(f"{writer.path}: cannot write journal: {e}") from None
+    finally:
+        writer.close()
+
+
 # --- skip -------------------------------------------------------------------------
 
 @dataclass

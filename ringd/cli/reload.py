@@ -4,7 +4,8 @@ The driver and the watcher re-read their config (and the driver its roster)
 on SIGHUP. This sends it - to the watcher that owns the driver, which passes
 it on, or else to each of them - and waits (bounded) until the driver's
 heartbeat carries a newer ``reload`` record: its number (``seq``), what
-changed, and the errors that kept an old config or roster.
+changed, and the errors that kept an old config or roster. The request and
+its answer are events (``ringd events``) naming who asked and why.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Callable, List, Mapping, Optional
 
 from ringd.cli.status import OperatorError, require_state_dir
 from ringd.core.errors import EX_CONFIG, EX_FAILURE
+from ringd.inputs.config import Config
 from ringd.host.heartbeat import WATCHER_FILE, live_writer, read_heartbeat, read_own
 
 WAIT = 5.0           # s; the SPEC's bound on the driver's answer
@@ -30,6 +32,7 @@ class ReloadResult:
     watcher_pid: Optional[int] = None       # the watcher signalled too, if any
     watcher_record: Optional[Mapping[str, Any]] = None   # its own ``reload``, if it answered meanwhile
     signalled: List[str] = field(default_factory=list)
+    unrecorded: Optional[str] = None        # why the answer's event could not be written, if it could not
 
     @property
     def errors(self) -> List[Mapping[str, Any]]:
@@ -54,18 +57,52 @@ def seq_of(record: Any) -> int:
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
 
 
-def reload(state_dir: Path, wait: float = WAIT, clock: Callable[[], float] = time.monotonic,
-           poll: float = 0.02) -> ReloadResult:
+MAX_DETAIL_CHARS = 500   # an event's detail: what changed, or why it was refused, never a whole config
+
+
+def outcome_event(result: ReloadResult) -> "tuple[str, str]":
+    """Pure: the kind and detail of the event that records the driver's answer."""
+    if result.record is None:
+        kind, detail = "reload-unanswered", f"driver pid {result.driver_pid}: no answer within {result.waited:.1f}s"
+    elif result.errors:
+        kind = "reload-refused"
+        detail = "; ".join(f"{e.get('kind')}: {' '.join(str(e.get('detail')).split())}" for e in result.errors)
+    else:
+        kind, detail = "reloaded", "; ".join(result.changed) or "nothing changed"
+    return kind, detail if len(detail) <= MAX_DETAIL_CHARS else detail[:MAX_DETAIL_CHARS - 3] + "..."
+
+
+def reload(state_dir: Path, config: Config, wait: float = WAIT, clock: Callable[[], float] = time.monotonic,
+           poll: float = 0.02, *, actor: Optional[Mapping[str, Any]] = None,
+           reason: Optional[str] = None) -> ReloadResult:
     """SIGHUP the ring's driver and watcher and wait up to ``wait`` for the
-    driver to say it reloaded. OperatorError (1) when no driver runs."""
-    from ringd.host import proctree
-    from ringd.loops.reaper import as_ring_owner
+    driver to say it reloaded. OperatorError (1) when no driver runs. The
+    request is recorded (``actor``, ``reason``) before any signal, as every
+    control verb's is, so a caller who cannot write the journal changes
+    nothing; the answer is recorded after it."""
     require_state_dir(state_dir)
     hb = read_heartbeat(state_dir)
     writer = live_writer(hb)
     if writer is None:
         raise OperatorError("no driver is running: nothing to reload (the next one reads the config as it starts)",
                             EX_FAILURE)
+    from ringd.cli.control import clean_reason, record_event
+    why = clean_reason(reason)
+    record_event(state_dir, config, "reload-requested", f"driver pid {writer[0]}", actor=actor, reason=why)
+    result = _signal_and_wait(state_dir, hb, writer, wait, clock, poll)
+    kind, detail = outcome_event(result)
+    try:
+        record_event(state_dir, config, kind, detail, actor=actor, reason=why)
+    except OperatorError as e:   # the reload happened: it is said, not undone
+        result.unrecorded = str(e)
+    return result
+
+
+def _signal_and_wait(state_dir: Path, hb: Mapping[str, Any], writer: "tuple[int, Any]", wait: float,
+                     clock: Callable[[], float], poll: float) -> ReloadResult:
+    """The SIGHUPs and the bounded wait for the driver's (and the watcher's) answer."""
+    from ringd.host import proctree
+    from ringd.loops.reaper import as_ring_owner
     before = seq_of(hb.get("reload"))
     watcher = read_own(state_dir / WATCHER_FILE, state_dir)
     watching = live_writer(watcher)

@@ -1356,6 +1356,13 @@ class Journal:
                      actor=actor, reason=reason)
         return before
 
+    def note_event(self, kind: str, detail: str, now: Optional[float] = None, *,
+                   actor: Optional[Mapping[str, Any]] = None, reason: Optional[str] = None) -> None:
+        """Operator: an event about the whole ring (a reload asked for, and its answer)."""
+        with self.transaction() as tx:
+            tx.event(None, kind, "operator", detail, time.time() if now is None else now,
+                     actor=actor, reason=reason)
+
     # --- retention ----------------------------------------------------------------------
     def prune(self, keep: int, batch: int = PRUNE_BATCH, logged: Optional[List[Tuple[int, str]]] = None,
               keep_use_after: Optional[float] = None) -> int:

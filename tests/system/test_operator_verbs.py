@@ -160,6 +160,40 @@ def test_every_control_verb_records_who_asked_and_why(ring):
     assert "times in " in table.stdout.splitlines()[0]
 
 
+def test_reload_records_who_asked_why_and_the_drivers_answer(ring):
+    """``ringd reload --reason``: the request (before the signal) and the
+    driver's answer are events naming the caller, as every control verb's;
+    a refused config's answer says why; no driver, no event."""
+    ring.agent("a", "exec sleep 60")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"a {ring.agents_dir}/a.sh")
+    res = ring.cli("reload", "--reason", "nobody home")
+    assert res.returncode == 1 and "no driver is running" in one_line(res)
+    ring.start_driver()
+    wait_until(lambda: running_of(ring, "a"), timeout=20, message="a running")
+    env = dict(ring.env, SUDO_USER="alice", SSH_CLIENT="192.0.2.7 50000 22")
+
+    def reload(reason):
+        return subprocess.run(ring_cmd("reload", *ring.common(), "--reason", reason), env=env,
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    ring.write_config(ring={"run_budget": 20, "stall_threshold": 40})
+    res = reload("shorter budget\nfor the demo")
+    assert res.returncode == 0 and "ring.run_budget: 30 -> 20" in res.stdout, (res.stdout, res.stderr)
+    ring.config_path.write_text("ring: {run_budget: 5 parsecs}\n")
+    assert reload("typo test").returncode == 78
+    events = [e for e in as_json(ring.cli("events", "--json")) if e["kind"].startswith("reload")]
+    assert [e["kind"] for e in events] == ["reload-refused", "reload-requested", "reloaded", "reload-requested"]
+    assert all(e["source"] == "operator" and e["agent"] is None for e in events)
+    assert all(e["actor"]["sudo_user"] == "alice" and e["actor"]["uid"] == os.getuid()
+               and e["actor"]["ssh_client"] == "192.0.2.7" for e in events), events
+    assert [e["reason"] for e in events] == ["typo test", "typo test", "shorter budget for the demo",
+                                             "shorter budget for the demo"]
+    assert "ring.run_budget: 30 -> 20" in events[2]["detail"]
+    assert events[0]["detail"].startswith("config: ") and "parsecs" in events[0]["detail"]
+    table = ring.cli("events")
+    assert table.returncode == 0 and "reloaded" in table.stdout and "via sudo from alice" in table.stdout
+
+
 def test_events_and_history_read_since_and_until_and_refuse_bad_input_in_one_line(ring, tmp_path):
     ring.agent("a", "exit 0")
     ring.roster(f"a {ring.agents_dir}/a.sh")
@@ -452,3 +486,29 @@ def test_the_actor_is_the_real_caller_sudo_user_recorded_and_nobody_refused_clea
     (mine,) = json.loads(r.stdout)
     assert (mine["actor"]["user"], mine["actor"]["uid"], mine["reason"]) == ("nobody", NOBODY, "my own ring")
     assert mine["actor"]["sudo_user"] == "root-pretender"   # recorded beside the uid, never instead of it
+
+
+def test_a_reload_by_another_user_is_refused_in_one_line_and_signals_nothing(ring, nobody_install, open_base):
+    """nobody, given a read path to root's live ring, asks for a reload: it is
+    refused in one line, the driver is never signalled (it has no reload
+    record) and no event is written."""
+    python, pythonpath, install = nobody_install
+    _ring_in(open_base, ring)
+    ring.agent("a", "exec sleep 60")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40})
+    os.chmod(ring.config_path, 0o644)
+    ring.start_driver()
+    wait_until(lambda: running_of(ring, "a"), timeout=20, message="a running")
+    os.chmod(ring.state, 0o755)
+    for p in ring.state.iterdir():
+        if p.is_file():
+            os.chmod(p, 0o644)
+    before = ring.rows("SELECT * FROM events ORDER BY id")
+    env = {k: v for k, v in ring.env.items() if not k.startswith("SUDO_")}
+    env["PYTHONPATH"] = pythonpath
+    r = _runuser_nobody([*python, "-m", "ringd", "reload", "--state", str(ring.state), "--config",
+                         str(ring.config_path), "--reason", "not mine"], env, install)
+    assert r.returncode == 1 and one_line(r).startswith("ringd:"), (r.returncode, r.stdout, r.stderr)
+    print(f"nobody: ringd reload: exit {r.returncode}: {one_line(r)}")
+    assert (ring.heartbeat() or {}).get("reload") is None, "the driver was signalled"
+    assert [tuple(x) for x in ring.rows("SELECT * FROM events ORDER BY id")] == [tuple(x) for x in before]

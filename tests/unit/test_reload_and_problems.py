@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from ringd.cli.found import driver_facts, with_pace
-from ringd.cli.reload import ReloadResult, seq_of
+from ringd.cli.reload import MAX_DETAIL_CHARS, ReloadResult, outcome_event, seq_of
 from ringd.cli.status import status_exit_code
 from ringd.core.settings import RingSettings
 from ringd.host.safefile import others_can_change
@@ -50,6 +50,17 @@ def test_a_reload_answer_and_its_exit_code():
                            waited=0.1)
     assert refused.exit_code == 78
     assert ReloadResult(driver_pid=1, record=None, waited=5.0).exit_code == 1
+
+
+def test_a_reload_answer_as_its_event_says_what_changed_why_refused_or_no_answer():
+    assert outcome_event(ReloadResult(7, None, 5.01)) == ("reload-unanswered", "driver pid 7: no answer within 5.0s")
+    ok = ReloadResult(7, {"seq": 1, "changed": ["ring.run_budget: 20 -> 15", "roster: c added"]}, 0.1)
+    assert outcome_event(ok) == ("reloaded", "ring.run_budget: 20 -> 15; roster: c added")
+    assert outcome_event(ReloadResult(7, {"seq": 2, "changed": []}, 0.1)) == ("reloaded", "nothing changed")
+    bad = ReloadResult(7, {"seq": 3, "errors": [{"kind": "config", "detail": "run_budget:\n 5 parsecs"}]}, 0.1)
+    assert outcome_event(bad) == ("reload-refused", "config: run_budget: 5 parsecs")
+    huge = ReloadResult(7, {"seq": 4, "errors": [{"kind": "roster", "detail": "x" * 100_000}]}, 0.1)
+    assert len(outcome_event(huge)[1]) == MAX_DETAIL_CHARS
 
 
 def test_status_strict_turns_problems_into_exit_1_only_when_healthy():
