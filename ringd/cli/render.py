@@ -357,18 +357,27 @@ def quota_status_lines(pools: Sequence[Mapping[str, Any]], now: float, width: in
     until when it is held (exhausted, or nothing left)."""
     out: List[Line] = []
     for k, p in enumerate(pools):
-        segs: List[Seg] = [(f"{p['name']}  {p['used']:,} / {p['limit']:,} in {fmt_duration(p['window'])}", "")]
-        if p.get("reserved"):
-            held = ", ".join(sorted(p.get("reserves") or {}))
-            segs.append((f", {p['reserved']:,} reserved" + (f" for {held}" if held else ""), ""))
-        segs.append((f", {p['left']:,} left", "bold red" if not p["left"] else ""))
-        if p.get("exhausted_until"):
-            segs.append((f"  EXHAUSTED until {fmt_local(p['exhausted_until'], now)} "
-                         f"({fmt_left(p['exhausted_until'], now)})", "bold red"))
-        elif p.get("reset_at"):
-            segs.append((f"; oldest use leaves {fmt_ago(p['reset_at'], now)}", "dim" if p["left"] else "yellow"))
-        out += labelled("quota" if k == 0 else "", segs, width)
+        out += labelled("quota" if k == 0 else "", pool_segs(p, now, p["left"]), width)
     return out
+
+
+def pool_segs(p: Mapping[str, Any], now: float, left: int, agent: Optional[str] = None) -> List[Seg]:
+    """One pool: used / limit in the window, reserved, what ``left`` is (for
+    ``agent``, if named), and when it refills: an exhausted pool when it
+    reopens, else when the oldest counted use leaves the window."""
+    segs: List[Seg] = [(f"{p['name']}  {p['used']:,} / {p['limit']:,} in {fmt_duration(p['window'])}", "")]
+    if p.get("reserved"):
+        held = ", ".join(sorted(p.get("reserves") or {}))
+        segs.append((f", {p['reserved']:,} reserved" + (f" for {held}" if held else ""), ""))
+    segs.append((f", {left:,} left" + (f" for {agent}" if agent else ""), "bold red" if not left else ""))
+    if p.get("exhausted_until"):
+        segs.append((f"  EXHAUSTED until {fmt_local(p['exhausted_until'], now)} "
+                     f"({fmt_left(p['exhausted_until'], now)})", "bold red"))
+    elif p.get("reset_at"):
+        segs.append((f"; oldest use leaves {fmt_ago(p['reset_at'], now)} ({fmt_local(p['reset_at'], now)})"
+                     if agent else f"; oldest use leaves {fmt_ago(p['reset_at'], now)}",
+                     "dim" if left else "yellow"))
+    return segs
 
 
 STATE_FROM = {"--state": "--state", "$RING_STATE": "$RING_STATE", "./STATE": "./STATE here"}
@@ -491,12 +500,12 @@ def agent_lines(doc: Mapping[str, Any], now: Optional[float] = None, plain: bool
         state.append(f"{a['consecutive_failures']} failure(s) in a row")
     if a.get("last_ok_at"):
         state.append(f"last ok {fmt_ago(a['last_ok_at'], now)}")
-    if a.get("quota"):
-        left = a.get("quota_left")
-        state.append(f"quota pool {a['quota']}" + (f" ({left:,} left)" if isinstance(left, int) else ""))
     if doc.get("driver", {}).get("paused"):
         state.append("the ring is paused")
     out += labelled("state", [("; ".join(state) or "ready", style)], width)
+    pool = doc.get("quota")
+    if pool:
+        out += labelled("quota", pool_segs(pool, now, pool["left_for_agent"], a["name"]), width)
     if c:
         segs: List[Seg] = [(f"run {c['run_id']}", "bold cyan"),
                            (f", {fmt_duration(c.get('elapsed'))} elapsed"

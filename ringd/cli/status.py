@@ -342,6 +342,16 @@ def agent_quota(config: Config, gate, name: str) -> Dict[str, Any]:
             "quota_held": hold.reason if hold is not None else None}
 
 
+def agent_pool(doc: Mapping[str, Any], row: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """``quota`` of ``status NAME --json``: the agent's pool as ``quotas`` of the
+    status shows it, with what the agent itself may spend (``left_for_agent``:
+    its RING_QUOTA_LEFT, its own reserve included) and why it waits (``held``)."""
+    pool = next((p for p in doc.get("quotas") or () if p["name"] == row.get("quota")), None)
+    if pool is None:
+        return None
+    return dict(pool, left_for_agent=row.get("quota_left"), held=row.get("quota_held"))
+
+
 def quota_docs(config: Config, gate) -> List[Dict[str, Any]]:
     """``quotas`` of ``status --json``: one entry per pool of the config."""
     out = []
@@ -778,6 +788,7 @@ def gather_agent(state_dir: Path, config: Config, name: str, now: Optional[float
         "driver": {"health": doc["driver"]["health"], "paused": doc["driver"]["paused"]},
         "agent": dict(row, on_roster=roster is not None and name in dict(roster),
                       line=dict(roster).get(name) if roster is not None else None),
+        "quota": agent_pool(doc, row),
         "current": current,
         "next": upcoming,
         "runs": [run_dict(r, used.get(r.id), actors.get(r.id)) for r in runs],

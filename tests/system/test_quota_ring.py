@@ -231,3 +231,55 @@ def test_a_standby_that_takes_over_knows_what_the_dead_leaders_agents_spent(host
     assert doc["quotas"][0]["used"] == 600 and doc["quotas"][0]["left"] == 400, doc["quotas"]
     assert json.loads(b.cli("history", "--json").stdout)[-1]["used"] == {"model": 600}
     sampler.finish()
+
+
+def test_status_name_shows_the_agents_pool_used_limit_reserve_and_when_it_refills(ring):
+    """``ringd status NAME`` of an agent in a pool: a ``quota`` line (and
+    ``quota`` in its JSON) with the pool's use over its limit, the reserve
+    kept for the scheduled meeting, what this agent may spend, and when the
+    pool refills - the oldest use leaving the window, or an exhausted pool
+    reopening."""
+    ring.agent("worker", f"{NOTIFY} --used model:300")
+    ring.agent("limited", f"{NOTIFY} --exhausted model --until 600; exit 75")
+    ring.agent("meeting", "exit 0")
+    ring.agent("free", "exit 0")
+    ring.write_config(quotas={"model": {"limit": 1000, "window": "2d", "reserve": {"meeting": 200}}},
+                      agents={"worker": {"quota": "model"}, "limited": {"quota": "model"},
+                              "meeting": {"quota": "model", "schedule": "0 0 * * *"}},
+                      ring={"run_budget": 30, "stall_threshold": 40})
+    ring.roster(f"worker {ring.agents_dir}/worker.sh", f"free {ring.agents_dir}/free.sh",
+                f"meeting {ring.agents_dir}/meeting.sh")
+    drv = ring.start_driver("--once")
+    assert drv.wait(timeout=60) == 0, drv.communicate()[1].decode()
+
+    def agent_json(name):
+        r = ring.cli("status", name, "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    q = agent_json("worker")["quota"]
+    reset = q.pop("reset_at")
+    assert q == {"name": "model", "limit": 1000, "window": 172800.0, "used": 300, "reserved": 200, "left": 500,
+                 "exhausted_until": None, "reserves": {"meeting": 200}, "left_for_agent": 500, "held": None}, q
+    assert reset is not None
+    assert agent_json("meeting")["quota"]["left_for_agent"] == 700   # its own reserve is its to spend
+    assert agent_json("free")["quota"] is None
+    wide = dict(ring.env, COLUMNS="200")
+    text = ring.cli("status", "worker", env=wide).stdout
+    line = next((ln for ln in text.splitlines() if ln.startswith("quota")), None)
+    assert line is not None, text
+    assert "model  300 / 1,000 in 2d" in line and "200 reserved for meeting" in line, line
+    assert "500 left for worker" in line and "; oldest use leaves in 47h" in line, line
+    assert "quota" not in "\n".join(ln for ln in ring.cli("status", "free", env=wide).stdout.splitlines()
+                                    if ln.startswith("quota"))
+
+    # an exhausted pool: the line says until when it is refused, and the agent waits
+    ring.roster(f"limited {ring.agents_dir}/limited.sh", f"worker {ring.agents_dir}/worker.sh",
+                f"meeting {ring.agents_dir}/meeting.sh")
+    drv = ring.start_driver()
+    doc = wait_until(lambda: (d := agent_json("worker"))["quota"]["exhausted_until"] and d, timeout=30,
+                     message="the pool exhausted in status worker")
+    stop(ring, drv)
+    assert doc["quota"]["held"] == "quota model exhausted (reported)"
+    text = ring.cli("status", "worker", env=wide).stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith("quota"))
+    assert "EXHAUSTED until" in line and "left)" in line, line
