@@ -72,6 +72,48 @@ def test_status_name_shows_the_agent_its_line_state_current_run_and_last_ten_run
     assert res.returncode == 2 and "unknown agent" in one_line(res) and res.stdout == ""
 
 
+def test_status_name_states_what_holds_it_and_shows_an_agent_only_the_journal_knows(ring):
+    """The state SPEC names for status NAME, each from a real lap: a back-off
+    (exit 75), a quarantine (a timeout with quarantine_after 1), a pause, a
+    scheduled agent's next due; and an agent removed from the roster, shown
+    from the journal."""
+    ring.agent("defer", "exit 75")
+    ring.agent("wedge", "exec sleep 30")
+    ring.agent("ok", "exit 0")
+    ring.agent("gone", "exit 0")
+    ring.agent("sched", "exit 0")
+    ring.write_config(ring={"run_budget": 30, "stall_threshold": 40, "quarantine_after": 1,
+                            "backoff_initial": 600, "backoff_max": 1200},
+                      agents={"wedge": {"run_budget": 1, "stall_threshold": 2},
+                              "sched": {"schedule": "0 0 * * *"}})
+    lines = [f"{n} {ring.agents_dir}/{n}.sh" for n in ("defer", "wedge", "ok", "gone", "sched")]
+    ring.roster(*lines)
+    assert ring.start_driver("--once").wait(timeout=60) == 0
+    assert ring.cli("pause", "ok").returncode == 0
+    ring.roster(*[ln for ln in lines if not ln.startswith("gone ")])
+
+    def state(name):
+        doc = as_json(ring.cli("status", name, "--json"))
+        text = ring.cli("status", name, env=dict(ring.env, COLUMNS="200"))
+        assert text.returncode == 0, text.stderr
+        line = next(ln for ln in text.stdout.splitlines() if ln.startswith("state"))
+        return doc, line
+    doc, line = state("defer")
+    assert doc["agent"]["backoff_until"] is not None and "back-off " in line and " left" in line, line
+    doc, line = state("wedge")
+    assert doc["agent"]["quarantined_until"] is not None and "QUARANTINED" in line, line
+    assert [r["status"] for r in doc["runs"]] == ["skipped", "timeout"]
+    assert "quarantined until" in doc["runs"][0]["reason"]
+    doc, line = state("ok")
+    assert doc["agent"]["paused"] is True and "paused" in line, line
+    doc, line = state("sched")
+    assert doc["agent"]["next_due"] is not None and "next due in " in line, line
+    doc = as_json(ring.cli("status", "gone", "--json"))
+    assert doc["agent"]["on_roster"] is False and doc["agent"]["line"] is None
+    assert [r["status"] for r in doc["runs"]] == ["ok"]
+    assert "not on the roster (known to the journal)" in ring.cli("status", "gone").stdout
+
+
 # --- force-fail: only the run named ---------------------------------------------------------
 
 def test_force_fail_closes_only_the_named_agents_run_and_bare_force_fail_refuses(ring):
@@ -221,7 +263,7 @@ def test_events_and_history_read_since_and_until_and_refuse_bad_input_in_one_lin
         assert len(one_line(res)) < 400
     afile = tmp_path / "a-file"
     afile.write_text("")
-    for args in (("events",), ("status", "a"), ("force-fail", "a")):
+    for args in (("events",), ("status", "a"), ("force-fail", "a"), ("reload", "--reason", "x")):
         res = subprocess.run(ring_cmd(args[0], "--state", str(afile), "--config", str(ring.config_path), *args[1:]),
                              env=ring.env, capture_output=True, text=True, timeout=30)
         assert res.returncode != 0 and "is not a directory" in one_line(res), (args, res)
