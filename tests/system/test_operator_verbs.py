@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import ring_cmd, wait_until
 
 NOTIFY = f"{sys.executable} -m ringd notify"
@@ -26,9 +27,8 @@ def running_of(ring, name):
 
 
 def one_line(res) -> str:
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    return lines[0]
+    """The one line a command's refusal writes to stderr (conftest.one_line)."""
+    return conftest.one_line(res.stderr)
 
 
 def as_json(res):
