@@ -9,6 +9,7 @@ its answer are events (``ringd events``) naming who asked and why.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, Callable, List, Mapping, Optional
 from ringd.cli.status import OperatorError, require_state_dir
 from ringd.core.errors import EX_CONFIG, EX_FAILURE
 from ringd.inputs.config import Config
-from ringd.host.heartbeat import WATCHER_FILE, live_writer, read_heartbeat, read_own
+from ringd.host.heartbeat import WATCHER_FILE, heartbeat_path, live_writer, read_heartbeat, read_own
 
 WAIT = 5.0           # s; the SPEC's bound on the driver's answer
 FORWARD_WAIT = 1.5   # s; then the driver is signalled itself (its watcher did not pass the signal on)
@@ -84,6 +85,10 @@ def reload(state_dir: Path, config: Config, wait: float = WAIT, clock: Callable[
     hb = read_heartbeat(state_dir)
     writer = live_writer(hb)
     if writer is None:
+        unread = heartbeat_path(state_dir)
+        if os.path.lexists(unread) and not os.access(unread, os.R_OK):   # (not "no driver": it may well run)
+            raise OperatorError(f"{unread}: not readable by this user, so whether a driver runs is unknown: "
+                                f"nothing reloaded (run it as the ring's user)", EX_FAILURE)
         raise OperatorError("no driver is running: nothing to reload (the next one reads the config as it starts)",
                             EX_FAILURE)
     from ringd.cli.control import clean_reason, record_event

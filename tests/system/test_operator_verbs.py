@@ -551,6 +551,8 @@ def test_a_reload_by_another_user_is_refused_in_one_line_and_signals_nothing(rin
     r = _runuser_nobody([*python, "-m", "ringd", "reload", "--state", str(ring.state), "--config",
                          str(ring.config_path), "--reason", "not mine"], env, install)
     assert r.returncode == 1 and one_line(r).startswith("ringd:"), (r.returncode, r.stdout, r.stderr)
+    # (the driver writes its heartbeat 0600 again at each beat: unreadable, or read and the journal unwritable)
+    assert "no driver is running" not in one_line(r), one_line(r)
     print(f"nobody: ringd reload: exit {r.returncode}: {one_line(r)}")
     assert (ring.heartbeat() or {}).get("reload") is None, "the driver was signalled"
     assert [tuple(x) for x in ring.rows("SELECT * FROM events ORDER BY id")] == [tuple(x) for x in before]
