@@ -127,12 +127,13 @@ def test_following_never_shows_a_later_runs_line_under_an_earlier_run(ring):
     agent's previous one (a hard link, then emptied) while a follower still read
     that one, and later runs' lines showed under the earlier NAME[RUN_ID] (32 of
     322). Every run now has a file of its own, and a follower shows only bytes
-    of a file still at its run's path (or pruned): over ~100 runs, a follower
+    of a file still at its run's path (or pruned): over ~90 runs, a follower
     paused for a while among them included, every line it shows is the run's
     own, as the agent itself says ($RING_RUN_ID)."""
     ring.write_config(ring={"keep_logs": 1})
     for name in ("a", "b"):
-        ring.agent(name, 'for i in 1 2 3 4 5; do echo "$RING_RUN_ID $i"; done')
+        # (a run of ~0.05 s: a ring as fast as ever, slow enough that a live follower opens most logs)
+        ring.agent(name, 'for i in 1 2 3 4 5; do echo "$RING_RUN_ID $i"; done; sleep 0.05')
     ring.roster(f"a {ring.agents_dir}/a.sh", f"b {ring.agents_dir}/b.sh")
     p, out = follower(ring, "-f")
     ring.start_driver()
@@ -143,7 +144,7 @@ def test_following_never_shows_a_later_runs_line_under_an_earlier_run(ring):
         wait_until(lambda: len(ring.runs()) >= first + 20, timeout=30, message="20 runs while it is paused")
     finally:
         os.kill(p.pid, signal.SIGCONT)
-    wait_until(lambda: len(ring.runs()) >= 110, timeout=60, message="110 runs")
+    wait_until(lambda: len(ring.runs()) >= 90, timeout=60, message="90 runs")
     assert stop(p) == 0
     shown, mismatched = 0, []
     for x in out.read_text().splitlines():
@@ -154,6 +155,6 @@ def test_following_never_shows_a_later_runs_line_under_an_earlier_run(ring):
         shown += 1
         if m.group(1) != m.group(2):
             mismatched.append(x)
-    # (a log pruned before the follower opened it is not shown at all: keep_logs 1; on a loaded box a slow
-    # follower opens few of them, so only some runs' lines are asked for)
-    assert shown >= 15 and not mismatched, (shown, len(mismatched), mismatched[:5])
+    # (a log pruned before the follower opened it is not shown at all: keep_logs 1; so only some runs' lines
+    # are asked for)
+    assert shown >= 50 and not mismatched, (shown, len(mismatched), mismatched[:5])
