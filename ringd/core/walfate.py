@@ -1,7 +1,7 @@
 """Pure rules for a SQLite journal whose -wal or -shm was removed under an open connection."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Set
+from typing import Iterable, Optional, Set, Tuple
 
 SAVE, DROP, WAIT = "save", "drop", "wait"
 
@@ -29,21 +29,24 @@ def orphaned_log(*, pending: Optional[bool], new_log_commits: bool, new_files: b
     return DROP if final else WAIT
 
 
-def lock_holders(proc_locks: str, inode: int, first: int, last: int) -> Optional[Set[int]]:
+def lock_holders(proc_locks: str, file_id: Tuple[int, int, int], first: int, last: int) -> Optional[Set[int]]:
     """The pids that hold a granted lock overlapping bytes ``first``..``last`` of
-    the file with ``inode``, read from the text of /proc/locks; None when one
-    of them cannot be told (a pid of another pid namespace shows as 0)."""
+    the file ``file_id`` (device major, minor, inode), read from the text of
+    /proc/locks; None when one of them cannot be told (a pid of another pid
+    namespace shows as 0). The device counts: two filesystems (two tmpfs) give
+    their files the same small inode numbers."""
     out: Set[int] = set()
     for line in proc_locks.splitlines():
         f = line.split()
         if len(f) < 8 or f[1] == "->":   # (a waiter, not a holder)
             continue
         try:
-            pid, ino, start = int(f[4]), int(f[5].rsplit(":", 1)[1]), int(f[6])
+            major, minor, ino = f[5].split(":")
+            pid, held, start = int(f[4]), (int(major, 16), int(minor, 16), int(ino)), int(f[6])
             end = -1 if f[7] == "EOF" else int(f[7])
-        except (ValueError, IndexError):
+        except ValueError:
             continue
-        if ino == inode and start <= last and (end < 0 or end >= first):
+        if held == file_id and start <= last and (end < 0 or end >= first):
             if pid == 0:
                 return None
             if pid > 0:   # (an open file description lock has no pid: -1)

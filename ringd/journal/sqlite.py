@@ -167,6 +167,11 @@ def _lock_table() -> Optional[str]:
         return None
 
 
+def _lock_id(st: os.stat_result) -> Tuple[int, int, int]:
+    """A file as /proc/locks names it: its device's major and minor, and its inode."""
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
 def _companions_unshared(path: Path) -> Optional[str]:
     """Why a connection opened now would not share the log of the processes that
     have the journal open (None: it would, or the lock table cannot tell).
@@ -181,14 +186,14 @@ def _companions_unshared(path: Path) -> Optional[str]:
     /proc/locks, never by a lock call: closing a descriptor of the file would
     drop every lock this process's own connections hold on it."""
     try:
-        db_inode = os.stat(path, follow_symlinks=False).st_ino
+        db_id = _lock_id(os.stat(path, follow_symlinks=False))
     except OSError:
         return None
     table = _lock_table()
     if table is None:
         return None
     me = os.getpid()
-    holders = walfate.lock_holders(table, db_inode, SHARED_FIRST, SHARED_FIRST + SHARED_SIZE - 1)
+    holders = walfate.lock_holders(table, db_id, SHARED_FIRST, SHARED_FIRST + SHARED_SIZE - 1)
     if not holders or holders == {me}:
         return None   # (the common case of a ring at rest, and a pid the table cannot name)
     have = [os.path.lexists(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
@@ -197,10 +202,10 @@ def _companions_unshared(path: Path) -> Optional[str]:
         return (f"{path}: its {missing} missing while another process has the journal open (removed under "
                 f"the driver?); the driver takes the journal up again at its next beat: try again")
     try:
-        shm_inode = os.stat(f"{path}-shm", follow_symlinks=False).st_ino
+        shm_id = _lock_id(os.stat(f"{path}-shm", follow_symlinks=False))
     except OSError:
         return None
-    others = walfate.strangers(holders, walfate.lock_holders(table, shm_inode, SHM_DMS_BYTE, SHM_DMS_BYTE), [me])
+    others = walfate.strangers(holders, walfate.lock_holders(table, shm_id, SHM_DMS_BYTE, SHM_DMS_BYTE), [me])
     if not others:
         return None
     return (f"{path}: another process (pid {', '.join(str(p) for p in sorted(others))}) writes a -wal and -shm "

@@ -17,6 +17,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 PY_ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
+def lock_id(path) -> tuple:
+    st = os.stat(path)
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
 def integrity(path) -> str:
     """``PRAGMA integrity_check`` in a process of its own (no lock of ours on the file)."""
     r = subprocess.run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
@@ -118,7 +123,7 @@ def test_no_reader_or_writer_begins_a_second_log_while_the_first_is_orphaned(tmp
     holder.stdin.flush()
     assert holder.stdout.readline().strip() == "waiting", "settled while a process may be on the new log"
     with open("/proc/locks") as f:   # (the wait dropped none of the holder's locks: its connection stays)
-        shared = lock_holders(f.read(), os.stat(p).st_ino, SHARED_FIRST, SHARED_FIRST + SHARED_SIZE - 1)
+        shared = lock_holders(f.read(), lock_id(p), SHARED_FIRST, SHARED_FIRST + SHARED_SIZE - 1)
     assert holder.pid in shared
     reader.stdin.close()
     reader.wait(timeout=10)
@@ -242,3 +247,27 @@ def test_a_log_another_program_began_first_is_kept_never_checkpointed_over(ring)
     assert integrity(ring.journal_path) == "ok"
     assert ring.rows("SELECT value FROM meta WHERE key = 'foreign'")[0]["value"] == "kept"
     assert "are lost" in drv.err_path.read_text()
+
+
+def test_a_journal_on_another_filesystem_with_the_same_inode_is_not_held(tmp_path):
+    """Two tmpfs number their files alike: a driver holding the journal of one
+    made an opener of the other's (its -wal and -shm not made yet: a state dir
+    full at start-up) refuse "another process has the journal open", never
+    the disk-full line. Only a lock on this very file (device and inode) counts."""
+    from conftest import mounted_tmpfs
+    with mounted_tmpfs(tmp_path / "a", "4m") as a, mounted_tmpfs(tmp_path / "b", "4m") as b:
+        Journal.open(a).close()
+        Journal.open(b).close()
+        pa, pb = journal_path(a), journal_path(b)
+        if os.stat(pa).st_ino != os.stat(pb).st_ino:
+            pytest.skip("the two tmpfs numbered the journals apart")
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(a)], env=PY_ENV, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            for suffix in ("-wal", "-shm"):   # (b's as a fresh state dir's: none yet)
+                assert not os.path.lexists(f"{pb}{suffix}")
+            Journal.open(b, busy_timeout=0.3).close()
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)

@@ -41,16 +41,24 @@ TABLE = """\
 def test_lock_holders_reads_granted_locks_over_the_range():
     shared = (1073741826, 1073741826 + 509)
     # 300 waits (->), the OFD lock has no pid, 400's whole-file lock overlaps
-    assert lock_holders(TABLE, 400, *shared) == {100, 200, 400}
-    assert lock_holders(TABLE, 500, 128, 128) == {100}
-    assert lock_holders(TABLE, 400, 1073741824, 1073741824) == {400}
-    assert lock_holders(TABLE, 999, 0, 10) == set()
-    assert lock_holders("garbage\n1: POSIX\n", 400, 0, 10) == set()
+    assert lock_holders(TABLE, (0xfe, 0, 400), *shared) == {100, 200, 400}
+    assert lock_holders(TABLE, (0xfe, 0, 500), 128, 128) == {100}
+    assert lock_holders(TABLE, (0xfe, 0, 400), 1073741824, 1073741824) == {400}
+    assert lock_holders(TABLE, (0xfe, 0, 999), 0, 10) == set()
+    assert lock_holders("garbage\n1: POSIX\n", (0xfe, 0, 400), 0, 10) == set()
 
 
 def test_a_pid_of_another_namespace_cannot_be_told():
     assert lock_holders("1: POSIX  ADVISORY  READ 0 fe:00:400 1073741826 1073742335\n",
-                        400, 1073741826, 1073742335) is None
+                        (0xfe, 0, 400), 1073741826, 1073742335) is None
+
+
+def test_the_same_inode_on_another_device_is_another_file():
+    """Two tmpfs number their files alike: a lock on inode 400 of device 00:2f
+    is not one on inode 400 of fe:00 (the major and minor are hexadecimal)."""
+    table = "1: POSIX  ADVISORY  READ 100 00:2f:400 1073741826 1073742335\n"
+    assert lock_holders(table, (0xfe, 0, 400), 1073741826, 1073742335) == set()
+    assert lock_holders(table, (0, 0x2f, 400), 1073741826, 1073742335) == {100}
 
 
 def test_strangers_are_on_the_journal_but_not_on_its_shm():
